@@ -1,0 +1,35 @@
+# Set-up and entry points. Each target creates .venv and installs what it needs when missing.
+# The CPU setup takes torch==2.13.0 (a CPU wheel) before anything else, so no CUDA build is ever pulled.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test demo lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests examples
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) examples/hacpo_by_hand.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests examples
+	$(PY) -m ruff format --check src tests examples
+
+format: $(STAMP)
+	$(PY) -m ruff format src tests examples
+	$(PY) -m ruff check --fix src tests examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,54 @@
+"""Hyper-parameters and ablation switches of every registered algorithm, with the paper's defaults (spec 3, 4, 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AlgorithmParams:
+    """Scalars the advantage and loss functions read. Fields a given algorithm does not use are ignored by it."""
+
+    eps_low: float = 3e-4
+    """GSPO clip below 1 for own sequence ratios: clamp(s, 1 - eps_low, 1 + eps_high) (spec 3.6; GSPO's value)."""
+    eps_high: float = 4e-4
+    """GSPO clip above 1 for own sequence ratios (spec 3.6; GSPO's value)."""
+    grpo_eps: float = 0.2
+    """PPO clip range of GRPO's token-level ratios (spec 4)."""
+    delta: float = 0.2
+    """Foreign ratios are clipped below at 1 - delta in the first mini-batch (spec 3.5; the paper's table writes the
+    bound 0.8 as "delta")."""
+    delta_step: float = 0.025
+    """Rise of the foreign lower bound per mini-batch index m; 0 is the "static clipping" ablation (spec 3.5)."""
+    alpha: float = 1.0
+    """Exponent of the stop-gradient factor s_hat ** alpha; 0 is plain sequence importance sampling (spec 3.5)."""
+    capability_baseline: bool = True
+    """HACPO's capability-weighted baseline; False is the ablation "plain pooled mean" (spec 3.2)."""
+    capability_coef: bool = True
+    """HACPO's coefficient rho = P_hat_j / P_hat_k on foreign advantages; False sets rho = 1 (spec 3.3)."""
+    foreign_clip: bool = True
+    """Clamp foreign ratios to [lo_m, 1]; False is the ablation "cross clipping off" (spec 3.5)."""
+    share_rollouts: bool = True
+    """For algorithms that share (naive, hacpo): False trains each agent on its own rollouts only (equals gspo)."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL to the frozen initial weights, own responses only; 0 turns it off (spec 3.6)."""
+    r_max: float = 1.0
+    """Largest possible reward; rewards outside [0, r_max] are an error (spec 5)."""
+    adv_eps: float = 1e-6
+    """Added to the group std of the advantage (spec 3.2)."""
+
+    def __post_init__(self) -> None:
+        for name in ("eps_low", "eps_high", "grpo_eps", "delta_step", "alpha", "kl_coef"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"algorithm.{name} must be >= 0, got {value}")
+        if not 0 <= self.eps_low < 1:
+            raise ValueError(f"algorithm.eps_low must be in [0, 1) so that 1 - eps_low > 0, got {self.eps_low}")
+        if not 0 < self.grpo_eps < 1:
+            raise ValueError(f"algorithm.grpo_eps must be in (0, 1), got {self.grpo_eps}")
+        if not 0 <= self.delta <= 1:
+            raise ValueError(f"algorithm.delta must be in [0, 1] (lower bound 1 - delta), got {self.delta}")
+        if not self.r_max > 0:
+            raise ValueError(f"algorithm.r_max must be positive, got {self.r_max}")
+        if not self.adv_eps > 0:
+            raise ValueError(f"algorithm.adv_eps must be positive, got {self.adv_eps}")
