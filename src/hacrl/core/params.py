@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass
 class AlgorithmParams:
-    """Scalars the advantage and loss functions read. Fields a given algorithm does not use are ignored by it."""
+    """Scalars the advantage and loss functions read. Fields a given algorithm does not use are ignored by it.
+
+    The trainer's `algorithm:` config section extends this class, so these defaults are the config's defaults.
+    """
 
     eps_low: float = 3e-4
     """GSPO clip below 1 for own sequence ratios: clamp(s, 1 - eps_low, 1 + eps_high) (spec 3.6; GSPO's value)."""

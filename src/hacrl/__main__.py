@@ -1,0 +1,3 @@
+from hacrl.cli import main
+
+raise SystemExit(main())

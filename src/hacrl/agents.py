@@ -1,0 +1,123 @@
+"""An agent: a Hugging Face causal LM with its tokenizer, chat template, optimizer and sampling settings.
+
+Choices:
+1. Models and tokenizers load from local directories only (`local_files_only=True`): nothing is downloaded.
+2. A directory with `tokenizer.json` loads through `PreTrainedTokenizerFast`: `AutoTokenizer` would swap a
+   locally trained tokenizer for the class named in the model's config (e.g. Qwen2Tokenizer) and change its
+   behaviour. Other tokenizers load through `AutoTokenizer`.
+3. Prompts are rendered with the agent's own chat template (generation prompt on, per-agent template kwargs),
+   then tokenized without adding special tokens again; too-long prompts are cut from the left.
+4. Response text from another agent is tokenized with `split_special_tokens=True`: text that looks like a
+   control token stays plain text and can never become one (spec 2, step 5b).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hacrl.config import AgentConfig, RolloutConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
+    if (path / "tokenizer.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer in {str(path)!r} has no eos_token; set it in tokenizer_config.json")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ValueError(f"tokenizer in {str(path)!r} has no chat template; add chat_template.jinja to the folder")
+    return tokenizer
+
+
+def _load_model(path: str | Path, cfg: AgentConfig, index: int):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(path)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(
+            f"agents.{index}.model: {str(model_dir)!r} is not a Hugging Face model directory "
+            "(no config.json); hacrl loads local directories only"
+        )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype], local_files_only=True)
+    return model.to(torch.device(cfg.device))
+
+
+class Agent:
+    """One participant of a run. `index` is its agent id everywhere in the core (source ids, capabilities)."""
+
+    def __init__(
+        self,
+        index: int,
+        cfg: AgentConfig,
+        rollout: RolloutConfig,
+        *,
+        with_reference: bool = False,
+        weights_from: str | Path | None = None,
+    ) -> None:
+        """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`)."""
+        self.index = index
+        self.name = cfg.name
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.device = torch.device(cfg.device)
+        self.model = _load_model(weights_from or cfg.model, cfg, index)
+        if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
+            raise ValueError(
+                f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
+                f"embedding only {self.model.get_input_embeddings().num_embeddings}"
+            )
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        self.ref_model = None
+        if with_reference:  # frozen initial weights for the KL term (only when kl_coef > 0)
+            self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
+        self.temperature = cfg.temperature if cfg.temperature is not None else rollout.temperature
+        self.top_p = cfg.top_p if cfg.top_p is not None else rollout.top_p
+        self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
+        self.max_prompt_tokens = cfg.max_prompt_tokens or rollout.max_prompt_tokens
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        extra = self.model.generation_config.eos_token_id
+        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+        self.stop_ids = sorted({self.eos_id, *map(int, extra)})
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.cfg.chat_template_kwargs
+        )
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) > self.max_prompt_tokens:
+            return ids[-self.max_prompt_tokens :], True
+        return ids, False
+
+    def encode_response(self, text: str, finished: bool) -> tuple[list[int], bool]:
+        """Another agent's response in this agent's tokens (spec 2, step 5b): plain text, EOS only when the source
+        finished, cut from the right to `max_new_tokens`; True when it was cut."""
+        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+        if finished:
+            ids = [*ids, self.eos_id]
+        if len(ids) > self.max_new_tokens:
+            return ids[: self.max_new_tokens], True
+        return ids, False
+
+    def decode(self, response_ids: list[int]) -> str:
+        """Response text for scoring and sharing: special tokens (EOS, stray pads) are dropped."""
+        return self.tokenizer.decode(response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]

@@ -1,0 +1,97 @@
+"""`hacrl train | eval | plot`. Parsing only; heavy modules (torch, transformers) load after the arguments do."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    from hacrl.config import GROUPS
+
+    parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train N agents together (or a baseline)",
+        description="Train the agents of CONFIG. Overrides are dotted key=value pairs, e.g. trainer.steps=10 "
+        f"agents.1.lr=5e-7. Config groups: {', '.join(GROUPS)}. `hacrl train --help-config` lists every key.",
+    )
+    train.add_argument("config", nargs="?", help="YAML config file")
+    train.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+    train.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate saved agents alone on the eval split and print a table",
+        description="Evaluate agent directories (or every agent of a checkpoint) on the eval split "
+        "of CONFIG's data section.",
+    )
+    ev.add_argument("paths", nargs="+", help="HF model directories, or a checkpoint directory (step_*)")
+    ev.add_argument("--config", required=True, help="YAML config whose data/rollout/eval sections to use")
+    ev.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted key=value overrides")
+
+    plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
+    plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from hacrl.config import ConfigError
+
+    try:
+        if args.command == "train":
+            return _train(args)
+        if args.command == "eval":
+            return _eval(args)
+        if args.command == "plot":
+            from hacrl.plot import plot_run
+
+            print(plot_run(args.run_dir, args.out))
+            return 0
+    except ConfigError as e:
+        print(f"hacrl: config error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+def _train(args) -> int:
+    from hacrl.config import describe, load_config
+
+    if args.help_config:
+        print(describe())
+        return 0
+    if not args.config:
+        print("hacrl train: give a YAML config file (see configs/)", file=sys.stderr)
+        return 2
+    config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+    _quiet_transformers()
+    from hacrl.trainer import Trainer
+
+    trainer = Trainer(config, resume="auto" if args.resume else None)
+    trainer.train()
+    print(f"run directory: {config.trainer.output_dir}")
+    return 0
+
+
+def _eval(args) -> int:
+    from pathlib import Path
+
+    from hacrl.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    _quiet_transformers()
+    from hacrl.evaluation import evaluate_paths
+
+    evaluate_paths(config, [Path(p) for p in args.paths])
+    return 0
+
+
+def _quiet_transformers() -> None:
+    """Per-file progress bars of transformers drown the training log; our own progress bar says where we are."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

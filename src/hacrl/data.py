@@ -1,0 +1,176 @@
+"""Prompts and answers: reasoning-gym tasks by name, or local JSONL/parquet files; a seeded, resumable stream.
+
+Choices:
+1. reasoning-gym data are generated from `data.seed` (the same for every training seed, so every method is
+   evaluated on the same held-out prompts); the eval split is generated first and every training question that
+   also occurs in it is removed, so the splits never overlap.
+2. A prompt given as a string becomes `[system?, user]` chat messages; a list of messages is used as it is.
+3. The training stream walks the training rows in a fresh seeded permutation per epoch; its position is part
+   of every checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl.config import DataConfig
+from hacrl.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt with its reference data."""
+
+    messages: list[dict[str, str]]
+    """Chat messages each agent renders with its own template."""
+    prompt: Any
+    """The prompt as the data gives it (string or messages), passed to reward functions."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """Every other column (`answer`, reasoning-gym's `entry`, ...), passed to reward functions by name."""
+
+
+@dataclass
+class TaskData:
+    train: list[Example]
+    eval: list[Example]
+    reward: RewardFn
+
+
+def load_task(cfg: DataConfig) -> TaskData:
+    """Build the train/eval splits and the reward function described by `cfg`."""
+    if cfg.source == "reasoning_gym":
+        train, eval_, dataset = _reasoning_gym(cfg)
+        builtin = reasoning_gym_reward(dataset)
+    else:
+        train = _read_rows(cfg, cfg.train_file)
+        eval_ = _read_rows(cfg, cfg.eval_file)[: cfg.eval_size] if cfg.eval_file else []
+        builtin = None
+    if cfg.reward_function:
+        reward = import_reward_function(cfg.reward_function)
+    elif cfg.reward == "math" or (cfg.reward == "auto" and builtin is None):
+        reward = math_reward(cfg.reward_timeout)
+    elif builtin is None:
+        raise ValueError("data.reward=reasoning_gym needs data.source=reasoning_gym")
+    else:
+        reward = builtin
+    return TaskData(train=train, eval=eval_, reward=reward)
+
+
+def _reasoning_gym(cfg: DataConfig):
+    import reasoning_gym
+
+    options = dict(cfg.task_options)
+    try:
+        eval_ds = reasoning_gym.create_dataset(cfg.task, seed=cfg.seed * 2 + 1, size=cfg.eval_size, **options)
+        train_ds = reasoning_gym.create_dataset(cfg.task, seed=cfg.seed * 2, size=cfg.train_size, **options)
+    except (ValueError, TypeError, AssertionError, KeyError) as e:
+        raise ValueError(f"data.task={cfg.task!r} with data.task_options={options}: reasoning-gym says: {e}") from e
+    eval_rows = [_rg_example(cfg, entry) for entry in eval_ds]
+    held_out = {ex.prompt for ex in eval_rows}
+    train_rows = [ex for ex in (_rg_example(cfg, entry) for entry in train_ds) if ex.prompt not in held_out]
+    if not train_rows:
+        raise ValueError(
+            f"every training question of {cfg.task!r} also occurs in the eval split; widen the task "
+            "(data.task_options) or lower data.eval_size"
+        )
+    return train_rows, eval_rows, eval_ds
+
+
+def _rg_example(cfg: DataConfig, entry: dict) -> Example:
+    question = entry["question"]
+    return Example(
+        messages=_messages(cfg, question),
+        prompt=question,
+        columns={"answer": entry["answer"], "entry": entry},
+    )
+
+
+def _messages(cfg: DataConfig, prompt: Any) -> list[dict[str, str]]:
+    if isinstance(prompt, str):
+        system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+        return [*system, {"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    raise ValueError(
+        f"data.prompt_column={cfg.prompt_column!r} must hold a string or a list of "
+        f"{{role, content}} messages, got {type(prompt).__name__}"
+    )
+
+
+def _read_rows(cfg: DataConfig, path: str | None) -> list[Example]:
+    assert path is not None
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"data file {path!r} does not exist")
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq  # optional: `pip install pyarrow` for parquet data
+
+        rows = pq.read_table(file).to_pylist()
+    elif file.suffix in (".jsonl", ".json"):
+        rows = []
+        for n, line in enumerate(file.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n} is not valid JSON ({e.msg})") from None
+    else:
+        raise ValueError(f"data file {path!r}: use .jsonl or .parquet")
+    out = []
+    for n, row in enumerate(rows):
+        for col in (cfg.prompt_column, cfg.answer_column):
+            if col not in row:
+                raise ValueError(
+                    f"{path}: row {n} has no column {col!r} (columns: {sorted(row)}); set "
+                    "data.prompt_column / data.answer_column"
+                )
+        columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
+        columns["answer"] = row[cfg.answer_column]
+        out.append(
+            Example(messages=_messages(cfg, row[cfg.prompt_column]), prompt=row[cfg.prompt_column], columns=columns)
+        )
+    if not out:
+        raise ValueError(f"data file {path!r} holds no rows")
+    return out
+
+
+class PromptStream:
+    """Seeded epochs over the training rows; `state_dict` / `load_state_dict` make it resumable."""
+
+    def __init__(self, examples: list[Example], seed: int) -> None:
+        self.examples = examples
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(len(self.examples), generator=g).tolist()
+
+    def next_batch(self, size: int) -> list[Example]:
+        batch = []
+        while len(batch) < size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation()
+            batch.append(self.examples[self._order[self.position]])
+            self.position += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": len(self.examples)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["size"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(
+                "the checkpoint's data position was saved for other training data (size or seed "
+                "differ); resume with the same data.* and trainer.seed settings"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._permutation()

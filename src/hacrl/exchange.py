@@ -1,0 +1,107 @@
+"""Trajectory exchange (spec 2, step 5): the tokenizer-neutral record and each learner's view of a pool.
+
+Only what the spec allows crosses agent boundaries: response text, reward, source agent id, the source's
+pre-update log-prob sum and token count, and how the response ended. A learner keeps its own responses' sampled
+ids; another agent's response is re-tokenized with the learner's tokenizer (see `Agent.encode_response`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from hacrl.agents import Agent
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One scored response, as every agent may see it."""
+
+    group: int
+    """Index of its prompt in the step (the advantage's group id)."""
+    messages: list[dict[str, str]]
+    """The raw prompt messages (each learner renders them with its own template)."""
+    text: str
+    """Decoded response text (special tokens dropped)."""
+    reward: float
+    source: int
+    """Agent id that generated it."""
+    source_logp_sum: float
+    """Sum of the source's pre-update per-token log-probs of its response (EOS included)."""
+    source_num_tokens: int
+    """Number of response tokens in the source's tokenization."""
+    finish_reason: str
+    """`eos` or `length`."""
+
+    @property
+    def truncated(self) -> bool:
+        """Cut at the source's length limit."""
+        return self.finish_reason == "length"
+
+    @property
+    def source_logp_mean(self) -> float:
+        return self.source_logp_sum / self.source_num_tokens
+
+
+@dataclass
+class LearnerRow:
+    """A pool entry in the learner's tokens."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    source: int
+    group: int
+    reward: float
+    source_logp_mean: float
+    old_logp: Tensor | None
+    """(len(response_ids),) learner's own pre-update log-probs; None for another agent's response."""
+    cut: bool
+    """Re-tokenized response cut to the learner's `max_new_tokens` (foreign rows only)."""
+
+
+def learner_view(
+    learner: Agent,
+    pool: list[Trajectory],
+    own_prompt_ids: list[list[int]],
+    own_response_ids: list[list[int]],
+    own_old_logp: list[Tensor],
+) -> list[LearnerRow]:
+    """The learner's rows for `pool`, in pool order. Own rows (source == learner.index) take the sampled ids and
+    old log-probs in the order they were sampled; foreign rows are re-tokenized. `own_prompt_ids[g]` is the
+    learner's rendering of prompt g, shared by own and foreign rows of that prompt."""
+    rows, own = [], 0
+    for traj in pool:
+        if traj.source == learner.index:
+            rows.append(
+                LearnerRow(
+                    own_prompt_ids[traj.group],
+                    own_response_ids[own],
+                    traj.source,
+                    traj.group,
+                    traj.reward,
+                    traj.source_logp_mean,
+                    own_old_logp[own],
+                    cut=False,
+                )
+            )
+            own += 1
+        else:
+            ids, cut = learner.encode_response(traj.text, finished=traj.finish_reason == "eos")
+            rows.append(
+                LearnerRow(
+                    own_prompt_ids[traj.group],
+                    ids,
+                    traj.source,
+                    traj.group,
+                    traj.reward,
+                    traj.source_logp_mean,
+                    None,
+                    cut=cut,
+                )
+            )
+    if own != len(own_response_ids):
+        raise ValueError(
+            f"pool holds {own} of learner {learner.name!r}'s responses but it sampled {len(own_response_ids)}"
+        )
+    return rows

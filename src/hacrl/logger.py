@@ -1,0 +1,92 @@
+"""Metric sinks: console (rich progress bar + one summary line per step), JSONL and TensorBoard.
+
+Metric names are `<agent>/<metric>` for per-agent values (`llama/reward_mean`, `qwen/rho/llama`), `eval/<agent>/...`
+for evaluation and `time/...` for the step's time split.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hacrl.config import LoggingConfig
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, total_steps: int, agent_names: list[str]) -> None:
+        self.cfg = cfg
+        self.agent_names = agent_names
+        self._jsonl = open(run_dir / "metrics.jsonl", "a") if cfg.jsonl else None  # noqa: SIM115 - closed in close()
+        self._tb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self._console = None
+        self._progress = None
+        if cfg.console:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._console = Console()
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=self._console,
+                transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps)
+            self._progress.start()
+
+    def print(self, message: str) -> None:
+        if self._console is not None:
+            self._console.print(message)
+        else:
+            print(message, flush=True)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: _plain(v) for k, v in metrics.items()}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def step_done(self, step: int, metrics: dict[str, Any]) -> None:
+        parts = [f"step {step}"]
+        for name in self.agent_names:
+            if f"{name}/reward_mean" in metrics:
+                part = f"{name}: reward {metrics[f'{name}/reward_mean']:.3f}"
+                if f"{name}/capability" in metrics:
+                    part += f" cap {metrics[f'{name}/capability']:.3f}"
+                if f"{name}/own_clip_frac" in metrics:
+                    part += f" clip {metrics[f'{name}/own_clip_frac']:.2f}"
+                if f"{name}/foreign_clip_frac" in metrics:
+                    part += f"/{metrics[f'{name}/foreign_clip_frac']:.2f}"
+                parts.append(part)
+        if "time/step" in metrics:
+            parts.append(f"{metrics['time/step']:.1f}s")
+        self.print(" | ".join(parts))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return value

@@ -1,0 +1,46 @@
+"""`hacrl plot RUN_DIR`: training reward and eval accuracy per agent, one PNG."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    metrics_file = run_dir / "metrics.jsonl"
+    if not metrics_file.is_file():
+        raise FileNotFoundError(f"{metrics_file} does not exist: is {str(run_dir)!r} a hacrl run directory?")
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    reward: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    accuracy: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for rec in records:
+        for key, value in rec.items():
+            if key.endswith("/reward_mean") and not key.startswith("eval/"):
+                reward[key.split("/")[0]].append((rec["step"], value))
+            elif key.startswith("eval/") and key.endswith("/pass@1"):
+                accuracy[key.split("/")[1]].append((rec["step"], value))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, points in sorted(reward.items()):
+        steps, values = zip(*sorted(dict(points).items()), strict=True)
+        left.plot(steps, values, label=name)
+    for name, points in sorted(accuracy.items()):
+        steps, values = zip(*sorted(dict(points).items()), strict=True)
+        right.plot(steps, [100 * v for v in values], marker="o", label=name)
+    left.set(title="training reward (mean over own rollouts)", xlabel="step", ylabel="reward")
+    right.set(title="eval accuracy, greedy pass@1", xlabel="step", ylabel="%")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    out_path = Path(out) if out else run_dir / "curves.png"
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path

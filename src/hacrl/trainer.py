@@ -1,0 +1,346 @@
+"""The training loop (spec 2), for N >= 1 agents and any registered algorithm.
+
+One step, top to bottom:
+    1. take B prompts
+    2. every agent samples G responses per prompt (all sample before any update)
+    3. score every response on its decoded text
+    4. each agent's pre-update ("old") log-probs of its own responses
+    5. update the capability tracker from this step's rewards
+    6. for each learner: its pool (own first, then the others in config order, when the algorithm shares), its
+       advantages, then mini-batch updates in pool order with the stepwise index m and gradient accumulation
+    7. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl.agents import Agent
+from hacrl.checkpoint import (
+    agent_weights_dir,
+    latest_checkpoint,
+    load_training_state,
+    read_checkpoint_state,
+    save_checkpoint,
+)
+from hacrl.config import TrainConfig, save_config
+from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
+from hacrl.data import Example, PromptStream, load_task
+from hacrl.evaluation import evaluate
+from hacrl.exchange import LearnerRow, Trajectory, learner_view
+from hacrl.logger import MetricsLogger
+from hacrl.rewards import score
+from hacrl.rollout import Sample, TokenBatch, generate, token_logprobs
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, *, resume: str | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.output_dir)
+        self.algorithm = get_algorithm(config.algorithm.name)
+        self.params = config.algorithm.params()
+        self.task = load_task(config.data)
+        self.stream = PromptStream(self.task.train, seed=config.trainer.seed)
+        self.tracker = CapabilityTracker(
+            len(config.agents),
+            window=config.algorithm.capability_window,
+            warmup_steps=config.algorithm.capability_warmup_steps,
+        )
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+
+        resume = resume or config.checkpoint.resume
+        checkpoint = latest_checkpoint(self.run_dir) if resume == "auto" else None if resume == "never" else resume
+        names = [a.name for a in config.agents]
+        state = read_checkpoint_state(checkpoint, names) if checkpoint else None
+        torch.manual_seed(config.trainer.seed)
+        self.agents = [
+            Agent(
+                i,
+                cfg,
+                config.rollout,
+                with_reference=config.algorithm.kl_coef > 0,
+                weights_from=agent_weights_dir(checkpoint, cfg.name) if checkpoint else None,
+            )
+            for i, cfg in enumerate(config.agents)
+        ]
+        if state is not None:
+            load_training_state(checkpoint, self.agents)
+            self.step = state["step"]
+            self.tracker.load_state_dict(state["capability"])
+            self.stream.load_state_dict(state["data"])
+        self.resumed_from = checkpoint
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, Any]]:
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        logger = MetricsLogger(cfg.logging, self.run_dir, cfg.trainer.steps, [a.name for a in self.agents])
+        if self.resumed_from:
+            logger.print(f"resumed from {self.resumed_from} at step {self.step}")
+        try:
+            if self.step == 0 and cfg.eval.at_start:
+                logger.log(0, self.evaluate())
+            for step in range(self.step + 1, cfg.trainer.steps + 1):
+                metrics = self.train_step()
+                self.step = step
+                if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
+                    metrics.update(self.evaluate())
+                if step == cfg.trainer.steps:
+                    metrics.update(self.evaluate())
+                logger.log(step, metrics)
+                logger.step_done(step, metrics)
+                self.history.append({"step": step, **metrics})
+                if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.trainer.steps:
+                    self.save()
+        finally:
+            logger.close()
+        return self.history
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, n = self.config, len(self.agents)
+        metrics: dict[str, Any] = {}
+        timer = _Timer()
+        batch = self.stream.next_batch(cfg.trainer.prompts_per_step)  # 1. prompts
+
+        with timer("sampling"):  # 2. every agent samples before any update
+            rendered = [[agent.render_prompt(ex.messages)[0] for ex in batch] for agent in self.agents]
+            samples = [
+                generate(agent, rendered[j], cfg.rollout.group_size, batch_size=cfg.trainer.logprob_batch_size)
+                for j, agent in enumerate(self.agents)
+            ]
+        with timer("scoring"):  # 3. rewards on decoded text
+            rewards = [self._score(batch, samples[j], cfg.rollout.group_size) for j in range(n)]
+        with timer("logprobs"):  # 4. pre-update log-probs of own responses
+            old_logp = [self._old_logprobs(agent, samples[j]) for j, agent in enumerate(self.agents)]
+
+        pool = [
+            Trajectory(
+                group=i // cfg.rollout.group_size,
+                messages=batch[i // cfg.rollout.group_size].messages,
+                text=s.text,
+                reward=rewards[j][i],
+                source=j,
+                source_logp_sum=float(old_logp[j][i].sum()),
+                source_num_tokens=len(s.response_ids),
+                finish_reason=s.finish_reason,
+            )
+            for j in range(n)
+            for i, s in enumerate(samples[j])
+        ]
+        all_rewards = torch.tensor([t.reward for t in pool], dtype=torch.float64)
+        all_sources = torch.tensor([t.source for t in pool])
+        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 5. capabilities
+        capabilities = self.tracker.capabilities()
+
+        with timer("update"):  # 6. each learner's update on the same pre-update pool
+            for k, agent in enumerate(self.agents):
+                learner_pool = (
+                    pool if self.algorithm.pool_is_shared(self.params) else [t for t in pool if t.source == k]
+                )
+                rows = learner_view(agent, learner_pool, rendered[k], [s.response_ids for s in samples[k]], old_logp[k])
+                metrics.update(_prefixed(agent.name, self._update(agent, rows, capabilities)))
+
+        generated = sum(len(s.response_ids) for per_agent in samples for s in per_agent)
+        for j, agent in enumerate(self.agents):
+            metrics.update(_prefixed(agent.name, self._rollout_metrics(j, samples[j], rewards[j], capabilities)))
+        metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
+        metrics["time/step"] = sum(timer.totals.values())
+        metrics["tokens_per_second/sampling"] = generated / max(timer.totals["sampling"], 1e-9)
+        return metrics
+
+    # -- phases ----------------------------------------------------------------------------------------------------
+
+    def _score(self, batch: list[Example], samples: list[Sample], group_size: int) -> list[float]:
+        examples = [batch[i // group_size] for i in range(len(samples))]
+        columns = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
+        return score(
+            self.task.reward,
+            [ex.prompt for ex in examples],
+            [s.text for s in samples],
+            columns,
+            r_max=self.params.r_max,
+        )
+
+    @torch.no_grad()
+    def _old_logprobs(self, agent: Agent, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
+        out: list[torch.Tensor] = []
+        size = self.config.trainer.logprob_batch_size
+        for start in range(0, len(samples), size):
+            chunk = samples[start : start + size]
+            tb = TokenBatch.build(
+                [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
+            )
+            logp = token_logprobs(agent.model, tb, agent.temperature)
+            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
+        return out
+
+    def _update(self, agent: Agent, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, float]:
+        """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
+        cfg = self.config.trainer
+        adv = self.algorithm.advantages(
+            torch.tensor([r.reward for r in rows], dtype=torch.float64),
+            torch.tensor([r.group for r in rows]),
+            torch.tensor([r.source for r in rows]),
+            learner=agent.index,
+            capabilities=capabilities,
+            params=self.params,
+        ).tolist()
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, float] = defaultdict(float)
+        skipped = 0
+        for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+            # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
+            mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
+            if not mini:
+                continue
+            num_own = sum(rows[i].source == agent.index for i in mini)
+            agent.optimizer.zero_grad(set_to_none=True)
+            for micro_start in range(0, len(mini), cfg.micro_batch_size):
+                micro = mini[micro_start : micro_start + cfg.micro_batch_size]
+                out = self._micro_batch_loss(
+                    agent,
+                    [rows[i] for i in micro],
+                    [adv[i] for i in micro],
+                    capabilities,
+                    step_index=m,
+                    num_seqs=len(mini),
+                    num_own=max(num_own, 1),
+                )
+                out.loss.backward()
+                for key, value in out.metrics.items():
+                    weight = _metric_weight(key, out.metrics)
+                    sums[key] += float(value) * weight
+                    counts[key] += 0.0 if key in _ADDITIVE else weight
+            for key in _ADDITIVE & set(out.metrics):  # micro-batch parts add up to the mini-batch's value
+                counts[key] += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
+            if torch.isfinite(grad_norm):
+                agent.optimizer.step()
+                sums["grad_norm"] += float(grad_norm)
+                counts["grad_norm"] += 1
+            else:  # spec 3.6: a non-finite gradient skips the step, and we say so
+                agent.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+        metrics = {k: sums[k] / counts[k] for k in sums if counts[k] > 0 and not k.startswith("num_")}
+        metrics["skipped_steps"] = skipped
+        metrics["optimizer_steps"] = len(range(0, len(rows), cfg.mini_batch_size))
+        foreign = [r for r in rows if r.source != agent.index]
+        if foreign:
+            metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
+            metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
+            metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
+        metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
+        return metrics
+
+    def _micro_batch_loss(self, agent, rows, adv, capabilities, *, step_index, num_seqs, num_own):
+        device = agent.device
+        tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
+        logp = token_logprobs(agent.model, tb, agent.temperature)
+        old = torch.zeros_like(logp)
+        for i, r in enumerate(rows):
+            if r.old_logp is not None:
+                old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
+        ref = None
+        if agent.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(agent.ref_model, tb, agent.temperature)
+        inputs = LossInputs(
+            logp=logp,
+            mask=tb.response_mask,
+            old_logp=old,
+            source_logp_mean=torch.tensor([r.source_logp_mean for r in rows], dtype=torch.float32, device=device),
+            adv=torch.tensor(adv, dtype=torch.float32, device=device),
+            source=torch.tensor([r.source for r in rows], device=device),
+            learner=agent.index,
+            capabilities=capabilities.to(device),
+            ref_logp=ref,
+            num_seqs=num_seqs,
+            num_own=num_own,
+        )
+        return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+    def _rollout_metrics(self, j: int, samples: list[Sample], rewards: list[float], capabilities) -> dict[str, float]:
+        g = self.config.rollout.group_size
+        groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
+        out = {
+            "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(r >= self.params.r_max for r in rewards) / len(rewards),
+            "capability": float(capabilities[j]),
+            "response_length_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+            "finished_frac": sum(s.finished for s in samples) / len(samples),
+            "informative_group_frac": sum(max(x) > min(x) for x in groups) / len(groups),
+        }
+        if self.algorithm.pool_is_shared(self.params) and len(self.agents) > 1:
+            rho = self.tracker.loss_coefficients(j)
+            for src, other in enumerate(self.agents):
+                if src != j:
+                    out[f"rho/{other.name}"] = float(rho[src]) if self.params.capability_coef else 1.0
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        cfg = self.config
+        examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
+        out: dict[str, float] = {}
+        for agent in self.agents:
+            result = evaluate(
+                agent,
+                examples,
+                self.task.reward,
+                r_max=self.params.r_max,
+                num_samples=cfg.eval.num_samples,
+                batch_size=cfg.eval.batch_size,
+            )
+            out.update({f"eval/{agent.name}/{k}": v for k, v in result.items()})
+        return out
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "agents": [a.name for a in self.agents],
+            "capability": self.tracker.state_dict(),
+            "data": self.stream.state_dict(),
+            "algorithm": self.config.algorithm.name,
+        }
+        return save_checkpoint(self.run_dir, self.step, self.agents, state, keep_last=self.config.checkpoint.keep_last)
+
+
+def _prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {f"{name}/{k}": v for k, v in metrics.items()}
+
+
+_ADDITIVE = {"loss", "policy_loss", "kl"}
+
+
+def _metric_weight(key: str, metrics: dict[str, torch.Tensor]) -> float:
+    """Weight of a micro-batch's metric when averaging: own/foreign means by their row counts."""
+    if key.startswith("own_"):
+        return float(metrics["num_own"])
+    if key.startswith("foreign_") or key.startswith("rho_"):
+        return float(metrics["num_foreign"])
+    return 1.0
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.totals[name] += time.perf_counter() - self.start
+
+        return _Span()

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny heterogeneous agents built in seconds, offline, and a config that trains them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ALPHABET = "0123456789+-=?.:, \nQASabcdefghijklmnopqrstuvwxyzT"
+TASK = {"task": "chain_sum", "task_options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
+
+
+def sum_corpus() -> list[str]:
+    return [
+        f"Q:State the final answer to the following arithmetic problem: {a} + {b} =\nA:{a + b}"
+        for a in range(20)
+        for b in range(20)
+    ]
+
+
+@pytest.fixture(scope="session")
+def tiny_agents(tmp_path_factory) -> dict[str, Path]:
+    """Three agents of two model families and two tokenizer kinds: llama/char, qwen2/BPE, qwen2/char."""
+    import torch
+
+    from hacrl.testbed import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("agents")
+    char = char_tokenizer(ALPHABET)
+    bpe = bpe_tokenizer(sum_corpus(), 80)
+    return {
+        "llama": save_agent(
+            tiny_model("llama", char, hidden=32, layers=2, heads=2, kv_heads=1, seed=1), char, root / "llama"
+        ),
+        "qwen": save_agent(
+            tiny_model("qwen2", bpe, hidden=48, layers=2, heads=4, kv_heads=2, seed=2), bpe, root / "qwen"
+        ),
+        "tiny": save_agent(
+            tiny_model("qwen2", char, hidden=16, layers=1, heads=2, kv_heads=1, seed=3), char, root / "tiny"
+        ),
+    }
+
+
+def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir: Path, **sections) -> Path:
+    """A small training config; `sections` replace or extend the default groups."""
+    cfg = {
+        "agents": [{"name": n, "model": str(agents[n]), "lr": 3e-3} for n in names],
+        "algorithm": {"name": "hacpo"},
+        "rollout": {"group_size": 4, "max_new_tokens": 6, "max_prompt_tokens": 96},
+        "data": {**TASK, "train_size": 64, "eval_size": 8},
+        "trainer": {
+            "steps": 2,
+            "prompts_per_step": 2,
+            "mini_batch_size": 4,
+            "micro_batch_size": 2,
+            "output_dir": str(run_dir),
+        },
+        "eval": {"at_start": False},
+        "logging": {"console": False},
+        "checkpoint": {"every": 1},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    path.write_text(yaml.safe_dump(cfg))
+    return path

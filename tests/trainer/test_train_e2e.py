@@ -1,0 +1,116 @@
+"""End-to-end runs through the real CLI path on tiny heterogeneous agents (two families, two tokenizers)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hacrl.cli import main
+from tests.conftest import write_config
+
+PER_AGENT_KEYS = [
+    "reward_mean",
+    "accuracy",
+    "capability",
+    "loss",
+    "own_clip_frac",
+    "own_ratio_mean",
+    "grad_norm",
+    "response_length_mean",
+    "optimizer_steps",
+]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(path):
+    return load_file(path / "model.safetensors")
+
+
+@pytest.mark.parametrize("algorithm", ["hacpo", "gspo", "naive", "grpo"])
+def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny_agents, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm})
+    assert main(["train", str(cfg)]) == 0
+
+    records = _metrics(run)
+    assert [r["step"] for r in records] == [1, 2]
+    for name in ("llama", "qwen"):
+        for key in PER_AGENT_KEYS:
+            assert math.isfinite(records[-1][f"{name}/{key}"]), f"{name}/{key}"
+        # pool = 2 prompts x 4 per agent; mini-batch 4: 2 optimizer steps alone, 4 when the pool is shared
+        assert records[-1][f"{name}/optimizer_steps"] == (4 if algorithm in ("hacpo", "naive") else 2)
+        assert records[-1][f"eval/{name}/pass@1"] >= 0
+        final = run / "checkpoints" / "step_000002" / "agents" / name
+        before, after = _weights(tiny_agents[name]), _weights(final)
+        assert all(not torch.equal(before[k], after[k]) for k in after if "norm" not in k), "every weight moves"
+        model = AutoModelForCausalLM.from_pretrained(final)  # nothing of ours needed
+        assert model.config.vocab_size == before["model.embed_tokens.weight"].shape[0]
+    if algorithm == "hacpo":
+        assert "llama/rho/qwen" in records[-1] and "llama/foreign_clip_frac" in records[-1]
+        assert records[-1]["llama/foreign_lower_bound"] > 0.8  # m > 0 for the foreign mini-batches
+    assert (run / "config.yaml").is_file()
+    assert any((run / "tensorboard").iterdir())
+
+
+def test_three_agents(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen", "tiny"], run, trainer={"steps": 1}, checkpoint={"every": 0}
+    )
+    assert main(["train", str(cfg)]) == 0
+    last = _metrics(run)[-1]
+    for name in ("llama", "qwen", "tiny"):
+        assert last[f"{name}/optimizer_steps"] == 6  # 3 agents x 8 responses / mini-batch 4
+        others = {"llama", "qwen", "tiny"} - {name}
+        assert {f"{name}/rho/{o}" for o in others} <= set(last)
+
+
+def test_resume_reproduces_the_next_step(tiny_agents, tmp_path):
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    full = write_config(tmp_path / "full.yaml", tiny_agents, ["llama", "qwen"], full_run, trainer={"steps": 3})
+    assert main(["train", str(full)]) == 0
+    cut = write_config(tmp_path / "cut.yaml", tiny_agents, ["llama", "qwen"], cut_run, trainer={"steps": 3})
+    assert main(["train", str(cut), "trainer.steps=2"]) == 0  # "crashes" after step 2
+    assert main(["train", str(cut), "--resume"]) == 0
+    expected, resumed = _metrics(full_run)[2], _metrics(cut_run)[2]
+    assert resumed["step"] == expected["step"] == 3
+    for key, value in expected.items():
+        if not key.startswith(("time/", "tokens_per_second")):
+            assert resumed[key] == value, key
+    a = _weights(full_run / "checkpoints" / "step_000003" / "agents" / "qwen")
+    b = _weights(cut_run / "checkpoints" / "step_000003" / "agents" / "qwen")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = "import sys, hacrl, hacrl.cli; hacrl.cli._parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "hacrl", "train", "--help-config"], capture_output=True, text=True, check=True
+    ).stdout
+    for group in ("agents:", "algorithm:", "rollout:", "data:", "trainer:", "eval:", "logging:", "checkpoint:"):
+        assert group in help_text
+    assert "capability_window = 5" in help_text
+
+
+def test_config_errors_fail_before_any_model_loads(tiny_agents, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run")
+    assert main(["train", str(cfg)]) == 2  # hacpo with one agent
+    assert "needs at least 2 entries in `agents`" in capsys.readouterr().err
+    assert main(["train", str(cfg), "algorithm.name=gspo", "trainer.mini_batch_size=3"]) == 2
+    assert "choose one of [1, 2, 4, 8]" in capsys.readouterr().err
+    assert main(["train", str(cfg), "algorithm.name=gspo", "trainer.stepz=3"]) == 2
+    assert "Did you mean: 'steps'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
