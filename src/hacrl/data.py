@@ -108,7 +108,7 @@ def _read_rows(cfg: DataConfig, path: str | None) -> list[Example]:
     if not file.is_file():
         raise ValueError(f"data file {path!r} does not exist")
     if file.suffix == ".parquet":
-        import pyarrow.parquet as pq  # optional: `pip install pyarrow` for parquet data
+        import pyarrow.parquet as pq
 
         rows = pq.read_table(file).to_pylist()
     elif file.suffix in (".jsonl", ".json"):

@@ -57,14 +57,14 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     if not examples:
         raise ValueError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
     by_name = {a.name: a for a in config.agents}
-    dirs = []
+    dirs = []  # (label, model directory)
     for path in paths:
         if (path / "agents").is_dir():  # a checkpoint: every agent in it
-            dirs.extend(sorted(p for p in (path / "agents").iterdir() if p.is_dir()))
+            dirs.extend((f"{p.name} ({path.name})", p) for p in sorted((path / "agents").iterdir()) if p.is_dir())
         else:
-            dirs.append(path)
+            dirs.append((path.name, path))
     results = []
-    for i, model_dir in enumerate(dirs):
+    for i, (label, model_dir) in enumerate(dirs):
         base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
         agent = Agent(i, replace(base, model=str(model_dir), tokenizer=None), config.rollout)
         result = evaluate(
@@ -75,7 +75,7 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
             num_samples=config.eval.num_samples,
             batch_size=config.eval.batch_size,
         )
-        results.append({"agent": str(model_dir), **result})
+        results.append({"agent": label, **result})
         del agent
     _print_table(results, len(examples))
     return results
@@ -87,7 +87,7 @@ def _print_table(results: list[dict[str, Any]], num_prompts: int) -> None:
 
     keys = [k for k in results[0] if k != "agent"]
     table = Table(title=f"independent evaluation on {num_prompts} eval prompts")
-    table.add_column("agent")
+    table.add_column("agent", overflow="fold")
     for key in keys:
         table.add_column(key, justify="right")
     for row in results:

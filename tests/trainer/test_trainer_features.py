@@ -1,0 +1,149 @@
+"""Trainer features beyond the plain run: skipped non-finite steps, KL, user rewards, crash safety, eval, plot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torch
+from safetensors.torch import load_file
+
+from hacrl.checkpoint import latest_checkpoint
+from hacrl.cli import main
+from hacrl.config import load_config
+from hacrl.trainer import Trainer
+from tests.conftest import write_config
+
+
+def _last(run):
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_path):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        tmp_path / "run",
+        trainer={"steps": 1},
+        checkpoint={"every": 0},
+    )
+    trainer = Trainer(load_config(cfg))
+    llama = trainer.agents[0]
+    before = {k: v.clone() for k, v in llama.model.state_dict().items()}
+    llama.model.get_input_embeddings().weight.register_hook(lambda g: g * float("inf"))
+    metrics = trainer.train_step()
+    assert metrics["llama/skipped_steps"] == metrics["llama/optimizer_steps"] == 4
+    assert all(torch.equal(before[k], v) for k, v in llama.model.state_dict().items())
+    assert metrics["qwen/skipped_steps"] == 0
+
+
+def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        run,
+        algorithm={"kl_coef": 0.1},
+        trainer={"steps": 2},
+        checkpoint={"every": 0},
+    )
+    assert main(["train", str(cfg)]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        for name in ("llama", "qwen"):
+            assert r[f"{name}/kl"] > 0  # the agents moved away from their initial weights ...
+            # ... and the KL term is in the loss with its coefficient
+            assert abs(r[f"{name}/loss"] - (r[f"{name}/policy_loss"] + 0.1 * r[f"{name}/kl"])) < 1e-6
+    assert records[1]["llama/kl"] > records[0]["llama/kl"]
+
+
+def count_digits(prompts, completions, **columns):
+    return [min(1.0, sum(ch.isdigit() for ch in c) / 4) for c in completions]
+
+
+def test_user_reward_function_from_the_config(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        run,
+        trainer={"steps": 1},
+        data={"reward_function": "tests.trainer.test_trainer_features:count_digits"},
+    )
+    assert main(["train", str(cfg)]) == 0
+    assert 0 <= _last(run)["llama/reward_mean"] <= 1
+
+
+def test_a_half_written_checkpoint_never_replaces_a_good_one(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        run,
+        trainer={"steps": 2},
+        checkpoint={"every": 1, "keep_last": 5},
+    )
+    assert main(["train", str(cfg)]) == 0
+    # simulate a crash while step 3 was being written: a partial temporary directory
+    partial = run / "checkpoints" / "step_000003.tmp"
+    shutil.copytree(run / "checkpoints" / "step_000002", partial)
+    (partial / "state.json").unlink()
+    (partial / "agents" / "qwen" / "model.safetensors").write_bytes(b"garbage")
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_000002"
+    assert main(["train", str(cfg), "trainer.steps=3", "checkpoint.resume=auto"]) == 0
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_000003"
+    assert not partial.exists()
+    load_file(run / "checkpoints" / "step_000003" / "agents" / "qwen" / "model.safetensors")
+
+
+def test_keep_last_prunes_old_checkpoints(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        run,
+        trainer={"steps": 3},
+        checkpoint={"every": 1, "keep_last": 2},
+    )
+    assert main(["train", str(cfg)]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
+    assert main(["train", str(cfg)]) == 0
+    other = write_config(tmp_path / "o.yaml", tiny_agents, ["llama", "tiny"], run, trainer={"steps": 2})
+    try:
+        main(["train", str(other), "--resume"])
+        raise AssertionError("expected a ValueError")
+    except ValueError as e:
+        assert "holds agents ['llama', 'qwen'] but the config has ['llama', 'tiny']" in str(e)
+
+
+def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen"],
+        run,
+        trainer={"steps": 2},
+        eval={"at_start": True, "every": 1, "num_samples": 2},
+    )
+    assert main(["train", str(cfg)]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all("eval/qwen/pass@1" in r and "eval/qwen/avg@2" in r for r in records)
+    capsys.readouterr()
+    assert main(["eval", str(run / "checkpoints" / "step_000002"), str(tiny_agents["tiny"]), "--config", str(cfg)]) == 0
+    table = capsys.readouterr().out
+    assert "pass@1" in table and "llama" in table and "qwen" in table and "tiny" in table
+    assert main(["plot", str(run)]) == 0
+    png = run / "curves.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
