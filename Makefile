@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) examples/hacpo_by_hand.py
+	$(PY) -m hacrl demo configs/demo.yaml
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples

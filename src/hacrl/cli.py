@@ -32,6 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--config", required=True, help="YAML config whose data/rollout/eval sections to use")
     ev.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted key=value overrides")
 
+    boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
+    boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
+    boot.add_argument("--recipe", default="demo", choices=["demo", "tiny"], help="demo, or tiny for tests")
+    boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
+
+    demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
+    demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
+    demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    demo.add_argument("--recipe", default="demo", choices=["demo", "tiny"], help="bootstrap recipe")
+
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
@@ -47,6 +57,18 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "bootstrap":
+            _quiet_transformers()
+            from hacrl.demo import RECIPES, bootstrap
+
+            bootstrap(args.out, RECIPES[args.recipe], force=args.force)
+            return 0
+        if args.command == "demo":
+            _quiet_transformers()
+            from hacrl.demo import RECIPES, run_demo
+
+            run_demo(args.config, args.overrides, RECIPES[args.recipe])
+            return 0
         if args.command == "plot":
             from hacrl.plot import plot_run
 

@@ -137,7 +137,7 @@ class TrainerConfig:
     micro_batch_size: int = 32
     """Responses per forward/backward; gradients accumulate up to the mini-batch (bounds memory)."""
     logprob_batch_size: int = 64
-    """Responses per no-grad forward when computing old log-probs."""
+    """Responses per generate call and per no-grad forward of the old log-probs (bounds sampling memory)."""
     seed: int = 0
     """Seeds sampling and prompt order (not the starting agents)."""
     output_dir: str = "runs/hacrl"

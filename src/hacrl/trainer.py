@@ -13,6 +13,7 @@ One step, top to bottom:
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -80,7 +81,7 @@ class Trainer:
 
     def train(self) -> list[dict[str, Any]]:
         cfg = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_run_dir()
         save_config(cfg, self.run_dir / "config.yaml")
         logger = MetricsLogger(cfg.logging, self.run_dir, cfg.trainer.steps, [a.name for a in self.agents])
         if self.resumed_from:
@@ -103,6 +104,20 @@ class Trainer:
         finally:
             logger.close()
         return self.history
+
+    def _prepare_run_dir(self) -> None:
+        """A fresh run never writes into an old one; a resumed run drops metrics logged after its checkpoint."""
+        metrics = self.run_dir / "metrics.jsonl"
+        if self.resumed_from is None:
+            if metrics.exists() or latest_checkpoint(self.run_dir) is not None:
+                raise FileExistsError(
+                    f"trainer.output_dir={str(self.run_dir)!r} already holds a run; continue it with --resume (or "
+                    "checkpoint.resume=auto), or choose another trainer.output_dir"
+                )
+        elif metrics.exists():
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def train_step(self) -> dict[str, Any]:
         cfg, n = self.config, len(self.agents)

@@ -114,3 +114,32 @@ def test_config_errors_fail_before_any_model_loads(tiny_agents, tmp_path, capsys
     assert main(["train", str(cfg), "algorithm.name=gspo", "trainer.stepz=3"]) == 2
     assert "Did you mean: 'steps'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_config_reference_doc_is_up_to_date():
+    """docs/config-reference.txt is `hacrl train --help-config`; regenerate it when a config field changes."""
+    from pathlib import Path
+
+    from hacrl.config import describe
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config-reference.txt"
+    assert doc.read_text().strip() == describe().strip(), "run: hacrl train --help-config > docs/config-reference.txt"
+
+
+def test_every_config_field_has_a_docstring():
+    from dataclasses import fields
+
+    from hacrl import config as c
+
+    for cls in (
+        c.AgentConfig,
+        c.AlgorithmConfig,
+        c.RolloutConfig,
+        c.DataConfig,
+        c.TrainerConfig,
+        c.EvalConfig,
+        c.LoggingConfig,
+        c.CheckpointConfig,
+    ):
+        docs = c.field_docs(cls)
+        assert [f.name for f in fields(cls) if not docs.get(f.name)] == [], cls.__name__

@@ -147,3 +147,15 @@ def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     assert main(["plot", str(run)]) == 0
     png = run / "curves.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path):
+    import pytest
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
+    assert main(["train", str(cfg)]) == 0
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume"):
+        main(["train", str(cfg)])
+    assert (run / "metrics.jsonl").read_text() == before

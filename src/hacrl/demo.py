@@ -1,0 +1,290 @@
+"""The built-in test bed: tiny heterogeneous agents made from code, warm-started on a reasoning-gym task.
+
+`hacrl bootstrap` builds, from nothing but code and seeds:
+- a character-level tokenizer and a BPE tokenizer trained on the task's text (`tokenizers`), each with EOS/PAD
+  and a one-line chat template (`Q:<question>\\nA:`);
+- a Llama-style agent on the character tokenizer and a Qwen2-style agent, about 2x larger, on the BPE one;
+- a supervised warm-start (`hacrl.sft`) on the task's training split, the target being a short worked solution
+  (the column sums from right to left, carries included) and the answer on the last line, so each agent is partly
+  capable and RL rewards are informative.
+Outputs are cached in `--out` (default `.cache/demo-agents`) with a `bootstrap.json` that records the recipe
+and the measured accuracies; a second call with the same recipe reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hacrl.config import DataConfig
+
+DEMO_TASK: dict[str, Any] = {
+    "task": "basic_arithmetic",
+    "task_options": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 3,
+        "operators": ["+"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+        "whitespace": "single",
+        "format_style": "simple",
+    },
+}
+"""1-3 digit additions, `Calculate 347 + 85.`; scored by reasoning-gym's own scorer on the last line."""
+
+
+@dataclass
+class AgentRecipe:
+    name: str
+    family: str  # llama | qwen2
+    tokenizer: str  # char | bpe
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    sft_steps: int
+    sft_lr: float
+    bpe_vocab: int = 128
+    seed: int = 0
+
+
+@dataclass
+class BootstrapRecipe:
+    agents: list[AgentRecipe] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=lambda: dict(DEMO_TASK))
+    train_size: int = 20000
+    eval_size: int = 1024
+    sft_batch_size: int = 64
+    seed: int = 0
+
+
+DEMO = BootstrapRecipe(
+    agents=[
+        AgentRecipe(
+            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=200, sft_lr=3e-3, seed=1
+        ),
+        AgentRecipe(
+            "qwen-bpe", "qwen2", "bpe", hidden=192, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=2e-3, seed=2
+        ),
+    ]
+)
+"""The demo's two agents: 1.1M-parameter Llama on characters, 2.4M-parameter Qwen2 on a 128-token BPE."""
+
+TINY = BootstrapRecipe(
+    agents=[
+        AgentRecipe(
+            "llama-char", "llama", "char", hidden=32, layers=2, heads=2, kv_heads=1, sft_steps=30, sft_lr=3e-3, seed=1
+        ),
+        AgentRecipe(
+            "qwen-bpe",
+            "qwen2",
+            "bpe",
+            hidden=48,
+            layers=2,
+            heads=4,
+            kv_heads=2,
+            sft_steps=30,
+            sft_lr=3e-3,
+            bpe_vocab=64,
+            seed=2,
+        ),
+    ],
+    train_size=500,
+    eval_size=32,
+    sft_batch_size=16,
+)
+"""Seconds-scale version of DEMO for tests: the same code path, smaller everything."""
+
+RECIPES = {"demo": DEMO, "tiny": TINY}
+
+
+def worked_solution(expression: str) -> str:
+    """`347 + 85` -> `12,13,4\\n432`: column sums right to left (carry included), then the answer on its own line.
+
+    >>> worked_solution("347 + 85")
+    '12,13,4\\n432'
+    >>> worked_solution("5 + 5")
+    '10,1\\n10'
+    """
+    a, b = (int(x) for x in re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", expression).groups())
+    da, db = str(a)[::-1], str(b)[::-1]
+    sums, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        s = int(da[i] if i < len(da) else 0) + int(db[i] if i < len(db) else 0) + carry
+        sums.append(str(s))
+        carry = s // 10
+    if carry:
+        sums.append(str(carry))
+    return ",".join(sums) + "\n" + str(a + b)
+
+
+def data_config(recipe: BootstrapRecipe) -> DataConfig:
+    return DataConfig(
+        task=recipe.data["task"],
+        task_options=dict(recipe.data["task_options"]),
+        train_size=recipe.train_size,
+        eval_size=recipe.eval_size,
+        seed=recipe.seed,
+    )
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, force: bool = False) -> dict[str, Any]:
+    """Build (or reuse) the recipe's agents under `out`; returns the report stored in `out/bootstrap.json`."""
+    out = Path(out)
+    manifest = out / "bootstrap.json"
+    key = asdict(recipe)
+    if not force and manifest.is_file():
+        report = json.loads(manifest.read_text())
+        if report.get("recipe") == key and all((out / a.name / "config.json").is_file() for a in recipe.agents):
+            log(f"bootstrap: reusing the agents cached in {out} (delete it to rebuild)")
+            return report
+
+    import torch
+
+    from hacrl.agents import Agent
+    from hacrl.config import AgentConfig, RolloutConfig
+    from hacrl.data import load_task
+    from hacrl.evaluation import evaluate
+    from hacrl.sft import SFTConfig, supervised_finetune
+    from hacrl.testbed import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    task = load_task(data_config(recipe))
+    pairs = [(ex.messages, worked_solution(ex.columns["entry"]["metadata"]["expression"])) for ex in task.train]
+    texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
+    report: dict[str, Any] = {"recipe": key, "agents": {}, "eval_prompts": len(task.eval)}
+    for recipe_agent in recipe.agents:
+        start = time.perf_counter()
+        if recipe_agent.tokenizer == "char":
+            tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
+        else:
+            tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
+        model = tiny_model(
+            recipe_agent.family,
+            tokenizer,
+            hidden=recipe_agent.hidden,
+            layers=recipe_agent.layers,
+            heads=recipe_agent.heads,
+            kv_heads=recipe_agent.kv_heads,
+            seed=recipe_agent.seed,
+        )
+        params = sum(p.numel() for p in model.parameters())
+        log(
+            f"bootstrap: {recipe_agent.name}: {recipe_agent.family}, {recipe_agent.tokenizer} tokenizer "
+            f"({len(tokenizer)} tokens), {params / 1e6:.2f}M parameters; supervised warm-start for "
+            f"{recipe_agent.sft_steps} steps"
+        )
+        every = max(1, recipe_agent.sft_steps // 5)
+
+        def progress(step: int, loss: float, name=recipe_agent.name, t0=start, every=every) -> None:
+            if step % every == 0:
+                log(f"  {name} sft step {step}: loss {loss:.3f} ({time.perf_counter() - t0:.0f}s)")
+
+        sft = SFTConfig(
+            steps=recipe_agent.sft_steps,
+            batch_size=recipe.sft_batch_size,
+            lr=recipe_agent.sft_lr,
+            warmup_steps=min(50, recipe_agent.sft_steps // 5),
+            seed=recipe_agent.seed,
+        )
+        supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
+        directory = save_agent(model, tokenizer, out / recipe_agent.name)
+        agent = Agent(0, AgentConfig(name=recipe_agent.name, model=str(directory)), RolloutConfig(max_new_tokens=24))
+        result = evaluate(agent, task.eval, task.reward)
+        seconds = time.perf_counter() - start
+        log(
+            f"  {recipe_agent.name}: greedy accuracy {100 * result['pass@1']:.1f}% on {len(task.eval)} eval prompts "
+            f"after {seconds:.0f}s"
+        )
+        report["agents"][recipe_agent.name] = {
+            "parameters": params,
+            "vocab": len(tokenizer),
+            "seconds": seconds,
+            "eval_pass@1": result["pass@1"],
+        }
+    manifest.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: BootstrapRecipe = DEMO) -> dict[str, Any]:
+    """`hacrl demo`: bootstrap the agents if they are not cached, train them with the config, print a summary."""
+    from hacrl.config import load_config
+    from hacrl.plot import plot_run
+    from hacrl.trainer import Trainer
+
+    config = load_config(config_path, overrides)
+    start = time.perf_counter()
+    agents_dir = Path(config.agents[0].model).parent
+    report = bootstrap(agents_dir, recipe)
+    missing = [a.model for a in config.agents if not (Path(a.model) / "config.json").is_file()]
+    if missing:
+        raise FileNotFoundError(f"the demo config names agents that bootstrap did not build: {missing}")
+    bootstrap_seconds = time.perf_counter() - start
+    run_dir = Path(config.trainer.output_dir)
+    if run_dir.exists():  # the demo's own output: a rerun starts fresh
+        import shutil
+
+        _log(f"removing the previous demo run in {run_dir}")
+        shutil.rmtree(run_dir)
+    _log(
+        f"training {len(config.agents)} agents with {config.algorithm.name} for {config.trainer.steps} steps "
+        f"({config.trainer.prompts_per_step} prompts x {config.rollout.group_size} samples per agent and step)"
+    )
+    train_start = time.perf_counter()
+    history = Trainer(config).train()
+    train_seconds = time.perf_counter() - train_start
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in records if any(k.startswith("eval/") for k in r))
+    last = records[-1]
+    rows = []
+    for agent in config.agents:
+        before, after = first.get(f"eval/{agent.name}/pass@1"), last.get(f"eval/{agent.name}/pass@1")
+        rows.append(
+            {
+                "agent": agent.name,
+                "before": before,
+                "after": after,
+                "rollouts": len(history) * config.trainer.prompts_per_step * config.rollout.group_size,
+                "seconds": train_seconds,
+            }
+        )
+    plot = plot_run(run_dir)
+    _print_summary(rows, report, bootstrap_seconds, run_dir, plot)
+    return {"rows": rows, "bootstrap": report, "run_dir": str(run_dir)}
+
+
+def _print_summary(rows, report, bootstrap_seconds: float, run_dir: Path, plot: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    n = report.get("eval_prompts", 0)
+    se = 100 * (0.25 / n) ** 0.5 if n else float("nan")
+    table = Table(title=f"greedy accuracy, {n} held-out prompts (1 s.e. <= {se:.1f} pts)")
+    for column in ("agent", "before", "after", "change", "rollouts generated", "train time"):
+        table.add_column(column, justify="left" if column == "agent" else "right")
+    for r in rows:
+        change = f"{100 * (r['after'] - r['before']):+.1f}" if r["before"] is not None else "-"
+        table.add_row(
+            r["agent"],
+            f"{100 * r['before']:.1f}%",
+            f"{100 * r['after']:.1f}%",
+            change,
+            str(r["rollouts"]),
+            f"{r['seconds']:.0f}s",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"bootstrap (tokenizers, models, warm-start; cached): {bootstrap_seconds:.0f}s")
+    console.print(
+        f"run directory: {run_dir}  |  TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}  |  curves: {plot}"
+    )
