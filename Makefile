@@ -5,15 +5,20 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+SHELL  := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: setup test demo lint format clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing $(TORCH) (CPU wheel) ..."
+	$(PY) -m pip install --quiet --progress-bar off "$(TORCH)"
+	@echo "installing hacrl and its dependencies (transformers, reasoning-gym, math-verify, ...) ..."
+	$(PY) -m pip install --progress-bar off -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
+	@$(PY) -c "import torch, hacrl; print('torch', torch.__version__, '| hacrl', hacrl.__version__)"
 	@touch $(STAMP)
 
 test: $(STAMP)

@@ -3,8 +3,9 @@
 Layout of `<output_dir>/checkpoints/step_000010/`:
     agents/<name>/        a plain Hugging Face model directory (safetensors, config, tokenizer, chat template)
     optimizer/<name>.pt   the agent's AdamW state (tensors and numbers only; loaded with weights_only=True)
-    rng.pt                torch / CUDA / Python RNG states (tensors only)
-    state.json            step, capability history, data position, config
+    rng.pt                torch / CUDA RNG states (tensors only)
+    config.yaml           the run's resolved config
+    state.json            step, agent names, capability history, data position
 
 A checkpoint is written into `step_000010.tmp/` and renamed when complete, so a directory named `step_*` without
 the suffix is always whole; older ones are deleted only after the new one exists.
@@ -37,7 +38,9 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(done, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), default=None)
 
 
-def save_checkpoint(output_dir: str | Path, step: int, agents, state: dict[str, Any], *, keep_last: int) -> Path:
+def save_checkpoint(
+    output_dir: str | Path, step: int, agents, state: dict[str, Any], *, keep_last: int, config_yaml: str = ""
+) -> Path:
     root = checkpoint_root(output_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
@@ -50,7 +53,9 @@ def save_checkpoint(output_dir: str | Path, step: int, agents, state: dict[str, 
         agent.tokenizer.save_pretrained(agent_dir)
         torch.save(agent.optimizer.state_dict(), tmp / "optimizer" / f"{agent.name}.pt")
     torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if config_yaml:
+        (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))  # written last: its presence marks "complete"
     if final.exists():  # the same step saved twice (e.g. a resumed run): replace only once the new one is whole
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -11,7 +11,7 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -320,13 +320,15 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep_last >= 1")
 
 
-def save_config(config: TrainConfig, path: Path) -> None:
-    """Write the resolved config as YAML (loadable by `load_config`)."""
-    from dataclasses import asdict
-
+def config_to_yaml(config: TrainConfig) -> str:
+    """The resolved config as YAML text (loadable by `load_config`)."""
     import yaml
 
-    path.write_text(yaml.safe_dump(asdict(config), sort_keys=False))
+    return yaml.safe_dump(asdict(config), sort_keys=False)
+
+
+def save_config(config: TrainConfig, path: Path) -> None:
+    path.write_text(config_to_yaml(config))
 
 
 def describe() -> str:

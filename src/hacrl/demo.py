@@ -67,7 +67,7 @@ class BootstrapRecipe:
 DEMO = BootstrapRecipe(
     agents=[
         AgentRecipe(
-            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=200, sft_lr=3e-3, seed=1
+            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=240, sft_lr=3e-3, seed=1
         ),
         AgentRecipe(
             "qwen-bpe", "qwen2", "bpe", hidden=192, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=2e-3, seed=2

@@ -9,6 +9,7 @@ returns, so a broken reward stops the run with a message naming the function and
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -71,6 +72,8 @@ def math_reward(timeout: float = 5.0) -> RewardFn:
     from math_verify import parse, verify
 
     seconds = max(1, math.ceil(timeout))
+    # math-verify logs every timeout with the whole (possibly hostile, huge) text; a timeout already scores 0
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
 
     def math_answer(prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any], **_: Any) -> list[float]:
         rewards = []

@@ -29,7 +29,7 @@ from hacrl.checkpoint import (
     read_checkpoint_state,
     save_checkpoint,
 )
-from hacrl.config import TrainConfig, save_config
+from hacrl.config import TrainConfig, config_to_yaml, save_config
 from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.evaluation import evaluate
@@ -325,7 +325,14 @@ class Trainer:
             "data": self.stream.state_dict(),
             "algorithm": self.config.algorithm.name,
         }
-        return save_checkpoint(self.run_dir, self.step, self.agents, state, keep_last=self.config.checkpoint.keep_last)
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.agents,
+            state,
+            keep_last=self.config.checkpoint.keep_last,
+            config_yaml=config_to_yaml(self.config),
+        )
 
 
 def _prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -141,3 +141,13 @@ def test_prompt_stream_is_seeded_covers_each_epoch_and_resumes():
     assert resumed.next_batch(12) == expected
     with pytest.raises(ValueError, match="saved for other training data"):
         PromptStream(items[:5], seed=3).load_state_dict(state)
+
+
+def test_a_hostile_output_cannot_hang_the_math_verifier():
+    """A power tower sympy would try to evaluate for ever: the per-call time limit scores it 0 and moves on."""
+    import time
+
+    fn = math_reward(timeout=1)
+    start = time.perf_counter()
+    assert fn(prompts=[""], completions=["\\boxed{9^{9^{9^{9^{9^{9}}}}}}"], answer=["3"]) == [0.0]
+    assert time.perf_counter() - start < 30  # without the limit this does not return

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from hacrl.cli import main
+from hacrl.config import load_config
 from tests.conftest import write_config
 
 PER_AGENT_KEYS = [
@@ -60,6 +61,8 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
         assert "llama/rho/qwen" in records[-1] and "llama/foreign_clip_frac" in records[-1]
         assert records[-1]["llama/foreign_lower_bound"] > 0.8  # m > 0 for the foreign mini-batches
     assert (run / "config.yaml").is_file()
+    saved = load_config(run / "checkpoints" / "step_000002" / "config.yaml")  # the resolved config round-trips
+    assert saved.algorithm.name == algorithm and saved.agents[1].model == str(tiny_agents["qwen"])
     assert any((run / "tensorboard").iterdir())
 
 
