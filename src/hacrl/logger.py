@@ -71,6 +71,9 @@ class MetricsLogger:
                 if f"{name}/foreign_clip_frac" in metrics:
                     part += f"/{metrics[f'{name}/foreign_clip_frac']:.2f}"
                 parts.append(part)
+        skipped = {n: metrics.get(f"{n}/skipped_steps", 0) for n in self.agent_names}
+        if any(skipped.values()):
+            parts.append("SKIPPED non-finite grad: " + ", ".join(f"{n} x{k}" for n, k in skipped.items() if k))
         if "time/step" in metrics:
             parts.append(f"{metrics['time/step']:.1f}s")
         self.print(" | ".join(parts))

@@ -107,3 +107,35 @@ def test_real_qwen3_and_llama_tokenizers_exchange_text_safely():
         messages, add_generation_prompt=True, tokenize=False, date_string="25 Nov 2026"
     )
     assert llama_text.startswith("<|begin_of_text|>") and "25 Nov 2026" in llama_text
+
+
+@pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="shared/data/tokenizers is not beside this checkout")
+def test_agents_with_the_real_qwen3_and_llama_tokenizers_exchange_responses(tmp_path):
+    """A Qwen3-tokenizer agent's response reaches a Llama-3.2-tokenizer learner as text, in the learner's template."""
+    from hacrl.testbed import save_agent, tiny_model
+
+    agents = []
+    for i, (name, kwargs) in enumerate(
+        [("qwen3", {"enable_thinking": False}), ("llama-3.2-instruct", {"date_string": "25 Nov 2026"})]
+    ):
+        tok = load_tokenizer(SHARED_TOKENIZERS / name)
+        directory = save_agent(tiny_model("qwen2", tok, hidden=8, layers=1, heads=2, kv_heads=1), tok, tmp_path / name)
+        agents.append(
+            Agent(
+                i,
+                AgentConfig(name=name, model=str(directory), chat_template_kwargs=kwargs),
+                RolloutConfig(max_new_tokens=64, max_prompt_tokens=256),
+            )
+        )
+    qwen, llama = agents
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    qwen_prompt, _ = qwen.render_prompt(messages)
+    assert qwen.tokenizer.decode(qwen_prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    llama_prompt, _ = llama.render_prompt(messages)
+    assert "25 Nov 2026" in llama.tokenizer.decode(llama_prompt)
+    text = "2+2 = 4, so the answer is \\boxed{4}.<|im_end|>"  # the source's EOS text inside its decoded answer
+    rows = learner_view(llama, [_traj(text, source=0)], [llama_prompt], [], [])
+    ids = rows[0].response_ids
+    assert ids[-1] == llama.eos_id == llama.tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    assert llama.tokenizer.decode(ids[:-1]) == text  # byte-level BPE: exact text, no control token inside
+    assert not set(ids[:-1]) & set(llama.tokenizer.all_special_ids)

@@ -159,3 +159,21 @@ def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path):
     with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume"):
         main(["train", str(cfg)])
     assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_bfloat16_agents_train_and_save_in_their_dtype(tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
+    assert main(["train", str(cfg), "agents.1.dtype=bfloat16"]) == 0
+    weights = load_file(run / "checkpoints" / "step_000001" / "agents" / "qwen" / "model.safetensors")
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}
+    assert _last(run)["qwen/skipped_steps"] == 0
+
+
+def test_skipped_steps_are_announced_on_the_console(capsys):
+    from hacrl.config import LoggingConfig
+    from hacrl.logger import MetricsLogger
+
+    logger = MetricsLogger(LoggingConfig(console=False, jsonl=False, tensorboard=False), None, 1, ["a", "b"])
+    logger.step_done(1, {"a/reward_mean": 0.5, "a/skipped_steps": 2, "b/reward_mean": 0.1, "b/skipped_steps": 0})
+    assert "SKIPPED non-finite grad: a x2" in capsys.readouterr().out
