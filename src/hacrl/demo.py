@@ -59,7 +59,7 @@ class BootstrapRecipe:
     agents: list[AgentRecipe] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=lambda: dict(DEMO_TASK))
     train_size: int = 20000
-    eval_size: int = 1024
+    eval_size: int = 1280
     sft_batch_size: int = 64
     seed: int = 0
 

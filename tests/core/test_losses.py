@@ -187,6 +187,8 @@ def test_hacpo_loss_and_gradient_hand_computed_on_a_mixed_batch(step_index):
     assert int(m["num_own"]) == 2 and int(m["num_foreign"]) == 3
     assert float(m["own_clip_frac"]) == 0.0  # row 1 has A < 0 and s > 1: the unclipped term is the smaller
     assert float(m["foreign_clip_frac"]) == pytest.approx(2 / 3)
+    assert float(m["foreign_below_frac"]) == pytest.approx(1 / 3)  # row 3, s = 0.61
+    assert float(m["foreign_above_frac"]) == pytest.approx(1 / 3)  # row 4, s = 1.22
     assert float(m["foreign_lower_bound"]) == pytest.approx(0.8 + 0.025 * step_index)
     assert float(m["rho_foreign_mean"]) == pytest.approx((2 + 2 + 0.5) / 3)
     assert float(m["foreign_ratio_mean"]) == pytest.approx((math.exp(-0.1) + math.exp(-0.5) + math.exp(0.2)) / 3)

@@ -189,6 +189,9 @@ def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) 
     )
     objective = torch.where(inputs.is_own, own_objective, foreign_obj)
     out = _finish(inputs, params, objective, ratio, clipped_own=own_clipped, clipped_foreign=foreign_clipped)
+    foreign = ~inputs.is_own
+    out.metrics["foreign_below_frac"] = _subset_mean((ratio.detach() < lower).float(), foreign)  # s < lo_m
+    out.metrics["foreign_above_frac"] = _subset_mean((ratio.detach() > 1.0).float(), foreign)  # s > 1
     out.metrics["foreign_lower_bound"] = torch.tensor(lower)
     out.metrics["rho_foreign_mean"] = _subset_mean(rho.detach(), ~inputs.is_own)
     return out
