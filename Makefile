@@ -22,19 +22,19 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests examples
+	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(PY) -m hacrl demo configs/demo.yaml
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests examples
-	$(PY) -m ruff format --check src tests examples
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff format --check src tests examples benchmarks
 
 format: $(STAMP)
-	$(PY) -m ruff format src tests examples
-	$(PY) -m ruff check --fix src tests examples
+	$(PY) -m ruff format src tests examples benchmarks
+	$(PY) -m ruff check --fix src tests examples benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

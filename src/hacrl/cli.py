@@ -34,13 +34,18 @@ def _parser() -> argparse.ArgumentParser:
 
     boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
     boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
-    boot.add_argument("--recipe", default="demo", choices=["demo", "tiny"], help="demo, or tiny for tests")
+    boot.add_argument(
+        "--recipe",
+        default="demo",
+        choices=["demo", "demo3", "tiny", "tiny3"],
+        help="demo (two agents), demo3 (plus a third), tiny (for tests)",
+    )
     boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
 
     demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
     demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
     demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    demo.add_argument("--recipe", default="demo", choices=["demo", "tiny"], help="bootstrap recipe")
+    demo.add_argument("--recipe", default="demo", choices=["demo", "demo3", "tiny", "tiny3"], help="bootstrap recipe")
 
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")

@@ -104,6 +104,9 @@ class DataConfig:
     """Training prompts generated (reasoning_gym); eval questions are removed from them."""
     eval_size: int = 256
     """Held-out eval prompts (reasoning_gym), or the most taken from `eval_file`."""
+    heldout_size: int = 2048
+    """reasoning_gym: held-out questions generated for the eval split (its first `eval_size` are evaluated) and
+    removed from the training split, so the training data do not change with `eval_size` (up to this size)."""
     train_file: str | None = None
     """JSONL or parquet file of training rows (source: file)."""
     eval_file: str | None = None
@@ -308,6 +311,11 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("data.source=file needs data.train_file (a .jsonl or .parquet file)")
     if d.source == "reasoning_gym" and (d.train_size < 1 or d.eval_size < 1):
         raise ConfigError("data.train_size and data.eval_size must be >= 1")
+    if d.source == "reasoning_gym" and d.eval_size > d.heldout_size:
+        raise ConfigError(
+            f"data.eval_size={d.eval_size} exceeds data.heldout_size={d.heldout_size}; raise "
+            "data.heldout_size (this changes the training split) or lower data.eval_size"
+        )
     if d.reward_function is not None and ":" not in d.reward_function:
         raise ConfigError(f"data.reward_function={d.reward_function!r} must look like 'package.module:function'")
     if not d.reward_timeout > 0:

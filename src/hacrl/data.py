@@ -2,8 +2,9 @@
 
 Choices:
 1. reasoning-gym data are generated from `data.seed` (the same for every training seed, so every method is
-   evaluated on the same held-out prompts); the eval split is generated first and every training question that
-   also occurs in it is removed, so the splits never overlap.
+   evaluated on the same held-out prompts). A held-out pool of `data.heldout_size` questions is generated first;
+   the eval split is its first `data.eval_size`, and every training question that occurs anywhere in the pool is
+   removed, so the splits never overlap and the training data do not depend on `eval_size`.
 2. A prompt given as a string becomes `[system?, user]` chat messages; a list of messages is used as it is.
 3. The training stream walks the training rows in a fresh seeded permutation per epoch; its position is part
    of every checkpoint.
@@ -66,12 +67,15 @@ def _reasoning_gym(cfg: DataConfig):
 
     options = dict(cfg.task_options)
     try:
-        eval_ds = reasoning_gym.create_dataset(cfg.task, seed=cfg.seed * 2 + 1, size=cfg.eval_size, **options)
+        eval_ds = reasoning_gym.create_dataset(
+            cfg.task, seed=cfg.seed * 2 + 1, size=max(cfg.heldout_size, cfg.eval_size), **options
+        )
         train_ds = reasoning_gym.create_dataset(cfg.task, seed=cfg.seed * 2, size=cfg.train_size, **options)
     except (ValueError, TypeError, AssertionError, KeyError) as e:
         raise ValueError(f"data.task={cfg.task!r} with data.task_options={options}: reasoning-gym says: {e}") from e
-    eval_rows = [_rg_example(cfg, entry) for entry in eval_ds]
-    held_out = {ex.prompt for ex in eval_rows}
+    pool = [_rg_example(cfg, entry) for entry in eval_ds]
+    held_out = {ex.prompt for ex in pool}
+    eval_rows = pool[: cfg.eval_size]
     train_rows = [ex for ex in (_rg_example(cfg, entry) for entry in train_ds) if ex.prompt not in held_out]
     if not train_rows:
         raise ValueError(

@@ -67,7 +67,7 @@ class BootstrapRecipe:
 DEMO = BootstrapRecipe(
     agents=[
         AgentRecipe(
-            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=240, sft_lr=3e-3, seed=1
+            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=3e-3, seed=1
         ),
         AgentRecipe(
             "qwen-bpe", "qwen2", "bpe", hidden=192, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=2e-3, seed=2
@@ -101,7 +101,39 @@ TINY = BootstrapRecipe(
 )
 """Seconds-scale version of DEMO for tests: the same code path, smaller everything."""
 
-RECIPES = {"demo": DEMO, "tiny": TINY}
+DEMO3 = BootstrapRecipe(
+    agents=[
+        *DEMO.agents,
+        AgentRecipe(
+            "llama-bpe", "llama", "bpe", hidden=160, layers=3, heads=4, kv_heads=4, sft_steps=300, sft_lr=2e-3, seed=3
+        ),
+    ]
+)
+"""DEMO plus a third agent (a 1.2M Llama on the BPE tokenizer) for n = 3 runs."""
+
+TINY3 = BootstrapRecipe(
+    agents=[
+        *TINY.agents,
+        AgentRecipe(
+            "llama-bpe",
+            "llama",
+            "bpe",
+            hidden=16,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            sft_steps=10,
+            sft_lr=3e-3,
+            bpe_vocab=64,
+            seed=3,
+        ),
+    ],
+    train_size=TINY.train_size,
+    eval_size=TINY.eval_size,
+    sft_batch_size=TINY.sft_batch_size,
+)
+
+RECIPES = {"demo": DEMO, "demo3": DEMO3, "tiny": TINY, "tiny3": TINY3}
 
 
 def worked_solution(expression: str) -> str:

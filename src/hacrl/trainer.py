@@ -248,6 +248,7 @@ class Trainer:
         metrics = {k: sums[k] / counts[k] for k in sums if counts[k] > 0 and not k.startswith("num_")}
         metrics["skipped_steps"] = skipped
         metrics["optimizer_steps"] = len(range(0, len(rows), cfg.mini_batch_size))
+        metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
         foreign = [r for r in rows if r.source != agent.index]
         if foreign:
             metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)

@@ -73,17 +73,21 @@ def test_bad_reward_functions_stop_with_a_message_naming_function_and_sample(fn,
 
 
 def test_reasoning_gym_splits_are_disjoint_and_scored_by_the_task():
-    task = load_task(DataConfig(**TASK, train_size=300, eval_size=40))
+    task = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60))
     eval_questions = {ex.prompt for ex in task.eval}
     assert len(task.eval) == 40 and 0 < len(task.train) <= 300
     assert not eval_questions & {ex.prompt for ex in task.train}
+    # the training split is fixed by the held-out pool, not by how much of it is evaluated
+    smaller = load_task(DataConfig(**TASK, train_size=300, eval_size=10, heldout_size=60))
+    assert [e.prompt for e in smaller.train] == [e.prompt for e in task.train]
+    assert [e.prompt for e in smaller.eval] == [e.prompt for e in task.eval[:10]]
     ex = task.eval[0]
     assert ex.messages == [{"role": "user", "content": ex.prompt}]
     right, wrong = f"steps...\nanswer: {ex.columns['answer']}", "answer: 99999"
     assert task.reward(
         prompts=[ex.prompt] * 2, completions=[right, wrong], **{k: [v, v] for k, v in ex.columns.items()}
     ) == [1.0, 0.0]
-    again = load_task(DataConfig(**TASK, train_size=300, eval_size=40))  # seeded: the same data
+    again = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60))  # seeded: the same data
     assert [e.prompt for e in again.train] == [e.prompt for e in task.train]
 
 
