@@ -52,6 +52,7 @@ class AgentRecipe:
     sft_lr: float
     bpe_vocab: int = 128
     seed: int = 0
+    sft_schedule: str = "cosine"
 
 
 @dataclass
@@ -67,10 +68,30 @@ class BootstrapRecipe:
 DEMO = BootstrapRecipe(
     agents=[
         AgentRecipe(
-            "llama-char", "llama", "char", hidden=128, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=3e-3, seed=1
+            "llama-char",
+            "llama",
+            "char",
+            hidden=128,
+            layers=4,
+            heads=4,
+            kv_heads=4,
+            sft_steps=340,
+            sft_lr=3e-3,
+            seed=1,
+            sft_schedule="constant",
         ),
         AgentRecipe(
-            "qwen-bpe", "qwen2", "bpe", hidden=192, layers=4, heads=4, kv_heads=4, sft_steps=400, sft_lr=2e-3, seed=2
+            "qwen-bpe",
+            "qwen2",
+            "bpe",
+            hidden=192,
+            layers=4,
+            heads=4,
+            kv_heads=4,
+            sft_steps=480,
+            sft_lr=2e-3,
+            seed=2,
+            sft_schedule="constant",
         ),
     ]
 )
@@ -228,6 +249,7 @@ def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, forc
             lr=recipe_agent.sft_lr,
             warmup_steps=min(50, recipe_agent.sft_steps // 5),
             seed=recipe_agent.seed,
+            schedule=recipe_agent.sft_schedule,
         )
         supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
         directory = save_agent(model, tokenizer, out / recipe_agent.name)

@@ -24,7 +24,9 @@ class SFTConfig:
     lr: float = 3e-3
     """Peak AdamW learning rate."""
     warmup_steps: int = 50
-    """Linear warm-up from 0 to `lr`; cosine decay to 10 % of `lr` afterwards."""
+    """Linear warm-up from 0 to `lr`."""
+    schedule: str = "cosine"
+    """After the warm-up: `cosine` decay to 10 % of `lr`, or `constant`."""
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -59,6 +61,8 @@ def supervised_finetune(
     """
     if not pairs:
         raise ValueError("supervised_finetune needs at least one (messages, target) pair")
+    if cfg.schedule not in ("cosine", "constant"):
+        raise ValueError(f"SFTConfig.schedule must be 'cosine' or 'constant', got {cfg.schedule!r}")
     device = next(model.parameters()).device
     encoded = encode_pairs(tokenizer, pairs, cfg.chat_template_kwargs)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -92,6 +96,8 @@ def supervised_finetune(
 def _lr_factor(step: int, cfg: SFTConfig) -> float:
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
