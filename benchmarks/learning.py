@@ -19,7 +19,6 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -247,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             "logging.tensorboard=false",
             *extra,
         ]
-    command = "python benchmarks/learning.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    # the command that reproduces the whole grid these summaries belong to (runs may have been made in parts)
+    command = "python benchmarks/learning.py" + (f" --set {' '.join(args.overrides)}" if args.overrides else "")
+    if args.smoke:
+        command += " --smoke"
     if not args.aggregate_only:
         for seed in args.seeds:
             for method in args.methods:
