@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import time
@@ -126,7 +125,7 @@ def aggregate(results_dir: Path, command: str) -> dict:
         for cell in methods.values():
             finals = [100 * r["final_accuracy"] for r in cell["runs"]]
             cell["accuracy_mean"] = statistics.mean(finals)
-            cell["accuracy_std"] = statistics.stdev(finals) if len(finals) > 1 else math.nan
+            cell["accuracy_std"] = statistics.stdev(finals) if len(finals) > 1 else None  # undefined for one seed
             cell["seeds"] = sorted(r["seed"] for r in cell["runs"])
             cell["initial_accuracy"] = 100 * cell["runs"][0]["initial_accuracy"]
             for key in ("rollouts_generated", "sequences_trained", "seconds"):
@@ -134,7 +133,7 @@ def aggregate(results_dir: Path, command: str) -> dict:
             cell["diagnostics"] = {k: _mean([r["diagnostics"].get(k) for r in cell["runs"]]) for k in DIAGNOSTICS}
         base = methods.get("gspo")
         for cell in methods.values():
-            cell["delta_vs_gspo"] = cell["accuracy_mean"] - base["accuracy_mean"] if base else math.nan
+            cell["delta_vs_gspo"] = cell["accuracy_mean"] - base["accuracy_mean"] if base else None
     results = {"command": command, "runs": len(runs), "table": table}
     (results_dir / "learning.json").write_text(json.dumps(results, indent=1))
     (results_dir / "learning.md").write_text(_markdown(results, results_dir))
@@ -161,10 +160,11 @@ def _markdown(results: dict, results_dir: Path) -> str:
         ]
         for method in sorted(methods, key=lambda m: order.index(m) if m in order else len(order)):
             c = methods[method]
+            std = "-" if c["accuracy_std"] is None else f"{c['accuracy_std']:.1f}"
+            delta = "-" if c["delta_vs_gspo"] is None else f"{c['delta_vs_gspo']:+.1f}"
             lines.append(
-                f"| {method} | {c['accuracy_mean']:.1f} ± {c['accuracy_std']:.1f} | {len(c['seeds'])} | "
-                f"{c['delta_vs_gspo']:+.1f} | {c['rollouts_generated']:.0f} | {c['sequences_trained']:.0f} | "
-                f"{c['seconds']:.0f} |"
+                f"| {method} | {c['accuracy_mean']:.1f} ± {std} | {len(c['seeds'])} | {delta} | "
+                f"{c['rollouts_generated']:.0f} | {c['sequences_trained']:.0f} | {c['seconds']:.0f} |"
             )
         lines += [
             "",
