@@ -2,7 +2,7 @@
 
 Every method runs the same number of steps and prompts per step from the same bootstrapped agents
 (`configs/demo.yaml`); seeds change sampling and prompt order only. Each (method, seed) run leaves a summary in
-`benchmarks/results/runs/<method>-s<seed>.json` (committed); a run whose summary exists is skipped, so the grid
+`benchmarks/results/summaries/<method>-s<seed>.json` (committed); a run whose summary exists is skipped, so the grid
 can be run in parts. After the runs the script aggregates every summary it finds into `learning.md`,
 `learning.json` and `learning.png` under `benchmarks/results/`.
 
@@ -115,7 +115,7 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
 
 def aggregate(results_dir: Path, command: str) -> dict:
     """Read every run summary and write learning.json, learning.md and learning.png."""
-    runs = [json.loads(p.read_text()) for p in sorted((results_dir / "runs").glob("*.json"))]
+    runs = [json.loads(p.read_text()) for p in sorted((results_dir / "summaries").glob("*.json"))]
     table: dict[str, dict[str, dict]] = {}
     for run in runs:
         for agent, res in run["agents"].items():
@@ -146,7 +146,7 @@ def _markdown(results: dict, results_dir: Path) -> str:
     lines = [
         "# Learning benchmark: HACPO vs baselines and ablations on the demo test bed",
         "",
-        f"Reproduce: `{results['command']}` (each (method, seed) run is cached in `runs/`).",
+        f"Reproduce: `{results['command']}` (each (method, seed) run is cached in `summaries/`).",
         "",
     ]
     order = list(METHODS)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "summaries").mkdir(parents=True, exist_ok=True)
     recipe, extra = "demo", list(args.overrides)
     if args.smoke:
         recipe = "tiny"
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.aggregate_only:
         for seed in args.seeds:
             for method in args.methods:
-                target = out / "runs" / f"{method}-s{seed}.json"
+                target = out / "summaries" / f"{method}-s{seed}.json"
                 if target.exists():
                     print(f"== {method} seed {seed}: cached in {target}", flush=True)
                     continue

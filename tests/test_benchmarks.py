@@ -20,15 +20,15 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     bench = _load()
     methods = ["hacpo", "gspo", "gspo_x2", "hacpo_3_agents"]
     assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "--methods", *methods]) == 0
-    runs = {p.stem for p in (tmp_path / "runs").glob("*.json")}
+    runs = {p.stem for p in (tmp_path / "summaries").glob("*.json")}
     assert runs == {f"{m}-s0" for m in methods}
-    gspo = json.loads((tmp_path / "runs" / "gspo-s0.json").read_text())["agents"]["qwen-bpe"]
-    x2 = json.loads((tmp_path / "runs" / "gspo_x2-s0.json").read_text())["agents"]["qwen-bpe"]
-    hacpo = json.loads((tmp_path / "runs" / "hacpo-s0.json").read_text())["agents"]["qwen-bpe"]
+    gspo = json.loads((tmp_path / "summaries" / "gspo-s0.json").read_text())["agents"]["qwen-bpe"]
+    x2 = json.loads((tmp_path / "summaries" / "gspo_x2-s0.json").read_text())["agents"]["qwen-bpe"]
+    hacpo = json.loads((tmp_path / "summaries" / "hacpo-s0.json").read_text())["agents"]["qwen-bpe"]
     # the paper's fair comparison: GSPOx2 trains on as many sequences as a HACPO learner, with twice the rollouts
     assert x2["sequences_trained"] == hacpo["sequences_trained"] == 2 * gspo["sequences_trained"]
     assert x2["rollouts_generated"] == 2 * hacpo["rollouts_generated"]
-    three = json.loads((tmp_path / "runs" / "hacpo_3_agents-s0.json").read_text())
+    three = json.loads((tmp_path / "summaries" / "hacpo_3_agents-s0.json").read_text())
     assert set(three["agents"]) == {"llama-char", "qwen-bpe", "llama-bpe"}
     results = json.loads((tmp_path / "learning.json").read_text())
     assert results["table"]["qwen-bpe"]["gspo"]["delta_vs_gspo"] == 0
