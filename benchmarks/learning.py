@@ -36,6 +36,7 @@ METHODS: dict[str, list[str]] = {
     "hacpo_static_clip": ["algorithm.delta_step=0"],
     "hacpo_no_foreign_clip": ["algorithm.foreign_clip=false"],
     "hacpo_3_agents": ["@three_agents"],
+    "gspo_3_agents": ["algorithm.name=gspo", "@three_agents"],  # the third agent's own GSPO baseline
 }
 DIAGNOSTICS = [
     "capability",
@@ -131,7 +132,7 @@ def aggregate(results_dir: Path, command: str) -> dict:
             for key in ("rollouts_generated", "sequences_trained", "seconds"):
                 cell[key] = statistics.mean(r[key] for r in cell["runs"])
             cell["diagnostics"] = {k: _mean([r["diagnostics"].get(k) for r in cell["runs"]]) for k in DIAGNOSTICS}
-        base = methods.get("gspo")
+        base = methods.get("gspo") or methods.get("gspo_3_agents")  # the third agent only has the latter
         for cell in methods.values():
             cell["delta_vs_gspo"] = cell["accuracy_mean"] - base["accuracy_mean"] if base else None
     results = {"command": command, "runs": len(runs), "table": table}

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,7 +20,7 @@ def _load():
 
 def test_learning_benchmark_smoke(tmp_path, capsys):
     bench = _load()
-    methods = ["hacpo", "gspo", "gspo_x2", "hacpo_3_agents"]
+    methods = ["hacpo", "gspo", "gspo_x2", "hacpo_3_agents", "gspo_3_agents"]
     assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "--methods", *methods]) == 0
     runs = {p.stem for p in (tmp_path / "summaries").glob("*.json")}
     assert runs == {f"{m}-s0" for m in methods}
@@ -32,6 +34,11 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     assert set(three["agents"]) == {"llama-char", "qwen-bpe", "llama-bpe"}
     results = json.loads((tmp_path / "learning.json").read_text())
     assert results["table"]["qwen-bpe"]["gspo"]["delta_vs_gspo"] == 0
+    third = results["table"]["llama-bpe"]  # its baseline is its own GSPO run among three agents
+    assert third["gspo_3_agents"]["delta_vs_gspo"] == 0
+    assert third["hacpo_3_agents"]["delta_vs_gspo"] == pytest.approx(
+        third["hacpo_3_agents"]["accuracy_mean"] - third["gspo_3_agents"]["accuracy_mean"]
+    )
     md = (tmp_path / "learning.md").read_text()
     assert "| gspo_x2 |" in md and "Reproduce:" in md
     assert (tmp_path / "learning.png").read_bytes()[:4] == b"\x89PNG"
