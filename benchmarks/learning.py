@@ -9,6 +9,7 @@ can be run in parts. After the runs the script aggregates every summary it finds
     python benchmarks/learning.py                          # the full grid (hours on 2 cores; resumable)
     python benchmarks/learning.py --methods hacpo gspo --seeds 0
     python benchmarks/learning.py --aggregate-only         # rebuild the tables from the stored summaries
+    python benchmarks/learning.py --resummarize            # rebuild the summaries from the runs kept in .runs/
     python benchmarks/learning.py --smoke --out /tmp/b     # seconds: tiny agents, 2 steps (the test suite runs it)
 """
 
@@ -88,30 +89,57 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
     start = time.perf_counter()
     Trainer(config).train()
     seconds = time.perf_counter() - start
-    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     summary = {
         "method": method,
         "seed": seed,
         "steps": config.trainer.steps,
         "seconds": seconds,
         "overrides": overrides,
-        "agents": {},
+        "agents": summarize_agents(work, config),
     }
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # keep metrics.jsonl, drop the weights
+    return summary
+
+
+def summarize_agents(work: Path, config) -> dict:
+    """Per agent: accuracy curve and final value, rollouts, sequences, and every diagnostic per step and averaged."""
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    agents = {}
     for agent in config.agents:
         name = agent.name
         curve = [[r["step"], r[f"eval/{name}/pass@1"]] for r in records if f"eval/{name}/pass@1" in r]
         train = [r for r in records if f"{name}/reward_mean" in r]
-        summary["agents"][name] = {
+        agents[name] = {
             "final_accuracy": curve[-1][1],
             "initial_accuracy": curve[0][1],
             "curve": curve,
             "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
             "sequences_trained": sum(r[f"{name}/trained_sequences"] for r in train),
             "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in DIAGNOSTICS},
-            "capability_curve": [[r["step"], r[f"{name}/capability"]] for r in train],
+            "diagnostic_curves": {
+                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in DIAGNOSTICS
+            },
         }
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # keep metrics.jsonl, drop the weights
-    return summary
+    return agents
+
+
+def resummarize(results_dir: Path) -> int:
+    """Rebuild the per-agent part of every summary whose run directory (`.runs/<method>-s<seed>`) is still here."""
+    from hacrl.config import load_config
+
+    done = 0
+    for path in sorted((results_dir / "summaries").glob("*.json")):
+        work = results_dir / ".runs" / path.stem
+        if not (work / "metrics.jsonl").is_file():
+            print(f"== {path.stem}: no run directory in {work}, summary kept as it is", flush=True)
+            continue
+        summary = json.loads(path.read_text())
+        summary["agents"] = summarize_agents(work, load_config(work / "config.yaml"))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(path)
+        done += 1
+    return done
 
 
 def aggregate(results_dir: Path, command: str) -> dict:
@@ -140,6 +168,7 @@ def aggregate(results_dir: Path, command: str) -> dict:
     (results_dir / "learning.md").write_text(_markdown(results, results_dir))
     if runs:
         _plot(table, results_dir / "learning.png")
+        _plot_diagnostics(table, results_dir / "learning_diagnostics.png")
     return results
 
 
@@ -148,6 +177,9 @@ def _markdown(results: dict, results_dir: Path) -> str:
         "# Learning benchmark: HACPO vs baselines and ablations on the demo test bed",
         "",
         f"Reproduce: `{results['command']}` (each (method, seed) run is cached in `summaries/`).",
+        "",
+        "Curves (means over seeds): `learning.png` (greedy accuracy), `learning_diagnostics.png` (capability,",
+        "foreign sequence ratios against the clip window [lo_m, 1], fraction of informative groups, per step).",
         "",
     ]
     order = list(METHODS)
@@ -207,6 +239,53 @@ def _plot(table: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _mean_curve(cell: dict, key: str | None = None) -> tuple[list[int], list[float]]:
+    """Step -> mean over seeds of the accuracy curve (key None) or of a diagnostic's per-step curve."""
+    curves = [r["curve"] if key is None else r.get("diagnostic_curves", {}).get(key, []) for r in cell["runs"]]
+    curves = [c for c in curves if c]
+    if not curves:
+        return [], []
+    steps = [s for s, _ in curves[0]]
+    n = min(len(c) for c in curves)
+    return steps[:n], [statistics.mean(c[i][1] for c in curves) for i in range(n)]
+
+
+def _plot_diagnostics(table: dict, path: Path) -> None:
+    """Per agent, over steps (means over seeds): capability under HACPO and GSPO, the foreign sequence ratios'
+    position relative to the clip window [lo_m, 1], and the fraction of informative groups."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = list(table)
+    panels = ["capability", "foreign ratio vs clip window", "informative_group_frac"]
+    fig, axes = plt.subplots(len(agents), len(panels), figsize=(5 * len(panels), 3.2 * len(agents)), squeeze=False)
+    for row, agent in zip(axes, agents, strict=True):
+        cells = table[agent]
+        for method in ("hacpo", "gspo", "naive", "hacpo_3_agents", "gspo_3_agents"):
+            if method in cells:
+                row[0].plot(*_mean_curve(cells[method], "capability"), label=method)
+                row[2].plot(*_mean_curve(cells[method], "informative_group_frac"), label=method)
+        for method, style in (("hacpo", "-"), ("hacpo_3_agents", ":")):
+            if method in cells:
+                for key, color in (("foreign_below_frac", "tab:blue"), ("foreign_above_frac", "tab:red")):
+                    row[1].plot(*_mean_curve(cells[method], key), style, color=color, label=f"{method} {key}")
+                row[1].plot(
+                    *_mean_curve(cells[method], "foreign_ratio_mean"),
+                    style,
+                    color="k",
+                    label=f"{method} foreign_ratio_mean",
+                )
+        for ax, title in zip(row, panels, strict=True):
+            ax.set(title=f"{agent}: {title}", xlabel="step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _mean(values):
     values = [v for v in values if v is not None]
     return statistics.mean(values) if values else None
@@ -220,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="extra dotted overrides for every run")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="results directory")
     parser.add_argument("--aggregate-only", action="store_true")
+    parser.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="rebuild the stored summaries from their run directories in .runs/ (after a change of what is kept)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
     args = parser.parse_args(argv)
 
@@ -251,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/learning.py" + (f" --set {' '.join(args.overrides)}" if args.overrides else "")
     if args.smoke:
         command += " --smoke"
-    if not args.aggregate_only:
+    if args.resummarize:
+        print(f"{resummarize(out)} summaries rebuilt from their run directories", flush=True)
+    if not args.aggregate_only and not args.resummarize:
         for seed in args.seeds:
             for method in args.methods:
                 target = out / "summaries" / f"{method}-s{seed}.json"

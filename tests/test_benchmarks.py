@@ -42,6 +42,14 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     md = (tmp_path / "learning.md").read_text()
     assert "| gspo_x2 |" in md and "Reproduce:" in md
     assert (tmp_path / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "learning_diagnostics.png").read_bytes()[:4] == b"\x89PNG"
+    curves = hacpo["diagnostic_curves"]
+    assert [s for s, _ in curves["capability"]] == [1, 2] and len(curves["foreign_below_frac"]) == 2
+    assert gspo["diagnostic_curves"]["foreign_below_frac"] == []  # nothing foreign without sharing
+
+    stored = {p.name: p.read_text() for p in (tmp_path / "summaries").glob("*.json")}
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--resummarize"]) == 0  # rebuilt from .runs/: the same
+    assert {p.name: p.read_text() for p in (tmp_path / "summaries").glob("*.json")} == stored
 
     capsys.readouterr()  # a second call finds every run cached and only aggregates
     assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "--methods", *methods]) == 0
