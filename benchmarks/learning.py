@@ -163,6 +163,9 @@ def aggregate(results_dir: Path, command: str) -> dict:
         base = methods.get("gspo") or methods.get("gspo_3_agents")  # the third agent only has the latter
         for cell in methods.values():
             cell["delta_vs_gspo"] = cell["accuracy_mean"] - base["accuracy_mean"] if base else None
+            # same seed = same prompt order: per-seed differences remove that part of the run-to-run noise
+            cell["paired_delta_vs_gspo"] = _paired(cell, base)
+            cell["paired_delta_vs_gspo_x2"] = _paired(cell, methods.get("gspo_x2"))
     results = {"command": command, "runs": len(runs), "table": table}
     (results_dir / "learning.json").write_text(json.dumps(results, indent=1))
     (results_dir / "learning.md").write_text(_markdown(results, results_dir))
@@ -170,6 +173,23 @@ def aggregate(results_dir: Path, command: str) -> dict:
         _plot(table, results_dir / "learning.png")
         _plot_diagnostics(table, results_dir / "learning_diagnostics.png")
     return results
+
+
+def _paired(cell: dict, base: dict | None) -> list[float] | None:
+    """Final accuracy minus the baseline's, seed by seed, over the seeds both have (points)."""
+    if base is None:
+        return None
+    mine = {r["seed"]: 100 * r["final_accuracy"] for r in cell["runs"]}
+    theirs = {r["seed"]: 100 * r["final_accuracy"] for r in base["runs"]}
+    return [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
+
+
+def _format_paired(diffs: list[float] | None) -> str:
+    if not diffs:
+        return "-"
+    if len(diffs) == 1:
+        return f"{diffs[0]:+.1f} (1 seed)"
+    return f"{statistics.mean(diffs):+.1f} ± {statistics.stdev(diffs):.1f}"
 
 
 def _markdown(results: dict, results_dir: Path) -> str:
@@ -188,15 +208,18 @@ def _markdown(results: dict, results_dir: Path) -> str:
         lines += [
             f"## {agent} (greedy accuracy before training: {start:.1f} %)",
             "",
-            "| method | accuracy % (mean ± sd) | seeds | Δ vs GSPO | rollouts | sequences trained | time (s) |",
-            "|---|---|---|---|---|---|---|",
+            "Δ columns: final accuracy minus the baseline's, seed by seed (same seed, same prompt order), mean ± sd.",
+            "",
+            "| method | accuracy % (mean ± sd) | seeds | Δ vs GSPO | Δ vs GSPOx2 | rollouts | sequences trained "
+            "| time (s) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for method in sorted(methods, key=lambda m: order.index(m) if m in order else len(order)):
             c = methods[method]
             std = "-" if c["accuracy_std"] is None else f"{c['accuracy_std']:.1f}"
-            delta = "-" if c["delta_vs_gspo"] is None else f"{c['delta_vs_gspo']:+.1f}"
             lines.append(
-                f"| {method} | {c['accuracy_mean']:.1f} ± {std} | {len(c['seeds'])} | {delta} | "
+                f"| {method} | {c['accuracy_mean']:.1f} ± {std} | {len(c['seeds'])} | "
+                f"{_format_paired(c['paired_delta_vs_gspo'])} | {_format_paired(c['paired_delta_vs_gspo_x2'])} | "
                 f"{c['rollouts_generated']:.0f} | {c['sequences_trained']:.0f} | {c['seconds']:.0f} |"
             )
         lines += [
