@@ -60,6 +60,23 @@ class LearnerRow:
     """Re-tokenized response cut to the learner's `max_new_tokens` (foreign rows only)."""
 
 
+def learner_pool(pool: list[Trajectory], learner: int, *, shared: bool) -> list[Trajectory]:
+    """Learner k's pool (spec 2, step 5a): its own responses first, then, when the algorithm shares, each other
+    agent's responses, agents in config order; within a source, the order they were sampled in. Mini-batches are
+    taken in this order, so the own rows get the first optimizer steps and m counts the same for every learner.
+
+    >>> pool = [Trajectory(0, [], "", 0.0, source, 0.0, 1, "eos") for source in (0, 0, 1, 2, 2)]
+    >>> [t.source for t in learner_pool(pool, 1, shared=True)]
+    [1, 0, 0, 2, 2]
+    >>> [t.source for t in learner_pool(pool, 2, shared=False)]
+    [2, 2]
+    """
+    own = [t for t in pool if t.source == learner]
+    if not shared:
+        return own
+    return own + sorted((t for t in pool if t.source != learner), key=lambda t: t.source)
+
+
 def learner_view(
     learner: Agent,
     pool: list[Trajectory],

@@ -33,7 +33,7 @@ from hacrl.config import TrainConfig, config_to_yaml, save_config
 from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.evaluation import evaluate
-from hacrl.exchange import LearnerRow, Trajectory, learner_view
+from hacrl.exchange import LearnerRow, Trajectory, learner_pool, learner_view
 from hacrl.logger import MetricsLogger
 from hacrl.rewards import score
 from hacrl.rollout import Sample, TokenBatch, generate, token_logprobs
@@ -157,10 +157,8 @@ class Trainer:
 
         with timer("update"):  # 6. each learner's update on the same pre-update pool
             for k, agent in enumerate(self.agents):
-                learner_pool = (
-                    pool if self.algorithm.pool_is_shared(self.params) else [t for t in pool if t.source == k]
-                )
-                rows = learner_view(agent, learner_pool, rendered[k], [s.response_ids for s in samples[k]], old_logp[k])
+                own_first = learner_pool(pool, k, shared=self.algorithm.pool_is_shared(self.params))
+                rows = learner_view(agent, own_first, rendered[k], [s.response_ids for s in samples[k]], old_logp[k])
                 metrics.update(_prefixed(agent.name, self._update(agent, rows, capabilities)))
 
         generated = sum(len(s.response_ids) for per_agent in samples for s in per_agent)

@@ -146,3 +146,36 @@ def test_every_config_field_has_a_docstring():
     ):
         docs = c.field_docs(cls)
         assert [f.name for f in fields(cls) if not docs.get(f.name)] == [], cls.__name__
+
+
+@pytest.mark.parametrize("algorithm", ["hacpo", "gspo"])
+def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_path, monkeypatch):
+    """Spec 2, step 5a: each learner's pool is its own responses, then the others' in config order, so its own rows
+    take the first optimizer steps (m = 0, 1, ...) whatever its index; the learner that is not first in the config
+    must not see foreign rows first."""
+    import hacrl.trainer
+
+    seen: dict[int, list[int]] = {}
+    real_view = hacrl.trainer.learner_view
+
+    def recording_view(learner, pool, *args):
+        rows = real_view(learner, pool, *args)
+        seen[learner.index] = [r.source for r in rows]
+        return rows
+
+    monkeypatch.setattr(hacrl.trainer, "learner_view", recording_view)
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen", "tiny"],
+        run,
+        algorithm={"name": algorithm},
+        trainer={"steps": 1},
+        checkpoint={"every": 0},
+    )
+    assert main(["train", str(cfg)]) == 0
+    per_agent = 2 * 4  # prompts x group size
+    for k in range(3):
+        others = [j for j in range(3) if j != k] if algorithm == "hacpo" else []
+        assert seen[k] == [k] * per_agent + [j for j in others for _ in range(per_agent)], k
