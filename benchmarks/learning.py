@@ -167,12 +167,23 @@ def aggregate(results_dir: Path, command: str) -> dict:
             cell["paired_delta_vs_gspo"] = _paired(cell, base)
             cell["paired_delta_vs_gspo_x2"] = _paired(cell, methods.get("gspo_x2"))
     results = {"command": command, "runs": len(runs), "table": table}
-    (results_dir / "learning.json").write_text(json.dumps(results, indent=1))
+    slim = {**results, "table": _without_curves(table)}  # per-step diagnostics stay in the summaries (size)
+    (results_dir / "learning.json").write_text(json.dumps(slim, indent=1))
     (results_dir / "learning.md").write_text(_markdown(results, results_dir))
     if runs:
         _plot(table, results_dir / "learning.png")
         _plot_diagnostics(table, results_dir / "learning_diagnostics.png")
     return results
+
+
+def _without_curves(table: dict) -> dict:
+    return {
+        agent: {
+            method: {**cell, "runs": [{k: v for k, v in r.items() if k != "diagnostic_curves"} for r in cell["runs"]]}
+            for method, cell in methods.items()
+        }
+        for agent, methods in table.items()
+    }
 
 
 def _paired(cell: dict, base: dict | None) -> list[float] | None:
