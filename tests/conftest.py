@@ -65,3 +65,16 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny_agents, tmp_path_factory) -> Path:
+    """An uninterrupted 3-step HACPO run of llama + qwen, checkpointed every step: what every interrupted and
+    resumed run must reproduce."""
+    from hacrl.cli import main
+
+    root = tmp_path_factory.mktemp("reference")
+    run = root / "run"
+    cfg = write_config(root / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    assert main(["train", str(cfg)]) == 0
+    return run

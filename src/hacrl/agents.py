@@ -18,26 +18,42 @@ from pathlib import Path
 import torch
 
 from hacrl.config import AgentConfig, RolloutConfig
+from hacrl.errors import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+"""A directory holds a tokenizer when it has at least one of these."""
 
-def load_tokenizer(path: str | Path):
+
+def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
+    """The tokenizer of a local directory; `key` names the config key in error messages."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
-    if (path / "tokenizer.json").is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        raise ModelError(f"{key}: tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(
+            f"{key}: {str(path)!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the "
+            "tokenizer into that directory (tokenizer.save_pretrained) or point the agent's `tokenizer` key at the "
+            "directory that holds it"
+        )
+    try:
+        if (path / "tokenizer.json").is_file():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs the path and the cause
+        raise ModelError(f"{key}: cannot load the tokenizer in {str(path)!r}: {type(e).__name__}: {e}") from e
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer in {str(path)!r} has no eos_token; set it in tokenizer_config.json")
+        raise ModelError(f"{key}: tokenizer in {str(path)!r} has no eos_token; set it in tokenizer_config.json")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if not tokenizer.chat_template:
-        raise ValueError(f"tokenizer in {str(path)!r} has no chat template; add chat_template.jinja to the folder")
+        raise ModelError(
+            f"{key}: tokenizer in {str(path)!r} has no chat template; add chat_template.jinja to the folder"
+        )
     return tokenizer
 
 
@@ -46,11 +62,17 @@ def _load_model(path: str | Path, cfg: AgentConfig, index: int):
 
     model_dir = Path(path)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(
+        raise ModelError(
             f"agents.{index}.model: {str(model_dir)!r} is not a Hugging Face model directory "
             "(no config.json); hacrl loads local directories only"
         )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype], local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype], local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign directory: name it and the cause
+        raise ModelError(
+            f"agents.{index}.model: cannot load the model in {str(model_dir)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:300] if str(e) else ''}"
+        ) from e
     return model.to(torch.device(cfg.device))
 
 
@@ -70,11 +92,12 @@ class Agent:
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, key=key)
         self.device = torch.device(cfg.device)
         self.model = _load_model(weights_from or cfg.model, cfg, index)
         if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
-            raise ValueError(
+            raise ModelError(
                 f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
                 f"embedding only {self.model.get_input_embeddings().num_embeddings}"
             )

@@ -1,41 +1,74 @@
-"""Checkpoints that a crash can never break, and resume.
+"""Checkpoints that a crash can never break, that are checked before use, and resume.
 
 Layout of `<output_dir>/checkpoints/step_000010/`:
     agents/<name>/        a plain Hugging Face model directory (safetensors, config, tokenizer, chat template)
     optimizer/<name>.pt   the agent's AdamW state (tensors and numbers only; loaded with weights_only=True)
     rng.pt                torch / CUDA RNG states (tensors only)
     config.yaml           the run's resolved config
-    state.json            step, agent names, capability history, data position
+    state.json            step, agent names, capability history, data position, and the size and SHA-256 of every
+                          other file of the checkpoint
 
-A checkpoint is written into `step_000010.tmp/` and renamed when complete, so a directory named `step_*` without
-the suffix is always whole; older ones are deleted only after the new one exists.
+Rules:
+1. A checkpoint is written into a directory private to its writer (`step_000010.tmp-<pid>-<random>`), `state.json`
+   last, then renamed; a directory named `step_*` without a suffix is always whole. Older ones are pruned only
+   after that. Leftover temporary directories of a crashed writer are removed when the next run takes the lock.
+2. Before a checkpoint is resumed from it is checked: `state.json` readable, every listed file present with its
+   size (and its SHA-256 when `checkpoint.verify_digests`), each safetensors header and optimizer archive
+   readable. A damaged newest checkpoint is renamed `step_N.damaged` (kept for inspection) and resume falls back
+   to the newest good one, saying so; an explicitly named checkpoint is never replaced by another.
+3. Loading never unpickles code: safetensors, and `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hacrl import faults
+from hacrl.errors import CheckpointError
+
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_TMP_DIR = re.compile(r"^step_(\d{6,})\.tmp(-.*)?$")
+_REQUIRED_STATE = ("step", "agents", "capability", "data")
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under `output_dir`, or None."""
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Every complete checkpoint (a `step_N` directory with a state.json), oldest first."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
-        return None
+        return []
     done = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "state.json").is_file()]
-    return max(done, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), default=None)
+    return sorted(done, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under `output_dir`, or None (not checked for damage: see `resume_point`)."""
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
+
+
+def remove_stale_temporaries(output_dir: str | Path, notice: Callable[[str], None]) -> None:
+    """Delete what crashed writers left (`step_N.tmp*`); call only while holding the run directory's lock."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return
+    for path in sorted(root.iterdir()):
+        if _TMP_DIR.match(path.name):
+            notice(f"removing {path}, an unfinished checkpoint left by an interrupted run")
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -43,36 +76,178 @@ def save_checkpoint(
 ) -> Path:
     root = checkpoint_root(output_dir)
     final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # leftover of a crash while writing this very step
-    (tmp / "optimizer").mkdir(parents=True)
-    for agent in agents:
-        agent_dir = tmp / "agents" / agent.name
-        agent.model.save_pretrained(agent_dir, safe_serialization=True)
-        agent.tokenizer.save_pretrained(agent_dir)
-        torch.save(agent.optimizer.state_dict(), tmp / "optimizer" / f"{agent.name}.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    if config_yaml:
-        (tmp / "config.yaml").write_text(config_yaml)
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))  # written last: its presence marks "complete"
-    if final.exists():  # the same step saved twice (e.g. a resumed run): replace only once the new one is whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    complete = sorted((p for p in root.iterdir() if _STEP_DIR.match(p.name)), key=lambda p: p.name)
+    tmp = root / f"step_{step:06d}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # private to this writer
+    try:
+        (tmp / "optimizer").mkdir(parents=True)
+        for agent in agents:
+            agent_dir = tmp / "agents" / agent.name
+            agent.model.save_pretrained(agent_dir, safe_serialization=True)
+            agent.tokenizer.save_pretrained(agent_dir)
+            torch.save(agent.optimizer.state_dict(), tmp / "optimizer" / f"{agent.name}.pt")
+            faults.hit("checkpoint.agent")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        if config_yaml:
+            (tmp / "config.yaml").write_text(config_yaml)
+        state = {**state, "files": _manifest(tmp)}
+        _write_durably(tmp / "state.json", json.dumps(state, indent=1))  # last: its presence marks "complete"
+        _fsync_dir(tmp)
+        faults.hit("checkpoint.before_rename")
+        if final.exists():  # the same step saved twice (e.g. a resumed run): replace only once the new one is whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    faults.hit("checkpoint.after_rename")
+    complete = [p for p in root.iterdir() if _STEP_DIR.match(p.name)]
+    complete.sort(key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
     for old in complete[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str, Any]:
-    """state.json of a complete checkpoint, checked against the run's agents (before any model loads)."""
+def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return files
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- checking and choosing a checkpoint --------------------------------------------------------------------------------
+
+
+def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> list[str]:
+    """What is wrong with a checkpoint directory, as messages that name the file; [] when it is usable."""
     path = Path(path)
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is not a complete hacrl checkpoint (no state.json)")
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except FileNotFoundError:
+        return ["state.json is missing (the checkpoint was never completed)"]
+    except (ValueError, UnicodeDecodeError) as e:
+        return [f"state.json is not valid JSON ({e})"]
+    if not isinstance(state, dict):
+        return ["state.json does not hold an object"]
+    problems = [f"state.json has no {key!r}" for key in _REQUIRED_STATE if key not in state]
+    if problems:
+        return problems
+    listed = state.get("files")
+    if isinstance(listed, dict):  # written by this version: sizes and digests of every file
+        for name, info in listed.items():
+            file = path / name
+            if not file.is_file():
+                problems.append(f"{name} is missing")
+            elif file.stat().st_size != info.get("size"):
+                problems.append(f"{name} has {file.stat().st_size} bytes, {info.get('size')} were written (cut off?)")
+            elif verify_digests and _sha256(file) != info.get("sha256"):
+                problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
+    for name in state["agents"]:
+        agent_dir = path / "agents" / name
+        for weights in sorted(agent_dir.glob("*.safetensors")) or [agent_dir / "model.safetensors"]:
+            problem = _safetensors_problem(weights)
+            if problem:
+                problems.append(f"{weights.relative_to(path)}: {problem}")
+        optimizer = path / "optimizer" / f"{name}.pt"
+        problem = _torch_file_problem(optimizer)
+        if problem:
+            problems.append(f"{optimizer.relative_to(path)}: {problem}")
+    problem = _torch_file_problem(path / "rng.pt")
+    if problem:
+        problems.append(f"rng.pt: {problem}")
+    return sorted(set(problems), key=problems.index)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return "missing"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_size > size - 8:
+                return f"{size} bytes, too short for its header (cut off?)"
+            header = json.loads(f.read(header_size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if size != 8 + header_size + end:
+            return f"{size} bytes where its header describes {8 + header_size + end} (cut off?)"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"not a readable safetensors file ({type(e).__name__})"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return "missing"
+    try:
+        torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the problem we report
+        return f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    return None
+
+
+def resume_point(
+    output_dir: str | Path, *, verify_digests: bool, notice: Callable[[str], None]
+) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that passes `checkpoint_problems`, and what was found damaged on the way.
+
+    Each damaged checkpoint newer than the chosen one is renamed `step_N.damaged` (kept, never used again) and
+    reported through `notice`, so a fallback is never silent."""
+    damaged: list[str] = []
+    for path in reversed(complete_checkpoints(output_dir)):
+        problems = checkpoint_problems(path, verify_digests=verify_digests)
+        if not problems:
+            if damaged:
+                notice(f"resuming from the newest good checkpoint instead: {path}")
+            return path, damaged
+        target = path.with_name(path.name + ".damaged")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(path, target)
+        report = f"checkpoint {path} is damaged: {'; '.join(problems)}. Moved to {target.name} (kept for inspection)"
+        notice(report)
+        damaged.append(report)
+    return None, damaged
+
+
+def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str, Any]:
+    """state.json of a checkpoint, checked against the run's agents (before any model loads)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist (checkpoint.resume names a directory)")
+    problems = checkpoint_problems(path, verify_digests=False)
+    if problems:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be used: {'; '.join(problems)}")
     state = json.loads((path / "state.json").read_text())
     if state.get("agents") != agent_names:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {str(path)!r} holds agents {state.get('agents')} but the config has "
             f"{agent_names}; resume with the same agents in the same order"
         )
@@ -88,8 +263,16 @@ def load_training_state(path: str | Path, agents) -> None:
     """Optimizer and RNG states of a checkpoint (the weights load with the agents from `agent_weights_dir`)."""
     path = Path(path)
     for agent in agents:
-        opt_state = torch.load(path / "optimizer" / f"{agent.name}.pt", weights_only=True, map_location=agent.device)
-        agent.optimizer.load_state_dict(opt_state)
+        file = path / "optimizer" / f"{agent.name}.pt"
+        try:
+            opt_state = torch.load(file, weights_only=True, map_location=agent.device)
+            agent.optimizer.load_state_dict(opt_state)
+        except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
+            raise CheckpointError(
+                f"{file}: cannot load the optimizer state of agent {agent.name!r} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); resume from an earlier checkpoint "
+                "(checkpoint.resume=<its directory>)"
+            ) from e
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():

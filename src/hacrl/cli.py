@@ -1,9 +1,20 @@
-"""`hacrl train | eval | plot`. Parsing only; heavy modules (torch, transformers) load after the arguments do."""
+"""`hacrl train | eval | plot | bootstrap | demo`. Parsing only; heavy modules (torch, transformers) load after the
+arguments do.
+
+One error path: a `HacrlError` (config, data, model directory, tokenizer, reward, checkpoint, run directory) and an
+operating-system error on a file (disk full, permission denied, read-only file system) print one paragraph that
+names the file or key and the fix, and exit with status 2, without a traceback; `HACRL_DEBUG=1` shows it. A run
+stopped by SIGTERM / Ctrl-C exits with 128 + the signal number after its checkpoint. Anything else is a bug and
+keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
+import warnings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,35 +65,101 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from hacrl.config import ConfigError
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # `hacrl train c.yaml --resume trainer.steps=9`: overrides after an option are overrides too
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*(args.overrides or []), *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from hacrl.errors import HacrlError, TrainingInterrupted
 
+    debug = bool(os.environ.get("HACRL_DEBUG"))
+    previous_format = warnings.formatwarning
+    warnings.formatwarning = _format_warning
     try:
-        if args.command == "train":
-            return _train(args)
-        if args.command == "eval":
-            return _eval(args)
-        if args.command == "bootstrap":
-            _quiet_transformers()
-            from hacrl.demo import RECIPES, bootstrap
-
-            bootstrap(args.out, RECIPES[args.recipe], force=args.force)
-            return 0
-        if args.command == "demo":
-            _quiet_transformers()
-            from hacrl.demo import RECIPES, run_demo
-
-            run_demo(args.config, args.overrides, RECIPES[args.recipe])
-            return 0
-        if args.command == "plot":
-            from hacrl.plot import plot_run
-
-            print(plot_run(args.run_dir, args.out))
-            return 0
-    except ConfigError as e:
-        print(f"hacrl: config error: {e}", file=sys.stderr)
+        return _run(args)
+    except TrainingInterrupted as e:
+        print(f"hacrl: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except HacrlError as e:
+        if debug:
+            raise
+        print(f"hacrl: {_kind(e)}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if debug or e.errno not in _USER_ERRNOS:
+            raise
+        print(f"hacrl: {_os_error_message(e)}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.formatwarning = previous_format
+
+
+def _run(args) -> int:
+    if args.command == "train":
+        return _train(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "bootstrap":
+        _quiet_transformers()
+        from hacrl.demo import RECIPES, bootstrap
+
+        bootstrap(args.out, RECIPES[args.recipe], force=args.force)
+        return 0
+    if args.command == "demo":
+        _quiet_transformers()
+        from hacrl.demo import RECIPES, run_demo
+
+        run_demo(args.config, args.overrides, RECIPES[args.recipe])
+        return 0
+    if args.command == "plot":
+        from hacrl.plot import plot_run
+
+        print(plot_run(args.run_dir, args.out))
+        return 0
     return 1
+
+
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR}
+
+
+_KINDS = {
+    "ConfigError": "config error",
+    "DataError": "data error",
+    "ModelError": "model error",
+    "RewardError": "reward error",
+    "CheckpointError": "checkpoint error",
+    "RunDirError": "run directory error",
+}
+
+
+def _kind(e: Exception) -> str:
+    return next((_KINDS[c.__name__] for c in type(e).__mro__ if c.__name__ in _KINDS), "error")
+
+
+def _os_error_message(e: OSError) -> str:
+    where = f" {e.filename!r}" if e.filename else ""
+    fix = {
+        errno.ENOSPC: "free disk space (or point trainer.output_dir elsewhere); the newest complete checkpoint is "
+        "intact, so --resume continues from it",
+        errno.EDQUOT: "free space within your quota; the newest complete checkpoint is intact (--resume)",
+        errno.EACCES: "check the permissions, or choose a directory you can write to",
+        errno.EPERM: "check the permissions, or choose a directory you can write to",
+        errno.EROFS: "the file system is read-only: choose another trainer.output_dir",
+    }.get(e.errno, "check the path")
+    return f"{e.strerror}{where}: {fix}"
+
+
+_default_format = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    from hacrl.errors import HacrlWarning
+
+    if issubclass(category, HacrlWarning):
+        return f"hacrl: warning: {message}\n"
+    return _default_format(message, category, filename, lineno, line)
 
 
 def _train(args) -> int:

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hacrl.core.params import AlgorithmParams
+from hacrl.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A config problem, found before anything heavy happens; the message says what to set."""
+__all__ = ["ConfigError", "TrainConfig", "load_config", "resume_differences", "validate"]
 
 
 @dataclass
@@ -121,9 +120,26 @@ class DataConfig:
     """Built-in scorer: `reasoning_gym` (the task's own scorer), `math` (answer extraction + math-verify); `auto`
     picks by `source`. Ignored when `reward_function` is set."""
     reward_function: str | None = None
-    """Your reward as `package.module:function` with the TRL signature f(prompts, completions, **columns)."""
+    """Your reward as `package.module:function` with the TRL signature f(prompts, completions, **columns),
+    importable from PYTHONPATH or the working directory. Naming it in a config runs that module's code with your
+    permissions: treat configs like code."""
     reward_timeout: float = 5.0
-    """Seconds one built-in verification may take before it scores 0 (guards against hostile outputs)."""
+    """Seconds the scoring of one completion may take, for the built-in scorers and `reward_function` alike; a
+    completion past it gets `reward_on_timeout` and its scoring process is replaced (no text can hang a run)."""
+    reward_on_timeout: float = 0.0
+    """Reward of a completion whose scoring ran past `reward_timeout` (counted in `<agent>/reward_timeouts`)."""
+    stop_on_reward_timeout: bool = False
+    """Stop the run with an error at the first scoring timeout instead of scoring it `reward_on_timeout`."""
+    reward_workers: int = 1
+    """Scoring processes; each scores a contiguous slice of a step's completions (the rewards do not depend on it)."""
+    reward_isolation: Literal["process", "inline"] = "process"
+    """`process`: scoring runs in separate, time-limited processes; `inline`: in the training process with no
+    hard time limit (for debugging a reward function with pdb)."""
+    reward_memory_mb: int | None = 4096
+    """Address-space limit of each scoring process in MiB (a hostile text cannot exhaust the machine's memory);
+    null: no limit (needed when a reward function uses a GPU)."""
+    max_answer_chars: int = 4096
+    """Built-in scorers: an extracted answer longer than this scores 0 without being parsed."""
 
 
 @dataclass
@@ -184,7 +200,14 @@ class CheckpointConfig:
     keep_last: int = 2
     """Keep the newest this many step checkpoints (older ones are deleted after a new one is complete)."""
     resume: str = "never"
-    """`never`, `auto` (the newest complete checkpoint in `output_dir`, if any) or a checkpoint directory."""
+    """`never`, `auto` (the newest good checkpoint in `output_dir`; a run that stopped before its first checkpoint
+    starts again from step 0) or a checkpoint directory."""
+    strict_resume: bool = True
+    """Refuse to resume when a setting that changes the training numbers differs from the checkpoint's run
+    (false: resume anyway, with a warning naming each change)."""
+    verify_digests: bool = True
+    """Check every checkpoint file against the SHA-256 recorded when it was written before resuming from it (reads
+    the whole checkpoint once; sizes and headers are always checked)."""
 
 
 @dataclass
@@ -221,7 +244,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file {str(path)!r} does not exist")
-            loaded = yaml.safe_load(path.read_text()) or {}
+            try:
+                loaded = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(e)}") from None
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups {list(GROUPS)}")
             cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
@@ -230,7 +256,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             if not sep or not key:
                 raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
             _check_list_index(cfg, key)
-            OmegaConf.update(cfg, key, yaml.safe_load(value), merge=True)
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"override {item!r}: the value is not valid YAML: {_yaml_problem(e)}") from None
+            # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
+            target = OmegaConf.select(cfg, key, default=None)
+            replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
+            OmegaConf.update(cfg, key, parsed, merge=not replace)
         for i in range(len(cfg.agents)):
             for key in ("name", "model"):
                 if OmegaConf.is_missing(cfg.agents[i], key):
@@ -320,9 +353,19 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"data.reward_function={d.reward_function!r} must look like 'package.module:function'")
     if not d.reward_timeout > 0:
         raise ConfigError(f"data.reward_timeout must be positive, got {d.reward_timeout}")
+    if not 0 <= d.reward_on_timeout <= algo.r_max:
+        raise ConfigError(f"data.reward_on_timeout={d.reward_on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
+    if d.reward_workers < 1:
+        raise ConfigError(f"data.reward_workers must be >= 1, got {d.reward_workers}")
+    if d.reward_memory_mb is not None and d.reward_memory_mb < 256:
+        raise ConfigError(f"data.reward_memory_mb must be >= 256 or null (no limit), got {d.reward_memory_mb}")
+    if d.max_answer_chars < 1:
+        raise ConfigError(f"data.max_answer_chars must be >= 1, got {d.max_answer_chars}")
     e = config.eval
     if e.every < 0 or e.num_samples < 0 or e.batch_size < 1:
         raise ConfigError("eval.every and eval.num_samples must be >= 0, eval.batch_size >= 1")
+    if e.max_prompts is not None and e.max_prompts < 1:
+        raise ConfigError(f"eval.max_prompts must be >= 1 or null (all eval prompts), got {e.max_prompts}")
     c = config.checkpoint
     if c.every < 0 or c.keep_last < 1:
         raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep_last >= 1")
@@ -402,8 +445,92 @@ def _check_list_index(cfg, key: str) -> None:
             return  # OmegaConf reports the unknown key with a suggestion
 
 
+def _yaml_problem(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = " ".join(str(x) for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e)
+    return where + what
+
+
 def _omegaconf_message(e: Exception) -> str:
     lines = str(e).splitlines()
     full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), None)
     head = lines[0] if lines else type(e).__name__
     return f"config key {full_key}: {head}" if full_key else head
+
+
+# -- what may change when a run is resumed ------------------------------------------------------------------------
+
+RESUME_SAFE = (
+    "trainer.steps",
+    "trainer.output_dir",
+    "eval.*",
+    "logging.*",
+    "checkpoint.*",
+    "data.eval_size",
+    "data.eval_file",
+    "data.reward_timeout",
+    "data.reward_on_timeout",
+    "data.stop_on_reward_timeout",
+    "data.reward_workers",
+    "data.reward_isolation",
+    "data.reward_memory_mb",
+)
+"""Keys that never change the training numbers (evaluation runs on its own random stream)."""
+
+RESUME_NOT_EXACT = (
+    "agents.*.device",
+    "agents.*.model",
+    "agents.*.tokenizer",
+    "trainer.micro_batch_size",
+    "trainer.logprob_batch_size",
+)
+"""Keys a resumed run may change (to move a run, or to fit memory), at the price of bit-exactness: float sums,
+batching and the sampler's random draws then differ from an uninterrupted run."""
+
+_DICT_VALUED = ("data.task_options", "agents.*.chat_template_kwargs")
+
+
+def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[list[str], list[str]]:
+    """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use.
+
+    Returns (refused, not_exact): lines `key: <saved> in the checkpoint, <now> now` for each changed key that would
+    change the training numbers, and for each key of `RESUME_NOT_EXACT` that changed. `RESUME_SAFE` keys are free.
+    Keys that exist on one side only are ignored (a config field added or removed by another hacrl version),
+    except inside dict-valued settings such as `data.task_options`."""
+    old, new = _flatten(saved), _flatten(asdict(current))
+    refused, not_exact = [], []
+    for key in sorted(set(old) | set(new)):
+        pattern = _pattern(key)
+        if key not in old or key not in new:
+            if not any(pattern.startswith(d + ".") for d in _DICT_VALUED):
+                continue
+        before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
+        if before == after or _matches(pattern, RESUME_SAFE):
+            continue
+        line = f"{key}: {before!r} in the checkpoint, {after!r} now"
+        (not_exact if _matches(pattern, RESUME_NOT_EXACT) else refused).append(line)
+    return refused, not_exact
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and prefix == "agents":  # other lists are compared whole
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _pattern(key: str) -> str:
+    import re
+
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", key)
+
+
+def _matches(pattern: str, rules: Sequence[str]) -> bool:
+    return any(pattern == rule or (rule.endswith(".*") and pattern.startswith(rule[:-1])) for rule in rules)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hacrl.config import DataConfig
+from hacrl.errors import DataError, warn
 from hacrl.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
 
 
@@ -40,26 +41,52 @@ class TaskData:
     train: list[Example]
     eval: list[Example]
     reward: RewardFn
+    """The reward function, callable in this process."""
+    reward_source: RewardFn | str
+    """What a scoring process loads: the built-in scorer (picklable) or the user's `package.module:function`."""
+    builtin: bool
+    """True for hacrl's own scorers (per-completion scoring; an error on some text scores 0)."""
 
 
 def load_task(cfg: DataConfig) -> TaskData:
     """Build the train/eval splits and the reward function described by `cfg`."""
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
-        builtin = reasoning_gym_reward(dataset)
+        builtin = reasoning_gym_reward(dataset, cfg.max_answer_chars)
     else:
         train = _read_rows(cfg, cfg.train_file)
         eval_ = _read_rows(cfg, cfg.eval_file)[: cfg.eval_size] if cfg.eval_file else []
+        _warn_about_overlap(cfg, train, eval_)
         builtin = None
     if cfg.reward_function:
         reward = import_reward_function(cfg.reward_function)
-    elif cfg.reward == "math" or (cfg.reward == "auto" and builtin is None):
-        reward = math_reward(cfg.reward_timeout)
+        return TaskData(train=train, eval=eval_, reward=reward, reward_source=cfg.reward_function, builtin=False)
+    if cfg.reward == "math" or (cfg.reward == "auto" and builtin is None):
+        reward = math_reward(cfg.reward_timeout, cfg.max_answer_chars)
     elif builtin is None:
-        raise ValueError("data.reward=reasoning_gym needs data.source=reasoning_gym")
+        raise DataError("data.reward=reasoning_gym needs data.source=reasoning_gym")
     else:
         reward = builtin
-    return TaskData(train=train, eval=eval_, reward=reward)
+    return TaskData(train=train, eval=eval_, reward=reward, reward_source=reward, builtin=True)
+
+
+def _warn_about_overlap(cfg: DataConfig, train: list[Example], eval_: list[Example]) -> None:
+    """Evaluating on training prompts measures memorisation, not learning: say so (it may be deliberate)."""
+    if not eval_:
+        return
+    if Path(cfg.eval_file).resolve() == Path(cfg.train_file).resolve():
+        warn(
+            f"data.eval_file is the training file ({cfg.train_file}): evaluation will measure the training prompts; "
+            "point data.eval_file at held-out data"
+        )
+        return
+    seen = {repr(ex.prompt) for ex in train}
+    shared = sum(repr(ex.prompt) in seen for ex in eval_)
+    if shared:
+        warn(
+            f"{shared} of the {len(eval_)} eval prompts in {cfg.eval_file} also occur in {cfg.train_file}: those "
+            "measure memorisation rather than learning"
+        )
 
 
 def _reasoning_gym(cfg: DataConfig):
@@ -72,13 +99,13 @@ def _reasoning_gym(cfg: DataConfig):
         )
         train_ds = reasoning_gym.create_dataset(cfg.task, seed=cfg.seed * 2, size=cfg.train_size, **options)
     except (ValueError, TypeError, AssertionError, KeyError) as e:
-        raise ValueError(f"data.task={cfg.task!r} with data.task_options={options}: reasoning-gym says: {e}") from e
+        raise DataError(f"data.task={cfg.task!r} with data.task_options={options}: reasoning-gym says: {e}") from e
     pool = [_rg_example(cfg, entry) for entry in eval_ds]
     held_out = {ex.prompt for ex in pool}
     eval_rows = pool[: cfg.eval_size]
     train_rows = [ex for ex in (_rg_example(cfg, entry) for entry in train_ds) if ex.prompt not in held_out]
     if not train_rows:
-        raise ValueError(
+        raise DataError(
             f"every training question of {cfg.task!r} also occurs in the eval split; widen the task "
             "(data.task_options) or lower data.eval_size"
         )
@@ -100,47 +127,67 @@ def _messages(cfg: DataConfig, prompt: Any) -> list[dict[str, str]]:
         return [*system, {"role": "user", "content": prompt}]
     if isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
         return [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-    raise ValueError(
+    raise DataError(
         f"data.prompt_column={cfg.prompt_column!r} must hold a string or a list of "
         f"{{role, content}} messages, got {type(prompt).__name__}"
     )
 
 
 def _read_rows(cfg: DataConfig, path: str | None) -> list[Example]:
+    """Rows of a .jsonl (one JSON object per line) or .parquet file; every problem names the file and line."""
     assert path is not None
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"data file {path!r} does not exist")
+        raise DataError(f"data file {path!r} does not exist")
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(file).to_pylist()
+        try:
+            rows = [(f"row {n}", row) for n, row in enumerate(pq.read_table(file).to_pylist(), start=1)]
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+            raise DataError(f"data file {path!r} is not a readable parquet file ({type(e).__name__}: {e})") from None
     elif file.suffix in (".jsonl", ".json"):
         rows = []
-        for n, line in enumerate(file.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n} is not valid JSON ({e.msg})") from None
+        with open(file, encoding="utf-8", errors="strict") as f:
+            try:
+                for n, line in enumerate(f, start=1):
+                    if line.strip():
+                        try:
+                            rows.append((f"line {n}", json.loads(line)))
+                        except json.JSONDecodeError as e:
+                            raise DataError(f"{path}:{n} is not valid JSON ({e.msg})") from None
+            except UnicodeDecodeError as e:
+                raise DataError(f"data file {path!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     else:
-        raise ValueError(f"data file {path!r}: use .jsonl or .parquet")
+        raise DataError(f"data file {path!r}: use .jsonl or .parquet")
     out = []
-    for n, row in enumerate(rows):
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{path}:{where.split()[-1]}: each row must be a JSON object with the columns "
+                f"{cfg.prompt_column!r} and {cfg.answer_column!r}, got {type(row).__name__} {_clip(row)}"
+            )
         for col in (cfg.prompt_column, cfg.answer_column):
             if col not in row:
-                raise ValueError(
-                    f"{path}: row {n} has no column {col!r} (columns: {sorted(row)}); set "
+                raise DataError(
+                    f"{path}:{where.split()[-1]} ({where}) has no column {col!r} (columns: {sorted(row)}); set "
                     "data.prompt_column / data.answer_column"
                 )
+        try:
+            messages = _messages(cfg, row[cfg.prompt_column])
+        except DataError as e:
+            raise DataError(f"{path}:{where.split()[-1]}: {e}") from None
         columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
         columns["answer"] = row[cfg.answer_column]
-        out.append(
-            Example(messages=_messages(cfg, row[cfg.prompt_column]), prompt=row[cfg.prompt_column], columns=columns)
-        )
+        out.append(Example(messages=messages, prompt=row[cfg.prompt_column], columns=columns))
     if not out:
-        raise ValueError(f"data file {path!r} holds no rows")
+        raise DataError(f"data file {path!r} holds no rows")
     return out
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class PromptStream:
@@ -172,7 +219,7 @@ class PromptStream:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["size"] != len(self.examples) or state["seed"] != self.seed:
-            raise ValueError(
+            raise DataError(
                 "the checkpoint's data position was saved for other training data (size or seed "
                 "differ); resume with the same data.* and trainer.seed settings"
             )

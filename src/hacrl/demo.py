@@ -208,11 +208,13 @@ def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, forc
     from hacrl.config import AgentConfig, RolloutConfig
     from hacrl.data import load_task
     from hacrl.evaluation import evaluate
+    from hacrl.scoring import scorer_for
     from hacrl.sft import SFTConfig, supervised_finetune
     from hacrl.testbed import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     task = load_task(data_config(recipe))
+    scorer = scorer_for(task, data_config(recipe), r_max=1.0).start()
     pairs = [(ex.messages, worked_solution(ex.columns["entry"]["metadata"]["expression"])) for ex in task.train]
     texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
     report: dict[str, Any] = {"recipe": key, "agents": {}, "eval_prompts": len(task.eval)}
@@ -254,7 +256,7 @@ def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, forc
         supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
         directory = save_agent(model, tokenizer, out / recipe_agent.name)
         agent = Agent(0, AgentConfig(name=recipe_agent.name, model=str(directory)), RolloutConfig(max_new_tokens=24))
-        result = evaluate(agent, task.eval, task.reward)
+        result = evaluate(agent, task.eval, scorer)
         seconds = time.perf_counter() - start
         log(
             f"  {recipe_agent.name}: greedy accuracy {100 * result['pass@1']:.1f}% on {len(task.eval)} eval prompts "
@@ -273,6 +275,7 @@ def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, forc
 def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: BootstrapRecipe = DEMO) -> dict[str, Any]:
     """`hacrl demo`: bootstrap the agents if they are not cached, train them with the config, print a summary."""
     from hacrl.config import load_config
+    from hacrl.errors import ModelError
     from hacrl.plot import plot_run
     from hacrl.trainer import Trainer
 
@@ -282,7 +285,7 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
     report = bootstrap(agents_dir, recipe)
     missing = [a.model for a in config.agents if not (Path(a.model) / "config.json").is_file()]
     if missing:
-        raise FileNotFoundError(f"the demo config names agents that bootstrap did not build: {missing}")
+        raise ModelError(f"the demo config names agents that bootstrap did not build: {missing}")
     bootstrap_seconds = time.perf_counter() - start
     run_dir = Path(config.trainer.output_dir)
     if run_dir.exists():  # the demo's own output: a rerun starts fresh

@@ -6,43 +6,47 @@ from typing import Any
 
 from hacrl.agents import Agent
 from hacrl.data import Example
-from hacrl.rewards import RewardFn, score
 from hacrl.rollout import generate
+from hacrl.scoring import Scorer, ScoreResult
 
 
 def evaluate(
     agent: Agent,
     examples: list[Example],
-    reward_fn: RewardFn,
+    scorer: Scorer,
     *,
-    r_max: float = 1.0,
     num_samples: int = 0,
     batch_size: int = 64,
 ) -> dict[str, float]:
     """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
-    `length_mean` and `finished` (fraction ending with EOS) of one agent."""
+    `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent."""
     if not examples:
         return {}
+    r_max = scorer.settings.r_max
     prompts = [agent.render_prompt(ex.messages)[0] for ex in examples]
     greedy = generate(agent, prompts, 1, greedy=True, batch_size=batch_size)
-    rewards = _score(reward_fn, examples, [s.text for s in greedy], r_max)
+    result = _score(scorer, examples, [s.text for s in greedy])
+    rewards = result.rewards
     out = {
         "pass@1": sum(r >= r_max for r in rewards) / len(rewards),
         "reward_mean": sum(rewards) / len(rewards),
         "length_mean": sum(len(s.response_ids) for s in greedy) / len(greedy),
         "finished": sum(s.finished for s in greedy) / len(greedy),
     }
+    timeouts = len(result.timeouts)
     if num_samples > 0:
         sampled = generate(agent, prompts, num_samples, batch_size=batch_size)
         repeated = [ex for ex in examples for _ in range(num_samples)]
-        sampled_rewards = _score(reward_fn, repeated, [s.text for s in sampled], r_max)
-        out[f"avg@{num_samples}"] = sum(r >= r_max for r in sampled_rewards) / len(sampled_rewards)
+        sampled_result = _score(scorer, repeated, [s.text for s in sampled])
+        out[f"avg@{num_samples}"] = sum(r >= r_max for r in sampled_result.rewards) / len(sampled_result.rewards)
+        timeouts += len(sampled_result.timeouts)
+    out["reward_timeouts"] = timeouts
     return out
 
 
-def _score(reward_fn: RewardFn, examples: list[Example], completions: list[str], r_max: float) -> list[float]:
+def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> ScoreResult:
     columns: dict[str, list[Any]] = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
-    return score(reward_fn, [ex.prompt for ex in examples], completions, columns, r_max=r_max)
+    return scorer.score([ex.prompt for ex in examples], completions, columns)
 
 
 def evaluate_paths(config, paths) -> list[dict[str, Any]]:
@@ -51,34 +55,48 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
 
     from hacrl.config import AgentConfig
     from hacrl.data import load_task
+    from hacrl.errors import DataError
+    from hacrl.scoring import scorer_for
 
+    dirs = [d for path in paths for d in _model_dirs(path)]  # (label, model directory); checked before data loads
     task = load_task(config.data)
     examples = task.eval[: config.eval.max_prompts] if config.eval.max_prompts else task.eval
     if not examples:
-        raise ValueError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
+        raise DataError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
+    scorer = scorer_for(task, config.data, r_max=config.algorithm.r_max).start()
     by_name = {a.name: a for a in config.agents}
-    dirs = []  # (label, model directory)
-    for path in paths:
-        if (path / "agents").is_dir():  # a checkpoint: every agent in it
-            dirs.extend((f"{p.name} ({path.name})", p) for p in sorted((path / "agents").iterdir()) if p.is_dir())
-        else:
-            dirs.append((path.name, path))
     results = []
     for i, (label, model_dir) in enumerate(dirs):
         base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
         agent = Agent(i, replace(base, model=str(model_dir), tokenizer=None), config.rollout)
         result = evaluate(
-            agent,
-            examples,
-            task.reward,
-            r_max=config.algorithm.r_max,
-            num_samples=config.eval.num_samples,
-            batch_size=config.eval.batch_size,
+            agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size
         )
         results.append({"agent": label, **result})
         del agent
     _print_table(results, len(examples))
     return results
+
+
+def _model_dirs(path) -> list[tuple[str, Any]]:
+    """A model directory as it is; every agent of a checkpoint; every agent of a run directory's newest checkpoint."""
+    from hacrl.checkpoint import latest_checkpoint
+    from hacrl.errors import ModelError
+
+    if (path / "config.json").is_file():
+        return [(path.name, path)]
+    if not (path / "agents").is_dir() and (path / "checkpoints").is_dir():  # a run directory
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise ModelError(f"{str(path)!r} is a run directory without a complete checkpoint: nothing to evaluate")
+        print(f"hacrl eval: {path} is a run directory; evaluating its newest checkpoint, {newest.name}")
+        path = newest
+    if (path / "agents").is_dir():
+        return [(f"{p.name} ({path.name})", p) for p in sorted((path / "agents").iterdir()) if p.is_dir()]
+    raise ModelError(
+        f"{str(path)!r} is not a model directory (no config.json), a checkpoint (no agents/) or a run directory "
+        "(no checkpoints/); give one of those"
+    )
 
 
 def _print_table(results: list[dict[str, Any]], num_prompts: int) -> None:

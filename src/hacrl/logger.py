@@ -11,11 +11,22 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hacrl import faults
 from hacrl.config import LoggingConfig
 
 
 class MetricsLogger:
-    def __init__(self, cfg: LoggingConfig, run_dir: Path, total_steps: int, agent_names: list[str]) -> None:
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        run_dir: Path,
+        total_steps: int,
+        agent_names: list[str],
+        *,
+        purge_step: int | None = None,
+    ) -> None:
+        """`purge_step`: a resumed run's first new step; TensorBoard hides events of that step and later that an
+        interrupted earlier attempt wrote."""
         self.cfg = cfg
         self.agent_names = agent_names
         self._jsonl = open(run_dir / "metrics.jsonl", "a") if cfg.jsonl else None  # noqa: SIM115 - closed in close()
@@ -23,7 +34,7 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
         self._console = None
         self._progress = None
         if cfg.console:
@@ -51,7 +62,9 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: _plain(v) for k, v in metrics.items()}
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            line = json.dumps({"step": step, **clean}) + "\n"
+            faults.hit("metrics.write", before=lambda: (self._jsonl.write(line[: len(line) // 2]), self._jsonl.flush()))
+            self._jsonl.write(line)
             self._jsonl.flush()
         if self._tb is not None:
             for key, value in clean.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,8 +15,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     metrics_file = run_dir / "metrics.jsonl"
     if not metrics_file.is_file():
-        raise FileNotFoundError(f"{metrics_file} does not exist: is {str(run_dir)!r} a hacrl run directory?")
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        from hacrl.errors import RunDirError
+
+        raise RunDirError(f"{metrics_file} does not exist: is {str(run_dir)!r} a hacrl run directory?")
+    from hacrl.rundir import read_metrics
+
+    records = [record for _, record in read_metrics(metrics_file, notice=lambda _: None)]
     reward: dict[str, list[tuple[int, float]]] = defaultdict(list)
     accuracy: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for rec in records:

@@ -114,18 +114,6 @@ def test_keep_last_prunes_old_checkpoints(tiny_agents, tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
 
-def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, capsys):
-    run = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
-    assert main(["train", str(cfg)]) == 0
-    other = write_config(tmp_path / "o.yaml", tiny_agents, ["llama", "tiny"], run, trainer={"steps": 2})
-    try:
-        main(["train", str(other), "--resume"])
-        raise AssertionError("expected a ValueError")
-    except ValueError as e:
-        assert "holds agents ['llama', 'qwen'] but the config has ['llama', 'tiny']" in str(e)
-
-
 def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(
@@ -149,15 +137,15 @@ def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path):
-    import pytest
-
+def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
     assert main(["train", str(cfg)]) == 0
     before = (run / "metrics.jsonl").read_text()
-    with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume"):
-        main(["train", str(cfg)])
+    assert main(["train", str(cfg)]) == 2
+    assert "already holds a run (metrics up to step 1, with checkpoints); continue it with --resume" in (
+        capsys.readouterr().err
+    )
     assert (run / "metrics.jsonl").read_text() == before
 
 

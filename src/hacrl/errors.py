@@ -1,0 +1,59 @@
+"""The errors a user can cause and fix, and the warnings hacrl gives.
+
+Every anticipated problem with what a user hands hacrl (config, data, model directory, tokenizer, reward function,
+checkpoint, run directory) raises a subclass of `HacrlError` whose message names the file or key and says what to
+do. The CLI prints such a message as one paragraph and exits with status 2, without a traceback (`HACRL_DEBUG=1`
+shows it). Anything else that escapes is a bug in hacrl and keeps its traceback.
+
+The subclasses also derive from the built-in exception a caller would have caught before (`ValueError`, ...), so
+code written against earlier versions keeps working.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+
+class HacrlError(Exception):
+    """A problem with the user's input or environment; the message says what is wrong and how to fix it."""
+
+
+class ConfigError(HacrlError, ValueError):
+    """A config problem, found before anything heavy happens; the message says what to set."""
+
+
+class DataError(HacrlError, ValueError):
+    """A data file, row or task that cannot be used; the message names the file and line or the task."""
+
+
+class ModelError(HacrlError, ValueError):
+    """A model or tokenizer directory that cannot be loaded; the message names the directory and what is missing."""
+
+
+class RewardError(HacrlError, RuntimeError):
+    """A reward function failed or returned something unusable; the run stops (no silent zero)."""
+
+
+class CheckpointError(HacrlError, ValueError):
+    """A checkpoint that is damaged, incomplete or does not fit the run; the message names its path."""
+
+
+class RunDirError(HacrlError, RuntimeError):
+    """A run directory that cannot be used as asked (in use by another process, holds another run, ...)."""
+
+
+class TrainingInterrupted(HacrlError):
+    """Training stopped on SIGTERM / SIGINT after finishing its step and writing a checkpoint."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class HacrlWarning(UserWarning):
+    """Something a user should know that does not stop the run (a slow reward function, eval data = train data)."""
+
+
+def warn(message: str) -> None:
+    """Emit a `HacrlWarning`; the CLI prints it as one `hacrl: warning: ...` line."""
+    warnings.warn(message, HacrlWarning, stacklevel=2)

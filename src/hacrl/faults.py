@@ -1,0 +1,54 @@
+"""Failpoints: named places where the fault-injection tests stop a run, by signal, at an exact moment.
+
+`HACRL_FAULTS="update.micro_batch:3,checkpoint.agent:1:TERM"` makes the 3rd time this process passes
+`hit("update.micro_batch")` send it SIGKILL, and the 1st `hit("checkpoint.agent")` send it SIGTERM. Without the
+variable (always, outside tests) `hit` is a dictionary lookup. The places:
+
+    sampling             after an agent sampled its responses
+    scoring              after an agent's responses were scored
+    update.micro_batch   after a micro-batch's backward pass
+    update.optimizer     after an optimizer step
+    checkpoint.agent     after an agent's part of a checkpoint was written
+    checkpoint.before_rename / checkpoint.after_rename
+    metrics.write        half-way through writing a metrics.jsonl line (the kill leaves a cut-off line)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+_plan: dict[str, tuple[int, signal.Signals]] | None = None
+_counts: dict[str, int] = {}
+
+
+def _load() -> dict[str, tuple[int, signal.Signals]]:
+    plan = {}
+    for item in filter(None, (x.strip() for x in os.environ.get("HACRL_FAULTS", "").split(","))):
+        name, _, rest = item.partition(":")
+        nth, _, sig = rest.partition(":")
+        plan[name] = (int(nth or 1), signal.Signals[f"SIG{sig or 'KILL'}"])
+    return plan
+
+
+def hit(name: str, before: Callable[[], None] | None = None) -> None:
+    """Pass failpoint `name`; when the plan says so, run `before` (e.g. write half a line) and send the signal."""
+    global _plan
+    if _plan is None:
+        _plan = _load()
+    if not _plan or name not in _plan:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    nth, sig = _plan[name]
+    if _counts[name] == nth:
+        if before is not None:
+            before()
+        os.kill(os.getpid(), sig)
+
+
+def reset() -> None:
+    """Forget the plan and the counts (tests that change HACRL_FAULTS in-process)."""
+    global _plan
+    _plan = None
+    _counts.clear()

@@ -1,0 +1,161 @@
+"""The run directory: one writer at a time, and a metrics log that survives being cut off.
+
+1. `RunLock`: `RUN_DIR/.hacrl.lock` holds the owner's pid, host, start time and command, and an exclusive `flock`
+   on it is held for the whole run. The kernel drops the flock when its process dies, even by `kill -9`, so a lock
+   file whose flock can be taken is stale: it is taken over with a notice. A second process on the same directory
+   finds the flock held and refuses at once, naming the owner. (On network file systems without working `flock`
+   the pid/host check is all there is.)
+2. `trim_metrics`: on resume, `metrics.jsonl` keeps the lines up to the checkpoint's step; a last line cut off by a
+   crash is dropped with a notice; a damaged line anywhere else stops the run, naming the file and line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hacrl.errors import RunDirError
+
+LOCK_NAME = ".hacrl.lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory (see the module docstring). `release` is idempotent."""
+
+    def __init__(self, run_dir: str | Path, *, notice: Callable[[str], None] = print) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: int | None = None
+        self._notice = notice
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                owner = _read_owner(fd)
+                os.close(fd)
+                raise RunDirError(_in_use_message(self.run_dir, owner)) from None
+            try:  # the previous owner may have unlinked the file between our open and our flock
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            break
+        previous = _read_owner(fd)
+        if previous and previous.get("pid") is not None:
+            where = f"pid {previous.get('pid')} on {previous.get('host')}"
+            self._notice(f"{self.path}: taking over a stale lock left by {where} (that process no longer holds it)")
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)  # while still holding the flock: nobody can be mid-way through taking it
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_owner(fd: int) -> dict[str, Any]:
+    try:
+        raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        return json.loads(raw) if raw else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _in_use_message(run_dir: Path, owner: dict[str, Any]) -> str:
+    who = (
+        f"pid {owner.get('pid')} on host {owner.get('host')} (since {owner.get('started')}: {owner.get('command')})"
+        if owner
+        else "another process"
+    )
+    return (
+        f"run directory {str(run_dir)!r} is in use by {who}. Two processes writing one run directory would corrupt "
+        "its checkpoints and metrics: wait for that run to finish or stop it, or choose another trainer.output_dir."
+    )
+
+
+def read_metrics(path: Path, *, notice: Callable[[str], None] = print) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) pairs of a metrics.jsonl; a cut-off last line is dropped with a notice."""
+    lines = path.read_text(errors="replace").splitlines()
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a metrics record with an integer 'step'")
+        except ValueError as e:
+            if number == len(lines):
+                notice(f"{path}: dropped its last line, cut off when the run stopped mid-write ({_clip(line)!r})")
+                continue
+            raise RunDirError(
+                f"{path}:{number} is damaged ({e}); this is not what an interrupted write leaves (only the last "
+                "line can be cut off). Delete or repair that line, then resume."
+            ) from None
+        out.append((line, record))
+    return out
+
+
+def trim_metrics(path: Path, up_to_step: int | None, *, notice: Callable[[str], None] = print) -> int:
+    """Keep the records with step <= `up_to_step` (None: keep none), rewritten atomically; returns how many stay."""
+    if not path.exists():
+        return 0
+    kept = [
+        line
+        for line, record in read_metrics(path, notice=notice)
+        if up_to_step is not None and record["step"] <= up_to_step
+    ]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def last_logged_step(path: Path) -> int | None:
+    """The last step logged in a metrics.jsonl (ignoring a cut-off last line), or None."""
+    if not path.exists():
+        return None
+    records = read_metrics(path, notice=lambda _: None)
+    return records[-1][1]["step"] if records else None
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

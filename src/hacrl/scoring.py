@@ -1,0 +1,509 @@
+"""Scoring completions under a time limit that no reward function and no text can get past.
+
+A reward function runs in separate scoring processes (`data.reward_workers` of them, started once and reused),
+never in the training process. The trainer sends a step's completions, waits, and stops waiting at the deadline:
+
+- Built-in scorers (math-verify, reasoning-gym) are called one completion at a time, and each completion gets
+  `data.reward_timeout` seconds. A user's `data.reward_function` is called once per worker on its slice of the
+  batch, with `reward_timeout` seconds per completion in it; when that runs out, the slice is scored again one
+  completion at a time, so only the completions that really hang are affected.
+- A completion whose scoring runs past its limit gets `data.reward_on_timeout` (or stops the run with
+  `data.stop_on_reward_timeout`); the process is killed and a fresh one takes over (its start-up is not counted
+  against any deadline). Timeouts are counted in the metrics, and a function that keeps timing out is named in a
+  warning.
+- A built-in scorer that raises or crashes on some text scores that completion 0 (model output is untrusted; it
+  is counted as `reward_errors`). A user function that raises, returns the wrong count or a value that is not a
+  finite number in [0, r_max] stops the run with a message naming the function and the sample.
+- Each scoring process has an address-space limit (`data.reward_memory_mb`), ignores SIGINT / SIGTERM (the
+  trainer decides when it ends) and dies with the trainer, even on `kill -9`.
+
+Results do not depend on the number of workers (each scores a contiguous slice, and the slices are put back in
+order), and they are what calling the function in-process would give, except for completions that time out.
+`data.reward_isolation: inline` calls the function in the training process instead (for debugging with pdb):
+then nothing but the built-in scorers' own math-verify limits bounds it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from hacrl.errors import RewardError, warn
+from hacrl.rewards import RewardFn, _short, import_reward_function, reward_name, validate_rewards
+
+STARTUP_TIMEOUT = 300.0
+"""Seconds a scoring process may take to start (import its reward function); it is not a scoring deadline."""
+
+
+@dataclass
+class ScoreResult:
+    rewards: list[float]
+    timeouts: list[int] = field(default_factory=list)
+    """Indexes of completions whose scoring ran past `reward_timeout` (they got `reward_on_timeout`)."""
+    errors: list[int] = field(default_factory=list)
+    """Indexes where a built-in scorer raised or its process died (they got 0)."""
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    timeout: float = 5.0
+    """Seconds per completion."""
+    on_timeout: float = 0.0
+    """Reward of a completion whose scoring timed out."""
+    stop_on_timeout: bool = False
+    """Raise `RewardError` instead of scoring a timeout."""
+    workers: int = 1
+    """Scoring processes."""
+    isolation: str = "process"
+    """`process` (time-limited) or `inline` (in the calling process, no hard limit)."""
+    memory_mb: int | None = 4096
+    """Address-space limit of a scoring process in MiB; None: no limit."""
+    r_max: float = 1.0
+    """Largest valid reward."""
+
+
+class Scorer:
+    """Scores completions with a reward function under `settings` (see the module docstring).
+
+    `fn` is a picklable reward function (the built-in scorers are), or a `package.module:function` path that each
+    scoring process imports. `builtin` says whether it is one of hacrl's scorers (called per completion; errors score
+    0) or a user's (called per slice; errors stop the run).
+    """
+
+    def __init__(self, fn: RewardFn | str, settings: ScoringSettings, *, builtin: bool) -> None:
+        self.settings = settings
+        self.builtin = builtin
+        self._fn = fn
+        self._local = import_reward_function(fn) if isinstance(fn, str) else fn
+        self.name = reward_name(self._local) if not isinstance(fn, str) else fn
+        self._payload = ("path", fn) if isinstance(fn, str) else ("pickle", pickle.dumps(fn))
+        self._workers: list[_Worker | None] = [None] * max(1, settings.workers)
+        self.total_timeouts = 0
+        self._next_warning = 1
+        self._closed = False
+
+    # -- public ----------------------------------------------------------------------------------------------------
+
+    def start(self) -> Scorer:
+        """Start the scoring processes now (they import their reward function in the background)."""
+        if self.settings.isolation == "process":
+            for i, worker in enumerate(self._workers):
+                if worker is None:
+                    self._workers[i] = _Worker(self._payload, self.settings.memory_mb)
+        return self
+
+    def score(self, prompts: Sequence[Any], completions: Sequence[str], columns: dict[str, Sequence[Any]]):
+        """Rewards for `completions` (aligned with `prompts` and every column), with timeouts and errors noted."""
+        n = len(completions)
+        if n == 0:
+            return ScoreResult([])
+        prompts, completions = list(prompts), list(completions)
+        columns = {k: list(v) for k, v in columns.items()}
+        if self.settings.isolation == "inline":
+            return self._score_inline(prompts, completions, columns)
+        self.start()
+        result = ScoreResult([0.0] * n)
+        try:
+            self._score_in_workers(prompts, completions, columns, result)
+        except BaseException:
+            self.close()  # a worker may be half-way through a job: never reuse it
+            raise
+        result.timeouts.sort()
+        result.errors.sort()
+        if result.timeouts:
+            self._note_timeouts(result, completions)
+        return result
+
+    def close(self) -> None:
+        for i, worker in enumerate(self._workers):
+            if worker is not None:
+                worker.stop()
+                self._workers[i] = None
+
+    # -- in this process -------------------------------------------------------------------------------------------
+
+    def _score_inline(self, prompts, completions, columns) -> ScoreResult:
+        result = ScoreResult([0.0] * len(completions))
+        if not self.builtin:
+            raw = self._call(self._local, prompts, completions, columns, offset=0)
+            result.rewards = validate_rewards(self.name, raw, completions, r_max=self.settings.r_max)
+            return result
+        for i in range(len(completions)):
+            try:
+                raw = self._local(prompts=[prompts[i]], completions=[completions[i]], **_pick(columns, i))
+                result.rewards[i] = validate_rewards(self.name, raw, completions[i : i + 1], r_max=self.settings.r_max)[
+                    0
+                ]
+            except Exception:  # noqa: BLE001 - model output broke a built-in scorer: that completion scores 0
+                result.errors.append(i)
+        return result
+
+    def _call(self, fn, prompts, completions, columns, *, offset: int):
+        try:
+            return fn(prompts=prompts, completions=completions, **columns)
+        except Exception as e:  # noqa: BLE001 - re-raised with the function's name and what it was scoring
+            raise RewardError(
+                f"reward function {self.name} raised {type(e).__name__}: {e} (while scoring {len(completions)} "
+                f"completions from sample {offset}, the first: {_short(completions[0]) if completions else ''!r})"
+            ) from e
+
+    # -- in scoring processes --------------------------------------------------------------------------------------
+
+    def _score_in_workers(self, prompts, completions, columns, result: ScoreResult) -> None:
+        n = len(completions)
+        size = -(-n // len(self._workers))
+        jobs: dict[int, _Job] = {}
+        for w, start in enumerate(range(0, n, size)):
+            mode = "each" if self.builtin else "batch"
+            jobs[w] = _Job(list(range(start, min(start + size, n))), mode)
+        for w, job in jobs.items():
+            self._send(w, job, prompts, completions, columns)
+        while jobs:
+            now = time.monotonic()
+            deadlines = [self._deadline(w, job) for w, job in jobs.items()]
+            timeout = max(0.0, min(deadlines) - now)
+            ready = wait([self._workers[w].conn for w in jobs], timeout=timeout)
+            for w in list(jobs):
+                worker, job = self._workers[w], jobs[w]
+                if worker.conn in ready:
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = ("died", worker.exit_description())
+                    done = self._handle(w, job, message, prompts, completions, columns, result)
+                    if done:
+                        del jobs[w]
+                elif time.monotonic() >= self._deadline(w, job):
+                    if job.phase == "starting":
+                        raise RewardError(
+                            f"the scoring process for {self.name} did not start within {STARTUP_TIMEOUT:.0f}s"
+                        )
+                    if job.mode == "batch":  # find the completions that hang, one at a time
+                        self._restart(w)
+                        job.mode = "each"
+                        self._send(w, job, prompts, completions, columns)
+                        continue
+                    index = job.indexes[job.next]
+                    self._timeout(index, result, completions)
+                    self._restart(w)
+                    job.next += 1
+                    if job.next == len(job.indexes):
+                        del jobs[w]
+                    else:
+                        self._send(w, job, prompts, completions, columns)
+
+    def _deadline(self, w: int, job: _Job) -> float:
+        if job.phase == "starting":
+            return job.since + STARTUP_TIMEOUT
+        per = self.settings.timeout
+        return job.since + (per * (len(job.indexes) - job.next) if job.mode == "batch" else per)
+
+    def _send(self, w: int, job: _Job, prompts, completions, columns) -> None:
+        """Send the rest of `job` to worker `w` (the deadline starts once the worker is ready)."""
+        worker = self._workers[w]
+        todo = job.indexes[job.next :]
+        job.phase = "scoring" if worker.ready else "starting"
+        job.since = time.monotonic()
+        job.pending = (
+            job.mode,
+            [prompts[i] for i in todo],
+            [completions[i] for i in todo],
+            {k: [v[i] for i in todo] for k, v in columns.items()},
+        )
+        if worker.ready:
+            worker.conn.send(job.pending)
+
+    def _handle(self, w, job, message, prompts, completions, columns, result) -> bool:
+        """Process one message of worker `w`; True when its job is complete."""
+        kind = message[0]
+        worker = self._workers[w]
+        if kind == "ready":
+            worker.ready = True
+            job.phase, job.since = "scoring", time.monotonic()
+            worker.conn.send(job.pending)
+            return False
+        if kind == "failed":  # the reward function could not be loaded in the scoring process
+            raise RewardError(f"the scoring process could not load reward function {self.name}: {message[1]}")
+        if kind == "died" and job.phase == "starting":
+            raise RewardError(
+                f"the scoring process for reward function {self.name} exited while starting ({message[1]})"
+            )
+        todo = job.indexes[job.next :]
+        if job.mode == "batch":
+            where = f"samples {todo[0]}-{todo[-1]}, the first: {_short(completions[todo[0]])!r}"
+            if kind == "raised":
+                raise RewardError(f"reward function {self.name} raised {message[1]} (while scoring {where})")
+            if kind == "died":
+                raise RewardError(
+                    f"the scoring process of reward function {self.name} died ({message[1]}) while scoring {where}"
+                )
+            values = self._checked(message[1], [completions[i] for i in todo], todo[0])
+            for i, value in zip(todo, values, strict=True):
+                result.rewards[i] = value
+            return True
+        index = todo[0]
+        if kind == "item":
+            result.rewards[index] = self._checked(message[1], [completions[index]], index)[0]
+        elif kind == "raised" and self.builtin:
+            result.errors.append(index)
+        elif kind == "raised":
+            raise RewardError(
+                f"reward function {self.name} raised {message[1]} (while scoring sample {index}: "
+                f"{_short(completions[index])!r})"
+            )
+        elif kind == "died":
+            if not self.builtin:
+                raise RewardError(
+                    f"the scoring process of reward function {self.name} died ({message[1]}) while scoring sample "
+                    f"{index}: {_short(completions[index])!r}"
+                )
+            result.errors.append(index)  # model output crashed a built-in scorer: that completion scores 0
+            self._restart(w)
+            job.next += 1
+            if job.next < len(job.indexes):
+                self._send(w, job, prompts, completions, columns)
+            return job.next == len(job.indexes)
+        job.next += 1
+        job.since = time.monotonic()
+        return job.next == len(job.indexes)
+
+    def _checked(self, raw: Any, texts: list[str], offset: int) -> list[float]:
+        if isinstance(raw, _Unusable):  # not a list: say what it was
+            raise RewardError(f"reward function {self.name} must return a list of {len(texts)} floats, got {raw}")
+        return validate_rewards(self.name, raw, texts, r_max=self.settings.r_max, offset=offset)
+
+    def _restart(self, w: int) -> None:
+        self._workers[w].stop()
+        self._workers[w] = _Worker(self._payload, self.settings.memory_mb)
+
+    def _timeout(self, index: int, result: ScoreResult, completions: Sequence[str]) -> None:
+        s = self.settings
+        if s.stop_on_timeout:
+            raise RewardError(
+                f"reward function {self.name} ran past data.reward_timeout={s.timeout:g}s on sample {index} "
+                f"({_short(completions[index])!r}); the run stops because data.stop_on_reward_timeout=true"
+            )
+        result.rewards[index] = s.on_timeout
+        result.timeouts.append(index)
+
+    def _note_timeouts(self, result: ScoreResult, completions: Sequence[str]) -> None:
+        before = self.total_timeouts
+        self.total_timeouts += len(result.timeouts)
+        if self.total_timeouts >= self._next_warning > before:
+            while self._next_warning <= self.total_timeouts:
+                self._next_warning *= 10
+            s = self.settings
+            warn(
+                f"reward function {self.name} ran past data.reward_timeout={s.timeout:g}s on "
+                f"{self.total_timeouts} completion(s) so far (the latest: "
+                f"{_short(completions[result.timeouts[-1]])!r}); each scored data.reward_on_timeout="
+                f"{s.on_timeout:g}. Raise data.reward_timeout if the function is only slow, or make it return "
+                "faster on such text."
+            )
+
+
+def _pick(columns: dict[str, list[Any]], i: int) -> dict[str, list[Any]]:
+    return {k: [v[i]] for k, v in columns.items()}
+
+
+@dataclass
+class _Job:
+    indexes: list[int]
+    mode: str
+    next: int = 0
+    phase: str = "starting"
+    since: float = 0.0
+    pending: tuple | None = None
+
+
+class _Worker:
+    """One scoring process, connected by a socket pair; started with the parent's `sys.path`."""
+
+    def __init__(self, payload: tuple[str, Any], memory_mb: int | None) -> None:
+        parent, child = socket.socketpair()
+        code = (
+            "import json, os, sys; sys.path[:] = json.loads(os.environ['HACRL_SCORER_PATH']); "
+            "from hacrl.scoring import _worker_main; _worker_main(int(sys.argv[1]))"
+        )
+        env = {**os.environ, "HACRL_SCORER_PATH": json.dumps(sys.path), "HACRL_FAULTS": ""}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.conn.send((payload, memory_mb, os.getpid()))
+        self.ready = False
+        _LIVE.add(self)
+
+    def exit_description(self) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "its connection closed"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def stop(self) -> None:
+        _LIVE.discard(self)
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.conn.close()
+
+
+_LIVE: set[_Worker] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for worker in list(_LIVE):
+        worker.stop()
+
+
+# -- the scoring process ---------------------------------------------------------------------------------------------
+
+
+def _worker_main(fd: int) -> None:
+    conn = Connection(fd)
+    payload, memory_mb, parent_pid = conn.recv()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when scoring ends, not Ctrl-C or a TERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    if memory_mb:
+        import resource
+
+        limit = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        kind, value = payload
+        fn = import_reward_function(value) if kind == "path" else pickle.loads(value)
+    except BaseException as e:  # noqa: BLE001 - reported to the trainer, which stops with this message
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready",))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        mode, prompts, completions, columns = job
+        if mode == "batch":
+            try:
+                out = fn(prompts=prompts, completions=completions, **columns)
+                conn.send(("batch", _portable(out)))
+            except Exception as e:  # noqa: BLE001 - the trainer names the function and sample
+                conn.send(("raised", _describe(e)))
+            continue
+        for i in range(len(completions)):
+            try:
+                out = fn(prompts=[prompts[i]], completions=[completions[i]], **_pick(columns, i))
+                conn.send(("item", _portable(out)))
+            except Exception as e:  # noqa: BLE001 - as above
+                conn.send(("raised", _describe(e)))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this process when the trainer dies (even by SIGKILL). Elsewhere: a watchdog thread."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent_pid:  # the trainer died before prctl took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _portable(out: Any) -> Any:
+    """The function's output in a form that pickles whatever it held: numbers stay numbers, the rest says what
+    it was (so the trainer's message can name it)."""
+    if not isinstance(out, (list, tuple)):
+        return _Unusable(type(out).__name__)
+    return [_portable_value(v) for v in out]
+
+
+def _portable_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "item"):
+        try:
+            return _portable_value(value.item())
+        except Exception:  # noqa: BLE001 - not a scalar
+            pass
+    return _Unusable(f"{type(value).__name__} {_short(repr(value), 60)}")
+
+
+@dataclass(frozen=True)
+class _Unusable:
+    """Something a reward function returned that is not a number (shown by name in the error message)."""
+
+    what: str
+
+    def __repr__(self) -> str:
+        return self.what
+
+
+def _describe(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+    return f"{type(e).__name__}: {_short(str(e), 300)}{at}"
+
+
+# -- one scorer per reward function and settings, shared by the trainers and evaluations of a process ------------
+
+_SHARED: dict[tuple, Scorer] = {}
+_MAX_SHARED = 4
+
+
+def shared_scorer(fn: RewardFn | str, settings: ScoringSettings, *, builtin: bool) -> Scorer:
+    """A `Scorer` for this function and settings, reused across trainers in one process (its processes start
+    once); the least recently used is closed when more than a few are alive."""
+    key = (fn if isinstance(fn, str) else pickle.dumps(fn), settings, builtin)
+    scorer = _SHARED.pop(key, None) or Scorer(fn, settings, builtin=builtin)
+    _SHARED[key] = scorer
+    while len(_SHARED) > _MAX_SHARED:
+        _SHARED.pop(next(iter(_SHARED))).close()
+    return scorer
+
+
+def scorer_for(task, data, *, r_max: float) -> Scorer:
+    """The scorer of a loaded task (`hacrl.data.TaskData`) under the `data.reward_*` settings of the config."""
+    settings = ScoringSettings(
+        timeout=data.reward_timeout,
+        on_timeout=data.reward_on_timeout,
+        stop_on_timeout=data.stop_on_reward_timeout,
+        workers=data.reward_workers,
+        isolation=data.reward_isolation,
+        memory_mb=data.reward_memory_mb,
+        r_max=r_max,
+    )
+    return shared_scorer(task.reward_source, settings, builtin=task.builtin)

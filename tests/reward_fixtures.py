@@ -1,0 +1,50 @@
+"""Reward functions for the tests, importable by scoring processes (`tests.reward_fixtures:<name>`); light imports."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def digits(prompts, completions, **columns):
+    """A quarter point per digit, at most 1."""
+    return [min(1.0, sum(ch.isdigit() for ch in c) / 4) for c in completions]
+
+
+def hangs_on_hang(prompts, completions, **columns):
+    """Never returns for a completion containing "hang" (a busy loop: no signal or exception gets it out)."""
+    for c in completions:
+        if "hang" in c:
+            while True:
+                pass
+    return [1.0] * len(completions)
+
+
+def slow(prompts, completions, **columns):
+    time.sleep(0.05 * len(completions))
+    return [0.5] * len(completions)
+
+
+def exits_on_boom(prompts, completions, **columns):
+    if any("boom" in c for c in completions):
+        os._exit(3)
+    return [0.0] * len(completions)
+
+
+def numeric_strings(prompts, completions, **columns):
+    return ["1.0"] * len(completions)
+
+
+def a_dict(prompts, completions, **columns):
+    return {"reward": 1.0}
+
+
+def raises_on_x(prompts, completions, **columns):
+    if any("x" in c for c in completions):
+        raise KeyError("oops")
+    return [1.0] * len(completions)
+
+
+def batch_position(prompts, completions, **columns):
+    """Depends on the position in the call: must only ever be used to show that slicing is contiguous."""
+    return [min(1.0, i / 100) for i in range(len(completions))]

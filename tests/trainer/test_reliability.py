@@ -1,0 +1,348 @@
+"""Every failure is resumable or restartable, one process per run directory, and every user error takes the one
+error path: a one-paragraph message naming the file or key, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
+from hacrl.cli import main
+from hacrl.config import load_config
+from hacrl.errors import HacrlWarning
+from hacrl.rundir import LOCK_NAME, RunLock
+from tests.conftest import write_config
+
+NOT_COMPARED = ("time/", "tokens_per_second")
+
+
+def _records(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_numbers(a, b):
+    """Every training number equal; evaluations too at the last step (a shorter first attempt evaluated at its
+    own last step, which an uninterrupted run does not)."""
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        skip = NOT_COMPARED if i == len(a) - 1 else (*NOT_COMPARED, "eval/")
+        assert {k: v for k, v in x.items() if not k.startswith(skip)} == {
+            k: v for k, v in y.items() if not k.startswith(skip)
+        }
+
+
+def _same_weights(run_a, run_b, step, names=("llama", "qwen")):
+    for name in names:
+        a = load_file(run_a / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
+        b = load_file(run_b / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+@pytest.fixture()
+def reference(reference_run):
+    return reference_run
+
+
+def _config(tiny_agents, tmp_path, **sections):
+    sections.setdefault("trainer", {"steps": 3})
+    return write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", **sections)
+
+
+# -- restartable and resumable ---------------------------------------------------------------------------------------
+
+
+def test_a_run_that_died_before_its_first_checkpoint_restarts_in_place(tiny_agents, tmp_path, reference, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2", "checkpoint.every=0"]) == 0
+    shutil.rmtree(run / "checkpoints")  # as if it had died before writing one
+    capsys.readouterr()
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (metrics up to step 2)" in err and "--resume starts it again from step 0" in err
+    assert main(["train", str(cfg), "--resume"]) == 0
+    assert "has no checkpoint: the earlier attempt stopped before its first one" in capsys.readouterr().err
+    _same_numbers(_records(run), _records(reference))
+    _same_weights(run, reference, 3)
+
+
+def test_a_cut_off_last_metrics_line_is_dropped_on_resume(tiny_agents, tmp_path, reference, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2"]) == 0
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "llama/reward_mea')  # what a kill in the middle of a write leaves
+    assert main(["train", str(cfg), "--resume"]) == 0
+    out = capsys.readouterr()
+    assert "dropped its last line, cut off when the run stopped mid-write" in out.out + out.err
+    _same_numbers(_records(run), _records(reference))
+
+
+def test_a_damaged_line_inside_metrics_stops_resume_naming_file_and_line(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2"]) == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(["{garbage", *lines[1:]]) + "\n")
+    assert main(["train", str(cfg), "--resume"]) == 2
+    assert "metrics.jsonl:1 is damaged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "garbled state.json", "garbled optimizer", "missing rng"])
+def test_a_damaged_newest_checkpoint_is_reported_and_resume_falls_back(
+    damage, tiny_agents, tmp_path, reference, capsys
+):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2"]) == 0
+    newest = run / "checkpoints" / "step_000002"
+    if damage == "truncated weights":
+        weights = newest / "agents" / "qwen" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])
+        expect = "agents/qwen/model.safetensors has"
+    elif damage == "garbled state.json":
+        (newest / "state.json").write_text('{"step": 2, "agen')
+        expect = "state.json is not valid JSON"
+    elif damage == "garbled optimizer":
+        opt = newest / "optimizer" / "llama.pt"
+        data = bytearray(opt.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        opt.write_bytes(bytes(data))
+        expect = "optimizer/llama.pt does not match its SHA-256"
+    else:
+        (newest / "rng.pt").unlink()
+        expect = "rng.pt is missing"
+    capsys.readouterr()
+    assert main(["train", str(cfg), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is damaged: " in err and expect in err
+    assert "Moved to step_000002.damaged" in err and "resuming from the newest good checkpoint instead" in err
+    assert (run / "checkpoints" / "step_000002.damaged").is_dir()  # kept for inspection, never used
+    _same_numbers(_records(run), _records(reference))
+    _same_weights(run, reference, 3)
+
+
+def test_a_garbled_optimizer_without_digests_is_named_and_never_unpickled(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    opt = run / "checkpoints" / "step_000001" / "optimizer" / "qwen.pt"
+    opt.write_bytes(b"\x80\x04garbage" * 10)
+    capsys.readouterr()
+    assert main(["train", str(cfg), f"checkpoint.resume={run / 'checkpoints' / 'step_000001'}"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint error:" in err and "optimizer/qwen.pt: cannot be read" in err
+    assert "weights_only=False" not in err and "Traceback" not in err
+
+
+def test_checkpoint_problems_of_a_good_checkpoint_are_none(reference):
+    assert checkpoint_problems(latest_checkpoint(reference)) == []
+    state = json.loads((latest_checkpoint(reference) / "state.json").read_text())
+    assert state["files"]["agents/llama/model.safetensors"]["size"] > 0
+
+
+def test_resume_refuses_a_changed_algorithm_naming_the_key_and_both_values(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path, algorithm={"name": "gspo"})
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["train", str(cfg), "--resume", "algorithm.name=hacpo", "agents.0.lr=0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.name: 'gspo' in the checkpoint, 'hacpo' now" in err
+    assert "agents.0.lr: 0.003 in the checkpoint, 0.01 now" in err
+    assert "Safe to change on resume: trainer.steps" in err and "checkpoint.strict_resume=false" in err
+    # safe and not-exact changes are allowed; the latter is announced
+    assert main(["train", str(cfg), "--resume", "trainer.steps=2", "eval.every=1", "trainer.micro_batch_size=4"]) == 0
+    assert "trainer.micro_batch_size: 2 in the checkpoint, 4 now: allowed, but no longer bit-identical" in (
+        capsys.readouterr().err
+    )
+    with pytest.warns(HacrlWarning, match="resuming with a changed setting .*algorithm.name: 'gspo'"):
+        assert main(["train", str(cfg), "--resume", "trainer.steps=3", "algorithm.name=naive",
+                     "checkpoint.strict_resume=false"]) == 0  # fmt: skip
+
+
+def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
+    assert main(["train", str(cfg)]) == 0
+    other = write_config(tmp_path / "o.yaml", tiny_agents, ["llama", "tiny"], run, trainer={"steps": 2})
+    capsys.readouterr()
+    assert main(["train", str(other), "--resume"]) == 2
+    assert "holds agents ['llama', 'qwen'] but the config has ['llama', 'tiny']" in capsys.readouterr().err
+
+
+def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference):
+    """Sampled evaluation draws from its own stream: adding it (or changing eval.* on resume) keeps the numbers."""
+    cfg = _config(tiny_agents, tmp_path, eval={"at_start": True, "every": 1, "num_samples": 2})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg)]) == 0
+    training = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(run)[1:]]
+    _same_numbers(training, [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(reference)])
+
+
+# -- one process per run directory -----------------------------------------------------------------------------------
+
+
+def test_a_second_process_on_a_run_directory_refuses_at_once(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    with RunLock(run):  # another trainer holds the directory
+        assert main(["train", str(cfg), "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert f"run directory {str(run)!r} is in use by pid {os.getpid()} on host" in err
+    assert not (run / LOCK_NAME).exists()
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    assert not (run / LOCK_NAME).exists()  # released at the end
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_notice(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_text(json.dumps({"pid": 999_999_999, "host": "elsewhere", "started": "x", "command": "y"}))
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    assert "taking over a stale lock left by pid 999999999 on elsewhere" in capsys.readouterr().err
+
+
+def test_leftover_checkpoint_temporaries_are_removed_and_never_used(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    partial = run / "checkpoints" / "step_000002.tmp-12345-abcd"
+    shutil.copytree(run / "checkpoints" / "step_000001", partial)
+    assert latest_checkpoint(run).name == "step_000001"
+    assert main(["train", str(cfg), "--resume", "trainer.steps=2"]) == 0
+    assert f"removing {partial}" in capsys.readouterr().err
+    assert not partial.exists() and latest_checkpoint(run).name == "step_000002"
+
+
+# -- the one error path ----------------------------------------------------------------------------------------------
+
+
+def _fails_cleanly(capsys, argv, *expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") <= 2, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agents:\n  - {name: a, model: [x\ntrainer: {steps: 1}\n")
+    _fails_cleanly(capsys, ["train", str(bad)], f"config file {str(bad)!r} is not valid YAML: line 3")
+    _fails_cleanly(capsys, ["train", str(bad), "trainer.steps=[1"], "is not valid YAML")
+
+
+def test_data_rows_that_are_not_objects_name_file_and_line(tiny_agents, tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n"just a string"\n')
+    cfg = _config(tiny_agents, tmp_path, data={"source": "file", "train_file": str(data)})
+    _fails_cleanly(capsys, ["train", str(cfg)], "data error:", f"{data}:2: each row must be a JSON object", "got str")
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n\n42\n')
+    _fails_cleanly(capsys, ["train", str(cfg)], f"{data}:3: each row must be a JSON object", "got int")
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n{"question": "x", "answer": "1"}\n')
+    _fails_cleanly(capsys, ["train", str(cfg)], f"{data}:2 (line 2) has no column 'prompt'")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_model_directory_without_tokenizer_files_says_so(tiny_agents, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (tiny_agents["llama"] / name).exists():
+            shutil.copy(tiny_agents["llama"] / name, bare / name)
+    cfg = write_config(tmp_path / "c.yaml", {"llama": bare, "qwen": tiny_agents["qwen"]}, ["llama", "qwen"],
+                       tmp_path / "run")  # fmt: skip
+    _fails_cleanly(capsys, ["train", str(cfg)], "model error: agents.0.model:", "holds no tokenizer files")
+    _fails_cleanly(capsys, ["eval", str(bare), "--config", str(cfg)], "holds no tokenizer files")
+
+
+def test_hacrl_eval_takes_a_run_directory(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "evaluating its newest checkpoint, step_000001" in out and "pass@1" in out
+    _fails_cleanly(capsys, ["eval", str(tmp_path), "--config", str(cfg)], "is not a model directory")
+
+
+def test_reward_and_checkpoint_errors_take_the_error_path_and_debug_shows_the_traceback(
+    tiny_agents, tmp_path, capsys, monkeypatch
+):
+    cfg = _config(tiny_agents, tmp_path, data={"reward_function": "tests.reward_fixtures:raises_on_x"})
+    err = _fails_cleanly(capsys, ["train", str(cfg), "trainer.steps=1"], "reward error: reward function")
+    assert "KeyError: 'oops'" in err
+    _fails_cleanly(capsys, ["train", str(cfg), "checkpoint.resume=/no/such/checkpoint"], "/no/such/checkpoint")
+    monkeypatch.setenv("HACRL_DEBUG", "1")
+    with pytest.raises(Exception, match="does not exist"):
+        main(["train", str(cfg), "checkpoint.resume=/no/such/checkpoint"])
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_says_what_to_do(
+    tiny_agents, tmp_path, capsys, monkeypatch
+):
+    import errno
+
+    import hacrl.checkpoint
+
+    cfg = _config(tiny_agents, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=1"]) == 0
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if "optimizer" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(hacrl.checkpoint.torch, "save", full_disk)
+    _fails_cleanly(capsys, ["train", str(cfg), "--resume", "trainer.steps=2"], "No space left on device",
+                   "the newest complete checkpoint is intact, so --resume continues from it")  # fmt: skip
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]  # no half-written leftovers
+    monkeypatch.undo()
+    assert main(["train", str(cfg), "--resume", "trainer.steps=2"]) == 0
+
+
+# -- small defects -------------------------------------------------------------------------------------------------
+
+
+def test_eval_max_prompts_must_be_positive(tiny_agents, tmp_path, capsys):
+    cfg = _config(tiny_agents, tmp_path)
+    _fails_cleanly(capsys, ["train", str(cfg), "eval.max_prompts=-1"], "eval.max_prompts must be >= 1 or null")
+
+
+def test_a_dict_override_replaces_the_dict_and_empty_clears_it(tiny_agents, tmp_path):
+    cfg = _config(tiny_agents, tmp_path)
+    assert load_config(cfg).data.task_options["max_digits"] == 1
+    assert load_config(cfg, ["data.task_options={}"]).data.task_options == {}
+    assert load_config(cfg, ["data.task_options={max_terms: 3}"]).data.task_options == {"max_terms": 3}
+    assert load_config(cfg, ["data.task_options.max_terms=3"]).data.task_options["min_digits"] == 1  # one key
+    assert load_config(cfg, ["agents.0.chat_template_kwargs={a: 1}"]).agents[0].chat_template_kwargs == {"a": 1}
+
+
+def test_eval_data_that_is_the_training_data_is_warned_about(tmp_path):
+    from hacrl.config import DataConfig
+    from hacrl.data import load_task
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(5)))
+    with pytest.warns(HacrlWarning, match="data.eval_file is the training file"):
+        load_task(DataConfig(source="file", train_file=str(rows), eval_file=str(rows)))
+    other = tmp_path / "eval.jsonl"
+    other.write_text(rows.read_text().splitlines()[0] + "\n" + json.dumps({"prompt": "new", "answer": "0"}) + "\n")
+    with pytest.warns(HacrlWarning, match="1 of the 2 eval prompts .* also occur in"):
+        load_task(DataConfig(source="file", train_file=str(rows), eval_file=str(other)))
+
+
+def test_the_config_reference_says_that_a_reward_function_is_code_that_runs():
+    from hacrl.config import describe
+
+    assert "runs that module's code with your permissions" in " ".join(describe().split())

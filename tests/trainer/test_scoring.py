@@ -1,0 +1,161 @@
+"""Scoring processes: a time limit no reward function can get past, the same rewards as in-process scoring, and
+clear errors for user functions that misbehave."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import pytest
+
+from hacrl.errors import HacrlWarning, RewardError
+from hacrl.rewards import MathReward, import_reward_function
+from hacrl.scoring import Scorer, ScoringSettings
+
+FIX = "tests.reward_fixtures"
+
+
+def _user(name: str, **settings) -> Scorer:
+    return Scorer(f"{FIX}:{name}", ScoringSettings(**settings), builtin=False)
+
+
+def test_a_user_function_that_never_returns_is_stopped_and_only_its_samples_time_out():
+    scorer = _user("hangs_on_hang", timeout=1.0, workers=2)
+    texts = ["a", "hang", "b", "c", "d", "hang"]
+    try:
+        with pytest.warns(HacrlWarning, match="tests.reward_fixtures:hangs_on_hang ran past data.reward_timeout=1s"):
+            start = time.perf_counter()
+            result = scorer.score(["p"] * 6, texts, {})
+            seconds = time.perf_counter() - start
+        assert result.rewards == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+        assert result.timeouts == [1, 5] and result.errors == []
+        # per worker: its slice's batch budget (3 x 1 s), then one completion at a time (1 s for the hanging one)
+        assert seconds < 3 + 1 + 10
+        assert scorer.score(["p"], ["fine"], {}).rewards == [1.0]  # fresh processes took over
+    finally:
+        scorer.close()
+
+
+def test_a_timeout_scores_reward_on_timeout_or_stops_the_run():
+    scorer = _user("hangs_on_hang", timeout=0.5, on_timeout=0.25)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HacrlWarning)
+            assert scorer.score(["p", "p"], ["hang", "ok"], {}).rewards == [0.25, 1.0]
+    finally:
+        scorer.close()
+    stopping = _user("hangs_on_hang", timeout=0.5, stop_on_timeout=True)
+    with pytest.raises(RewardError, match="ran past data.reward_timeout=0.5s on sample 0 .*stop_on_reward_timeout"):
+        stopping.score(["p"], ["hang"], {})
+    stopping.close()
+
+
+def test_the_warning_names_a_function_that_keeps_timing_out_at_1_10_100_timeouts():
+    scorer = _user("hangs_on_hang", timeout=0.2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                scorer.score(["p"] * 5, ["hang"] * 5, {})  # 5, 10, 15 timeouts so far
+        messages = [str(w.message) for w in caught if issubclass(w.category, HacrlWarning)]
+        assert len(messages) == 2 and "on 5 completion(s)" in messages[0] and "on 10 completion(s)" in messages[1]
+        assert scorer.total_timeouts == 15
+    finally:
+        scorer.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("exits_on_boom", "process of reward function tests.reward_fixtures:exits_on_boom died \\(exit status 3"),
+        ("numeric_strings", "returned '1.0' \\(str\\) for sample 0"),
+        ("a_dict", "must return a list of 3 floats, got dict"),
+        ("raises_on_x", "raised KeyError: 'oops' at reward_fixtures.py:\\d+ \\(while scoring samples 0-2"),
+    ],
+)
+def test_a_misbehaving_user_function_stops_the_run_naming_function_and_sample(name, message):
+    scorer = _user(name)
+    with pytest.raises(RewardError, match=message):
+        scorer.score(["p"] * 3, ["x", "boom", "y"], {})
+    scorer.close()
+
+
+def test_a_user_function_that_cannot_be_imported_fails_before_any_scoring(tmp_path, monkeypatch):
+    (tmp_path / "broken_rewards.py").write_text("def f(prompts, completions:\n    return []\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RewardError, match="cannot import module 'broken_rewards' \\(SyntaxError"):
+        import_reward_function("broken_rewards:f")
+
+
+def test_a_reward_module_in_the_working_directory_imports_like_under_python_m(tmp_path, monkeypatch):
+    """The `hacrl` console script does not put the working directory on sys.path (`python -m hacrl` does)."""
+    import sys
+
+    (tmp_path / "cwd_rewards.py").write_text("def f(prompts, completions, **kw):\n    return [1.0] * len(completions)")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    scorer = Scorer("cwd_rewards:f", ScoringSettings(), builtin=False)
+    try:
+        assert scorer.score(["p", "q"], ["a", "b"], {}).rewards == [1.0, 1.0]
+    finally:
+        scorer.close()
+
+
+def test_rewards_do_not_depend_on_the_number_of_workers_or_on_isolation():
+    golds = [str(i % 7) for i in range(40)]
+    texts = [f"work\nanswer: {i % 5}" if i % 3 else f"\\boxed{{{i % 7}}}" for i in range(40)]
+    results = []
+    for workers, isolation in ((1, "process"), (3, "process"), (1, "inline")):
+        scorer = Scorer(MathReward(), ScoringSettings(workers=workers, isolation=isolation), builtin=True)
+        results.append(scorer.score([""] * 40, texts, {"answer": golds}).rewards)
+        scorer.close()
+    in_process = MathReward()([""] * 40, texts, golds)
+    assert results[0] == results[1] == results[2] == in_process
+    assert 0 < sum(in_process) < 40
+
+
+def test_a_user_function_gets_contiguous_slices_in_order():
+    scorer = _user("batch_position", workers=2)
+    try:
+        assert scorer.score(["p"] * 5, list("abcde"), {}).rewards == [0.0, 0.01, 0.02, 0.0, 0.01]
+    finally:
+        scorer.close()
+
+
+def test_the_gold_answer_is_parsed_once_not_once_per_completion(monkeypatch):
+    import math_verify
+
+    calls: list[str] = []
+    real_parse = math_verify.parse
+
+    def counting_parse(text, *args, **kwargs):
+        calls.append(text)
+        return real_parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(math_verify, "parse", counting_parse)
+    gold = "1" + "0" * 2000
+    reward = MathReward()
+    assert reward([""] * 20, [f"\\boxed{{{i}}}" for i in range(20)], [gold] * 20) == [0.0] * 20
+    assert sum(text == f"${gold}$" for text in calls) == 1
+
+
+def test_scorer_processes_have_a_memory_limit():
+    scorer = Scorer(f"{FIX}:digits", ScoringSettings(memory_mb=512), builtin=False).start()
+    try:
+        scorer.score(["p"], ["1"], {})
+        pid = scorer._workers[0].process.pid
+        limits = open(f"/proc/{pid}/limits").read()
+        line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
+        assert str(512 * 1024 * 1024) in line
+    finally:
+        scorer.close()
+
+
+def test_reward_values_are_checked_the_same_way_in_and_out_of_process():
+    from hacrl.rewards import validate_rewards
+
+    assert validate_rewards("f", [True, 0, 0.5], ["a", "b", "c"], r_max=1.0) == [1.0, 0.0, 0.5]
+    for bad in ("1.0", None, math.inf, -0.1, b"1"):
+        with pytest.raises(RewardError, match="rewards must be finite numbers"):
+            validate_rewards("f", [bad], ["a"], r_max=1.0)
