@@ -55,7 +55,7 @@ DIAGNOSTICS = [
 def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], recipe_name: str) -> dict:
     """Train one (method, seed) through the real trainer and return its summary."""
     from hacrl.config import load_config
-    from hacrl.demo import RECIPES, bootstrap
+    from hacrl.testbed.demo import RECIPES, bootstrap
     from hacrl.trainer import Trainer
 
     work = out / ".runs" / f"{method}-s{seed}"

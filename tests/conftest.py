@@ -24,7 +24,7 @@ def tiny_agents(tmp_path_factory) -> dict[str, Path]:
     """Three agents of two model families and two tokenizer kinds: llama/char, qwen2/BPE, qwen2/char."""
     import torch
 
-    from hacrl.testbed import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("agents")

@@ -103,13 +103,13 @@ def _run(args) -> int:
         return _eval(args)
     if args.command == "bootstrap":
         _quiet_transformers()
-        from hacrl.demo import RECIPES, bootstrap
+        from hacrl.testbed.demo import RECIPES, bootstrap
 
         bootstrap(args.out, RECIPES[args.recipe], force=args.force)
         return 0
     if args.command == "demo":
         _quiet_transformers()
-        from hacrl.demo import RECIPES, run_demo
+        from hacrl.testbed.demo import RECIPES, run_demo
 
         run_demo(args.config, args.overrides, RECIPES[args.recipe])
         return 0

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hacrl.cli import main
-from hacrl.demo import worked_solution
+from hacrl.testbed.demo import worked_solution
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_real_qwen3_and_llama_tokenizers_exchange_text_safely():
 @pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="shared/data/tokenizers is not beside this checkout")
 def test_agents_with_the_real_qwen3_and_llama_tokenizers_exchange_responses(tmp_path):
     """A Qwen3-tokenizer agent's response reaches a Llama-3.2-tokenizer learner as text, in the learner's template."""
-    from hacrl.testbed import save_agent, tiny_model
+    from hacrl.testbed.models import save_agent, tiny_model
 
     agents = []
     for i, (name, kwargs) in enumerate(

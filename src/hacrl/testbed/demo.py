@@ -4,7 +4,7 @@
 - a character-level tokenizer and a BPE tokenizer trained on the task's text (`tokenizers`), each with EOS/PAD
   and a one-line chat template (`Q:<question>\\nA:`);
 - a Llama-style agent on the character tokenizer and a Qwen2-style agent, about 2x larger, on the BPE one;
-- a supervised warm-start (`hacrl.sft`) on the task's training split, the target being a short worked solution
+- a supervised warm-start (`hacrl.testbed.sft`) on the task's training split, the target being a short worked solution
   (the column sums from right to left, carries included) and the answer on the last line, so each agent is partly
   capable and RL rewards are informative.
 Outputs are cached in `--out` (default `.cache/demo-agents`) with a `bootstrap.json` that records the recipe
@@ -209,8 +209,8 @@ def bootstrap(out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, forc
     from hacrl.data import load_task
     from hacrl.evaluation import evaluate
     from hacrl.scoring import scorer_for
-    from hacrl.sft import SFTConfig, supervised_finetune
-    from hacrl.testbed import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.testbed.sft import SFTConfig, supervised_finetune
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     task = load_task(data_config(recipe))
