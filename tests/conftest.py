@@ -60,6 +60,7 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
         "eval": {"at_start": False},
         "logging": {"console": False},
         "checkpoint": {"every": 1},
+        "runtime": {"torch_threads": 2},  # the same float sums in this process, a subprocess and a Ray actor
     }
     for key, value in sections.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value

@@ -1,9 +1,9 @@
 """Checkpoints that a crash can never break, that are checked before use, and resume.
 
-Layout of `<output_dir>/checkpoints/step_000010/`:
+Layout of `<output_dir>/checkpoints/step_000010/` (each worker writes its agent's three parts, the driver the rest):
     agents/<name>/        a plain Hugging Face model directory (safetensors, config, tokenizer, chat template)
     optimizer/<name>.pt   the agent's AdamW state (tensors and numbers only; loaded with weights_only=True)
-    rng.pt                torch / CUDA RNG states (tensors only)
+    rng/<name>.pt         the agent's random stream (CPU / CUDA generator states; tensors only)
     config.yaml           the run's resolved config
     state.json            step, agent names, capability history, data position, and the size and SHA-256 of every
                           other file of the checkpoint
@@ -72,20 +72,23 @@ def remove_stale_temporaries(output_dir: str | Path, notice: Callable[[str], Non
 
 
 def save_checkpoint(
-    output_dir: str | Path, step: int, agents, state: dict[str, Any], *, keep_last: int, config_yaml: str = ""
+    output_dir: str | Path,
+    step: int,
+    write_parts: Callable[[Path], None],
+    state: dict[str, Any],
+    *,
+    keep_last: int,
+    config_yaml: str = "",
 ) -> Path:
+    """Write checkpoint `step`: `write_parts(tmp)` has every worker write its part into the writer-private
+    temporary directory; then config.yaml, then state.json with the manifest, synced; then the rename; then the
+    pruning of older checkpoints beyond `keep_last`."""
     root = checkpoint_root(output_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # private to this writer
     try:
-        (tmp / "optimizer").mkdir(parents=True)
-        for agent in agents:
-            agent_dir = tmp / "agents" / agent.name
-            agent.model.save_pretrained(agent_dir, safe_serialization=True)
-            agent.tokenizer.save_pretrained(agent_dir)
-            torch.save(agent.optimizer.state_dict(), tmp / "optimizer" / f"{agent.name}.pt")
-            faults.hit("checkpoint.agent")
-        torch.save(_rng_state(), tmp / "rng.pt")
+        tmp.mkdir(parents=True)
+        write_parts(tmp)
         if config_yaml:
             (tmp / "config.yaml").write_text(config_yaml)
         state = {**state, "files": _manifest(tmp)}
@@ -179,9 +182,12 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
         problem = _torch_file_problem(optimizer)
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
-    problem = _torch_file_problem(path / "rng.pt")
-    if problem:
-        problems.append(f"rng.pt: {problem}")
+        rng = path / "rng" / f"{name}.pt"
+        if not rng.exists() and (path / "rng.pt").exists():
+            rng = path / "rng.pt"  # written before each agent had its own random stream
+        problem = _torch_file_problem(rng)
+        if problem:
+            problems.append(f"{rng.relative_to(path)}: {problem}")
     return sorted(set(problems), key=problems.index)
 
 
@@ -257,30 +263,3 @@ def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str,
 def agent_weights_dir(path: str | Path, name: str) -> Path:
     """The Hugging Face model directory of agent `name` inside a checkpoint."""
     return Path(path) / "agents" / name
-
-
-def load_training_state(path: str | Path, agents) -> None:
-    """Optimizer and RNG states of a checkpoint (the weights load with the agents from `agent_weights_dir`)."""
-    path = Path(path)
-    for agent in agents:
-        file = path / "optimizer" / f"{agent.name}.pt"
-        try:
-            opt_state = torch.load(file, weights_only=True, map_location=agent.device)
-            agent.optimizer.load_state_dict(opt_state)
-        except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
-            raise CheckpointError(
-                f"{file}: cannot load the optimizer state of agent {agent.name!r} ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200] if str(e) else ''}); resume from an earlier checkpoint "
-                "(checkpoint.resume=<its directory>)"
-            ) from e
-    rng = torch.load(path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state

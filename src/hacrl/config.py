@@ -53,6 +53,11 @@ class AgentConfig:
     """Prompt length limit for this agent (prompts are cut from the left); None: `rollout.max_prompt_tokens`."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
+    num_cpus: float = 1.0
+    """runtime.backend=ray: CPUs this agent's worker asks Ray for (fractions allowed)."""
+    num_gpus: float = 0.0
+    """runtime.backend=ray: GPUs this agent's worker asks Ray for; 0.5 lets two agents share one GPU. Set
+    `device: cuda` with it (Ray makes the assigned GPU the worker's first visible one)."""
 
 
 @dataclass
@@ -211,6 +216,28 @@ class CheckpointConfig:
 
 
 @dataclass
+class RayConfig:
+    """How to reach Ray (runtime.backend=ray)."""
+
+    address: str | None = None
+    """None: start a Ray instance on this machine for the run; `auto` or `host:port`: join a running cluster
+    (`ray start --head`), which the run leaves running."""
+
+
+@dataclass
+class RuntimeConfig:
+    """Where the agent workers run."""
+
+    backend: Literal["local", "ray"] = "local"
+    """`local`: every agent in this process, one after the other (no setup); `ray`: every agent a Ray actor
+    (`pip install "hacrl[ray]"`), sampling and learning at the same time as the others."""
+    torch_threads: int | None = None
+    """torch intra-op threads in each worker's process; None: the process's default (local: this process's; a Ray
+    actor: its num_cpus). Set it to compare backends bit for bit (the thread count changes float sums)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
 class TrainConfig:
     """Root of the config tree."""
 
@@ -223,13 +250,14 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self) -> None:
         """Cross-field checks; each message names the key and what to set."""
         validate(self)
 
 
-GROUPS = ("agents", "algorithm", "rollout", "data", "trainer", "eval", "logging", "checkpoint")
+GROUPS = ("agents", "algorithm", "rollout", "data", "trainer", "eval", "logging", "checkpoint", "runtime")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -302,6 +330,10 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"agents.{i}.temperature must be positive, got {agent.temperature}")
         if agent.top_p is not None and not 0 < agent.top_p <= 1:
             raise ConfigError(f"agents.{i}.top_p must be in (0, 1], got {agent.top_p}")
+        if agent.num_cpus < 0 or agent.num_gpus < 0:
+            raise ConfigError(f"agents.{i}.num_cpus and num_gpus must be >= 0, got {agent.num_cpus}, {agent.num_gpus}")
+        if agent.num_gpus > 0 and not agent.device.startswith("cuda"):
+            raise ConfigError(f"agents.{i}.num_gpus={agent.num_gpus} asks for a GPU: set agents.{i}.device=cuda")
     algo, n = config.algorithm, len(config.agents)
     if algo.name in ("hacpo", "naive") and n < 2 and algo.share_rollouts:
         raise ConfigError(
@@ -366,6 +398,16 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("eval.every and eval.num_samples must be >= 0, eval.batch_size >= 1")
     if e.max_prompts is not None and e.max_prompts < 1:
         raise ConfigError(f"eval.max_prompts must be >= 1 or null (all eval prompts), got {e.max_prompts}")
+    if config.runtime.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                'runtime.backend=ray needs Ray, an optional extra: pip install "hacrl[ray]" (or use '
+                "runtime.backend=local, the default)"
+            )
+    if config.runtime.torch_threads is not None and config.runtime.torch_threads < 1:
+        raise ConfigError(f"runtime.torch_threads must be >= 1 or null, got {config.runtime.torch_threads}")
     c = config.checkpoint
     if c.every < 0 or c.keep_last < 1:
         raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep_last >= 1")
@@ -389,15 +431,24 @@ def describe() -> str:
         cls = {"agents": AgentConfig}.get(group) or type(getattr(TrainConfig(), group))
         title = f"{group}:" + ("  (a list; index with agents.<i>.<field>)" if group == "agents" else "")
         lines.append(title)
-        docs = field_docs(cls)
-        for f in fields(cls):
-            default = _default(f)
-            doc = " ".join(docs.get(f.name, "").split())
-            lines.append(f"  {f.name} = {default!r}")
-            if doc:
-                lines.extend(textwrap.wrap(doc, width=100, initial_indent="      ", subsequent_indent="      "))
+        lines.extend(_describe_fields(cls, ""))
         lines.append("")
     return "\n".join(lines)
+
+
+def _describe_fields(cls: type, prefix: str) -> list[str]:
+    lines = []
+    docs = field_docs(cls)
+    for f in fields(cls):
+        default = _default(f)
+        if is_dataclass(default):  # a nested group, e.g. runtime.ray
+            lines.extend(_describe_fields(type(default), f"{prefix}{f.name}."))
+            continue
+        doc = " ".join(docs.get(f.name, "").split())
+        lines.append(f"  {prefix}{f.name} = {default!r}")
+        if doc:
+            lines.extend(textwrap.wrap(doc, width=100, initial_indent="      ", subsequent_indent="      "))
+    return lines
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -462,6 +513,10 @@ def _omegaconf_message(e: Exception) -> str:
 # -- what may change when a run is resumed ------------------------------------------------------------------------
 
 RESUME_SAFE = (
+    "runtime.backend",
+    "runtime.ray.*",
+    "agents.*.num_cpus",
+    "agents.*.num_gpus",
     "trainer.steps",
     "trainer.output_dir",
     "eval.*",
@@ -479,6 +534,7 @@ RESUME_SAFE = (
 """Keys that never change the training numbers (evaluation runs on its own random stream)."""
 
 RESUME_NOT_EXACT = (
+    "runtime.torch_threads",
     "agents.*.device",
     "agents.*.model",
     "agents.*.tokenizer",

@@ -42,6 +42,11 @@ class RunDirError(HacrlError, RuntimeError):
     """A run directory that cannot be used as asked (in use by another process, holds another run, ...)."""
 
 
+class WorkerError(HacrlError, RuntimeError):
+    """An agent worker's process died (killed, out of memory, a crash in native code); names the agent and what it
+    was doing. The latest checkpoint is intact."""
+
+
 class TrainingInterrupted(HacrlError):
     """Training stopped on SIGTERM / SIGINT after finishing its step and writing a checkpoint."""
 

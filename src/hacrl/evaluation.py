@@ -1,4 +1,8 @@
-"""Independent execution: each agent alone on the eval split, greedy pass@1 and optional sampled avg@k."""
+"""Independent execution: each agent alone on the eval split, greedy pass@1 and optional sampled avg@k.
+
+Generating is the agent's side (`generate_completions`, called by a worker); scoring and the metrics are the
+driver's (`completion_metrics`). `evaluate` does both for an agent in this process (bootstrap, `hacrl eval`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,36 @@ from typing import Any
 
 from hacrl.agents import Agent
 from hacrl.data import Example
-from hacrl.rollout import generate
+from hacrl.rollout import Completion, generate_completions
 from hacrl.scoring import Scorer, ScoreResult
+
+
+def completion_metrics(
+    examples: list[Example],
+    greedy: list[Completion],
+    sampled: list[Completion] | None,
+    scorer: Scorer,
+    num_samples: int = 0,
+) -> dict[str, float]:
+    """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
+    `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent."""
+    r_max = scorer.settings.r_max
+    result = _score(scorer, examples, [c.text for c in greedy])
+    rewards = result.rewards
+    out = {
+        "pass@1": sum(r >= r_max for r in rewards) / len(rewards),
+        "reward_mean": sum(rewards) / len(rewards),
+        "length_mean": sum(c.num_tokens for c in greedy) / len(greedy),
+        "finished": sum(c.finished for c in greedy) / len(greedy),
+    }
+    timeouts = len(result.timeouts)
+    if num_samples > 0 and sampled is not None:
+        repeated = [ex for ex in examples for _ in range(num_samples)]
+        sampled_result = _score(scorer, repeated, [c.text for c in sampled])
+        out[f"avg@{num_samples}"] = sum(r >= r_max for r in sampled_result.rewards) / len(sampled_result.rewards)
+        timeouts += len(sampled_result.timeouts)
+    out["reward_timeouts"] = timeouts
+    return out
 
 
 def evaluate(
@@ -18,30 +50,15 @@ def evaluate(
     num_samples: int = 0,
     batch_size: int = 64,
 ) -> dict[str, float]:
-    """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
-    `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent."""
+    """`completion_metrics` of an agent in this process (sampled completions draw from the process's stream)."""
     if not examples:
         return {}
-    r_max = scorer.settings.r_max
-    prompts = [agent.render_prompt(ex.messages)[0] for ex in examples]
-    greedy = generate(agent, prompts, 1, greedy=True, batch_size=batch_size)
-    result = _score(scorer, examples, [s.text for s in greedy])
-    rewards = result.rewards
-    out = {
-        "pass@1": sum(r >= r_max for r in rewards) / len(rewards),
-        "reward_mean": sum(rewards) / len(rewards),
-        "length_mean": sum(len(s.response_ids) for s in greedy) / len(greedy),
-        "finished": sum(s.finished for s in greedy) / len(greedy),
-    }
-    timeouts = len(result.timeouts)
+    prompts = [ex.messages for ex in examples]
+    greedy = generate_completions(agent, prompts, 1, greedy=True, batch_size=batch_size)
+    sampled = None
     if num_samples > 0:
-        sampled = generate(agent, prompts, num_samples, batch_size=batch_size)
-        repeated = [ex for ex in examples for _ in range(num_samples)]
-        sampled_result = _score(scorer, repeated, [s.text for s in sampled])
-        out[f"avg@{num_samples}"] = sum(r >= r_max for r in sampled_result.rewards) / len(sampled_result.rewards)
-        timeouts += len(sampled_result.timeouts)
-    out["reward_timeouts"] = timeouts
-    return out
+        sampled = generate_completions(agent, prompts, num_samples, greedy=False, batch_size=batch_size)
+    return completion_metrics(examples, greedy, sampled, scorer, num_samples)
 
 
 def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> ScoreResult:

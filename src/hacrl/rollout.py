@@ -73,6 +73,24 @@ def generate(
     return samples
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One generated response, as evaluation sees it."""
+
+    text: str
+    num_tokens: int
+    finished: bool
+
+
+def generate_completions(
+    agent: Agent, prompts: list[list[dict[str, str]]], num_samples: int, *, greedy: bool, batch_size: int = 64
+) -> list[Completion]:
+    """`num_samples` completions per prompt (prompt-major), rendered with the agent's own chat template."""
+    prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
+    samples = generate(agent, prompt_ids, num_samples, greedy=greedy, batch_size=batch_size)
+    return [Completion(s.text, len(s.response_ids), s.finished) for s in samples]
+
+
 def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> tuple[list[int], bool]:
     stops = set(stop_ids)
     for i, token in enumerate(tokens):

@@ -1,14 +1,16 @@
-"""The training loop (spec 2), for N >= 1 agents and any registered algorithm.
+"""The driver: the training loop (spec 2) for N >= 1 agents and any registered algorithm, calling agent workers.
 
-One step, top to bottom:
+The driver owns the data stream, scoring, the capability tracker, pool assembly, logging, the evaluation schedule
+and checkpoint coordination; each agent's tensors live in its worker (`hacrl.worker`), which runs in this process
+or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities and metrics cross. One step:
     1. take B prompts
-    2. every agent samples G responses per prompt (all sample before any update)
+    2. every worker samples G responses per prompt and keeps its pre-update log-probs (all sample before any
+       update; concurrently on Ray)
     3. score every response on its decoded text (in time-limited scoring processes: `hacrl.scoring`)
-    4. each agent's pre-update ("old") log-probs of its own responses
-    5. update the capability tracker from this step's rewards
-    6. for each learner: its pool (own first, then the others in config order, when the algorithm shares), its
-       advantages, then mini-batch updates in pool order with the stepwise index m and gradient accumulation
-    7. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
+    4. update the capability tracker from this step's rewards
+    5. give each learner its pool (own first, then the others in config order, when the algorithm shares); every
+       worker computes its advantages and takes its mini-batch updates (concurrently on Ray)
+    6. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
 
 Around the loop (see README, "Failure and safety"): the run directory is locked for the trainer's lifetime; a
 resume takes the newest checkpoint that passes its checks and refuses settings that would change the numbers;
@@ -23,41 +25,43 @@ import threading
 import time
 import weakref
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hacrl import faults
-from hacrl.agents import Agent
+from hacrl.backends import Workers, start_workers
 from hacrl.checkpoint import (
     agent_weights_dir,
     latest_checkpoint,
-    load_training_state,
     read_checkpoint_state,
     remove_stale_temporaries,
     resume_point,
     save_checkpoint,
 )
 from hacrl.config import TrainConfig, config_to_yaml, resume_differences, save_config
-from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
+from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
-from hacrl.evaluation import evaluate
-from hacrl.exchange import LearnerRow, Trajectory, learner_pool, learner_view
+from hacrl.evaluation import completion_metrics
+from hacrl.exchange import Trajectory, learner_pool
 from hacrl.logger import MetricsLogger
-from hacrl.rollout import Sample, TokenBatch, generate, token_logprobs
 from hacrl.rundir import RunLock, last_logged_step, trim_metrics
 from hacrl.scoring import ScoreResult, scorer_for
+from hacrl.worker import WorkerSpec
 
 
 class Trainer:
-    """Owns one run directory (locked until `close`, which `train` calls) and the agents trained in it."""
+    """The driver of one run: owns its run directory (locked until `close`, which `train` calls) and the agent
+    workers trained in it."""
 
     def __init__(self, config: TrainConfig, *, resume: str | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.trainer.output_dir)
         self._logger: MetricsLogger | None = None
+        self.workers: Workers | None = None
         self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
         self._release = weakref.finalize(self, self.lock.release)  # also when a Trainer is dropped without close()
         try:
@@ -86,19 +90,24 @@ class Trainer:
         )
         self.step = 0
         self.history: list[dict[str, Any]] = []
-        torch.manual_seed(config.trainer.seed)
-        self.agents = [
-            Agent(
-                i,
-                cfg,
-                config.rollout,
-                with_reference=config.algorithm.kl_coef > 0,
-                weights_from=agent_weights_dir(checkpoint, cfg.name) if checkpoint else None,
+        self.names = names
+        specs = [
+            WorkerSpec(
+                index=i,
+                agent=cfg,
+                rollout=config.rollout,
+                trainer=config.trainer,
+                algorithm=config.algorithm,
+                weights_from=str(agent_weights_dir(checkpoint, cfg.name)) if checkpoint else None,
+                torch_threads=config.runtime.torch_threads,
+                eval_batch_size=config.eval.batch_size,
             )
             for i, cfg in enumerate(config.agents)
         ]
+        resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
+        self.workers = start_workers(config.runtime, specs, resources)
         if state is not None:
-            load_training_state(checkpoint, self.agents)
+            self.workers.call("load", [(str(checkpoint),)] * len(names), what="loading its checkpoint part")
             self.step = state["step"]
             self.tracker.load_state_dict(state["capability"])
             self.stream.load_state_dict(state["data"])
@@ -164,7 +173,10 @@ class Trainer:
             print(f"hacrl: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Release the run directory (idempotent). The agents stay usable."""
+        """Stop the workers and release the run directory (idempotent)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
         self._release()
 
     # -- the loop ------------------------------------------------------------------------------------------------
@@ -175,9 +187,7 @@ class Trainer:
             self._prepare_run_dir()
             save_config(cfg, self.run_dir / "config.yaml")
             purge = self.step + 1 if self.resumed_from else 0 if self.restarting else None
-            self._logger = MetricsLogger(
-                cfg.logging, self.run_dir, cfg.trainer.steps, [a.name for a in self.agents], purge_step=purge
-            )
+            self._logger = MetricsLogger(cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=purge)
             if self.resumed_from:
                 self._logger.print(f"resumed from {self.resumed_from} at step {self.step}")
             with _GracefulStop(self.notice, lambda: self.step) as stop:
@@ -245,222 +255,121 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def train_step(self) -> dict[str, Any]:
-        cfg, n = self.config, len(self.agents)
-        metrics: dict[str, Any] = {}
+        cfg, n, step = self.config, len(self.names), self.step + 1
         timer = _Timer()
         batch = self.stream.next_batch(cfg.trainer.prompts_per_step)  # 1. prompts
+        prompts = [ex.messages for ex in batch]
 
-        with timer("sampling"):  # 2. every agent samples before any update
-            rendered = [[agent.render_prompt(ex.messages)[0] for ex in batch] for agent in self.agents]
-            samples = []
-            for j, agent in enumerate(self.agents):
-                samples.append(
-                    generate(agent, rendered[j], cfg.rollout.group_size, batch_size=cfg.trainer.logprob_batch_size)
-                )
-                faults.hit("sampling")
+        with timer("sampling"):  # 2. every agent samples (and keeps its old log-probs) before any update
+            sampled = self.workers.call(
+                "sample", [(step, prompts, cfg.rollout.group_size)] * n, what=f"sampling at step {step}"
+            )
         with timer("scoring"):  # 3. rewards on decoded text, time-limited
             scored = []
             for j in range(n):
-                scored.append(self._score(batch, samples[j], cfg.rollout.group_size))
+                scored.append(self._score(batch, sampled[j]["trajectories"], cfg.rollout.group_size))
                 faults.hit("scoring")
-            rewards = [result.rewards for result in scored]
-        with timer("logprobs"):  # 4. pre-update log-probs of own responses
-            old_logp = [self._old_logprobs(agent, samples[j]) for j, agent in enumerate(self.agents)]
-
         pool = [
-            Trajectory(
-                group=i // cfg.rollout.group_size,
-                messages=batch[i // cfg.rollout.group_size].messages,
-                text=s.text,
-                reward=rewards[j][i],
-                source=j,
-                source_logp_sum=float(old_logp[j][i].sum()),
-                source_num_tokens=len(s.response_ids),
-                finish_reason=s.finish_reason,
-            )
+            replace(t, reward=reward)
             for j in range(n)
-            for i, s in enumerate(samples[j])
+            for t, reward in zip(sampled[j]["trajectories"], scored[j].rewards, strict=True)
         ]
         all_rewards = torch.tensor([t.reward for t in pool], dtype=torch.float64)
         all_sources = torch.tensor([t.source for t in pool])
-        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 5. capabilities
+        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 4. capabilities
         capabilities = self.tracker.capabilities()
 
-        with timer("update"):  # 6. each learner's update on the same pre-update pool
-            for k, agent in enumerate(self.agents):
-                own_first = learner_pool(pool, k, shared=self.algorithm.pool_is_shared(self.params))
-                rows = learner_view(agent, own_first, rendered[k], [s.response_ids for s in samples[k]], old_logp[k])
-                metrics.update(_prefixed(agent.name, self._update(agent, rows, capabilities)))
+        with timer("update"):  # 5. each learner on its pool, own rows first (the same pre-update pool for all)
+            shared = self.algorithm.pool_is_shared(self.params)
+            caps = capabilities.tolist()
+            learned = self.workers.call(
+                "learn",
+                [(step, learner_pool(pool, k, shared=shared), caps) for k in range(n)],
+                what=f"learning at step {step}",
+            )
 
-        generated = sum(len(s.response_ids) for per_agent in samples for s in per_agent)
-        for j, agent in enumerate(self.agents):
-            metrics.update(_prefixed(agent.name, self._rollout_metrics(j, samples[j], rewards[j], capabilities)))
-            metrics[f"{agent.name}/reward_timeouts"] = len(scored[j].timeouts)
-            metrics[f"{agent.name}/reward_errors"] = len(scored[j].errors)
+        metrics: dict[str, Any] = {}
+        for j, name in enumerate(self.names):
+            own = [t for t in pool if t.source == j]
+            metrics.update(_prefixed(name, learned[j]["metrics"]))
+            metrics.update(_prefixed(name, self._rollout_metrics(j, own, capabilities)))
+            metrics[f"{name}/reward_timeouts"] = len(scored[j].timeouts)
+            metrics[f"{name}/reward_errors"] = len(scored[j].errors)
+            seconds = {**sampled[j]["seconds"], **learned[j]["seconds"]}
+            metrics.update({f"{name}/time/{k}": v for k, v in seconds.items()})
         metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
         metrics["time/step"] = sum(timer.totals.values())
-        metrics["tokens_per_second/sampling"] = generated / max(timer.totals["sampling"], 1e-9)
+        metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(
+            timer.totals["sampling"], 1e-9
+        )
         return metrics
 
     # -- phases ----------------------------------------------------------------------------------------------------
 
-    def _score(self, batch: list[Example], samples: list[Sample], group_size: int) -> ScoreResult:
-        examples = [batch[i // group_size] for i in range(len(samples))]
+    def _score(self, batch: list[Example], trajectories: list[Trajectory], group_size: int) -> ScoreResult:
+        examples = [batch[i // group_size] for i in range(len(trajectories))]
         columns = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
-        return self.scorer.score([ex.prompt for ex in examples], [s.text for s in samples], columns)
+        return self.scorer.score([ex.prompt for ex in examples], [t.text for t in trajectories], columns)
 
-    @torch.no_grad()
-    def _old_logprobs(self, agent: Agent, samples: list[Sample]) -> list[torch.Tensor]:
-        """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
-        out: list[torch.Tensor] = []
-        size = self.config.trainer.logprob_batch_size
-        for start in range(0, len(samples), size):
-            chunk = samples[start : start + size]
-            tb = TokenBatch.build(
-                [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
-            )
-            logp = token_logprobs(agent.model, tb, agent.temperature)
-            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
-        return out
-
-    def _update(self, agent: Agent, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, float]:
-        """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
-        cfg = self.config.trainer
-        adv = self.algorithm.advantages(
-            torch.tensor([r.reward for r in rows], dtype=torch.float64),
-            torch.tensor([r.group for r in rows]),
-            torch.tensor([r.source for r in rows]),
-            learner=agent.index,
-            capabilities=capabilities,
-            params=self.params,
-        ).tolist()
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, float] = defaultdict(float)
-        skipped = 0
-        for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
-            # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
-            mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
-            if not mini:
-                continue
-            num_own = sum(rows[i].source == agent.index for i in mini)
-            agent.optimizer.zero_grad(set_to_none=True)
-            for micro_start in range(0, len(mini), cfg.micro_batch_size):
-                micro = mini[micro_start : micro_start + cfg.micro_batch_size]
-                out = self._micro_batch_loss(
-                    agent,
-                    [rows[i] for i in micro],
-                    [adv[i] for i in micro],
-                    capabilities,
-                    step_index=m,
-                    num_seqs=len(mini),
-                    num_own=max(num_own, 1),
-                )
-                out.loss.backward()
-                faults.hit("update.micro_batch")
-                for key, value in out.metrics.items():
-                    weight = _metric_weight(key, out.metrics)
-                    sums[key] += float(value) * weight
-                    counts[key] += 0.0 if key in _ADDITIVE else weight
-            for key in _ADDITIVE & set(out.metrics):  # micro-batch parts add up to the mini-batch's value
-                counts[key] += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
-            if torch.isfinite(grad_norm):
-                agent.optimizer.step()
-                faults.hit("update.optimizer")
-                sums["grad_norm"] += float(grad_norm)
-                counts["grad_norm"] += 1
-            else:  # spec 3.6: a non-finite gradient skips the step, and we say so
-                agent.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-        metrics = {k: sums[k] / counts[k] for k in sums if counts[k] > 0 and not k.startswith("num_")}
-        metrics["skipped_steps"] = skipped
-        metrics["optimizer_steps"] = len(range(0, len(rows), cfg.mini_batch_size))
-        metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
-        foreign = [r for r in rows if r.source != agent.index]
-        if foreign:
-            metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
-            metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
-            metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
-        metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
-        return metrics
-
-    def _micro_batch_loss(self, agent, rows, adv, capabilities, *, step_index, num_seqs, num_own):
-        device = agent.device
-        tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
-        logp = token_logprobs(agent.model, tb, agent.temperature)
-        old = torch.zeros_like(logp)
-        for i, r in enumerate(rows):
-            if r.old_logp is not None:
-                old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
-        ref = None
-        if agent.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(agent.ref_model, tb, agent.temperature)
-        inputs = LossInputs(
-            logp=logp,
-            mask=tb.response_mask,
-            old_logp=old,
-            source_logp_mean=torch.tensor([r.source_logp_mean for r in rows], dtype=torch.float32, device=device),
-            adv=torch.tensor(adv, dtype=torch.float32, device=device),
-            source=torch.tensor([r.source for r in rows], device=device),
-            learner=agent.index,
-            capabilities=capabilities.to(device),
-            ref_logp=ref,
-            num_seqs=num_seqs,
-            num_own=num_own,
-        )
-        return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
-
-    def _rollout_metrics(self, j: int, samples: list[Sample], rewards: list[float], capabilities) -> dict[str, float]:
+    def _rollout_metrics(self, j: int, own: list[Trajectory], capabilities) -> dict[str, float]:
         g = self.config.rollout.group_size
+        rewards = [t.reward for t in own]
         groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
         out = {
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(r >= self.params.r_max for r in rewards) / len(rewards),
             "capability": float(capabilities[j]),
-            "response_length_mean": sum(len(s.response_ids) for s in samples) / len(samples),
-            "finished_frac": sum(s.finished for s in samples) / len(samples),
+            "response_length_mean": sum(t.source_num_tokens for t in own) / len(own),
+            "finished_frac": sum(t.finish_reason == "eos" for t in own) / len(own),
             "informative_group_frac": sum(max(x) > min(x) for x in groups) / len(groups),
         }
-        if self.algorithm.pool_is_shared(self.params) and len(self.agents) > 1:
+        if self.algorithm.pool_is_shared(self.params) and len(self.names) > 1:
             rho = self.tracker.loss_coefficients(j)
-            for src, other in enumerate(self.agents):
+            for src, other in enumerate(self.names):
                 if src != j:
-                    out[f"rho/{other.name}"] = float(rho[src]) if self.params.capability_coef else 1.0
+                    out[f"rho/{other}"] = float(rho[src]) if self.params.capability_coef else 1.0
         return out
 
     def evaluate(self) -> dict[str, float]:
-        """Each agent alone on the eval split. Sampled evaluation draws from its own random stream (seeded by the
-        run's seed and the step), so evaluating, or changing eval.* on resume, never changes training."""
-        cfg = self.config
+        """Each agent alone on the eval split (concurrently on Ray). Sampled evaluation draws from a stream seeded
+        by the run's seed, the step and the agent, so evaluating, or changing eval.* on resume, never changes
+        training."""
+        cfg, n = self.config, len(self.names)
         examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
+        if not examples:
+            return {}
+        prompts = [ex.messages for ex in examples]
+        what = f"evaluating at step {self.step}"
+        greedy = self.workers.call("generate", [(prompts, 1, True, None)] * n, what=what)
+        sampled: list[Any] = [None] * n
+        if cfg.eval.num_samples > 0:
+            seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j for j in range(n)]
+            sampled = self.workers.call(
+                "generate", [(prompts, cfg.eval.num_samples, False, seeds[j]) for j in range(n)], what=what
+            )
         out: dict[str, float] = {}
-        cuda = sorted({a.device.index or 0 for a in self.agents if a.device.type == "cuda"})
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(cfg.trainer.seed * 1_000_003 + self.step)
-            for agent in self.agents:
-                result = evaluate(
-                    agent,
-                    examples,
-                    self.scorer,
-                    num_samples=cfg.eval.num_samples,
-                    batch_size=cfg.eval.batch_size,
-                )
-                out.update({f"eval/{agent.name}/{k}": v for k, v in result.items()})
+        for j, name in enumerate(self.names):
+            result = completion_metrics(examples, greedy[j], sampled[j], self.scorer, cfg.eval.num_samples)
+            out.update({f"eval/{name}/{k}": v for k, v in result.items()})
         return out
 
     def save(self) -> Path:
         state = {
             "step": self.step,
-            "agents": [a.name for a in self.agents],
+            "agents": self.names,
             "capability": self.tracker.state_dict(),
             "data": self.stream.state_dict(),
             "algorithm": self.config.algorithm.name,
         }
+        n = len(self.names)
+
+        def write_parts(directory: Path) -> None:
+            self.workers.call("save", [(str(directory),)] * n, what=f"writing checkpoint {self.step}")
+
         return save_checkpoint(
             self.run_dir,
             self.step,
-            self.agents,
+            write_parts,
             state,
             keep_last=self.config.checkpoint.keep_last,
             config_yaml=config_to_yaml(self.config),
@@ -469,18 +378,6 @@ class Trainer:
 
 def _prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
     return {f"{name}/{k}": v for k, v in metrics.items()}
-
-
-_ADDITIVE = {"loss", "policy_loss", "kl"}
-
-
-def _metric_weight(key: str, metrics: dict[str, torch.Tensor]) -> float:
-    """Weight of a micro-batch's metric when averaging: own/foreign means by their row counts."""
-    if key.startswith("own_"):
-        return float(metrics["num_own"])
-    if key.startswith("foreign_") or key.startswith("rho_"):
-        return float(metrics["num_foreign"])
-    return 1.0
 
 
 class _GracefulStop:

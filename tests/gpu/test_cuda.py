@@ -120,7 +120,7 @@ def test_resume_on_cuda_reproduces_the_next_step(tiny_agents, tmp_path, monkeypa
         torch.use_deterministic_algorithms(False)
     expected, resumed = _metrics(runs["full"])[2], _metrics(runs["cut"])[2]
     for key, value in expected.items():
-        if not key.startswith(("time/", "tokens_per_second")):
+        if not key.startswith(("time/", "tokens_per_second")) and "/time/" not in key:
             assert resumed[key] == value, key
 
 

@@ -41,7 +41,11 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm})
+    # graded rewards (a quarter point per digit), so that groups are informative even for untrained agents
+    graded = {"reward_function": "tests.reward_fixtures:digits"}
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm}, data=graded
+    )
     assert main(["train", str(cfg)]) == 0
 
     records = _metrics(run)
@@ -89,7 +93,7 @@ def test_resume_reproduces_the_next_step(tiny_agents, tmp_path):
     expected, resumed = _metrics(full_run)[2], _metrics(cut_run)[2]
     assert resumed["step"] == expected["step"] == 3
     for key, value in expected.items():
-        if not key.startswith(("time/", "tokens_per_second")):
+        if not key.startswith(("time/", "tokens_per_second")) and "/time/" not in key:
             assert resumed[key] == value, key
     a = _weights(full_run / "checkpoints" / "step_000003" / "agents" / "qwen")
     b = _weights(cut_run / "checkpoints" / "step_000003" / "agents" / "qwen")
@@ -153,17 +157,17 @@ def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_
     """Spec 2, step 5a: each learner's pool is its own responses, then the others' in config order, so its own rows
     take the first optimizer steps (m = 0, 1, ...) whatever its index; the learner that is not first in the config
     must not see foreign rows first."""
-    import hacrl.trainer
+    import hacrl.worker
 
     seen: dict[int, list[int]] = {}
-    real_view = hacrl.trainer.learner_view
+    real_view = hacrl.worker.learner_view
 
     def recording_view(learner, pool, *args):
         rows = real_view(learner, pool, *args)
         seen[learner.index] = [r.source for r in rows]
         return rows
 
-    monkeypatch.setattr(hacrl.trainer, "learner_view", recording_view)
+    monkeypatch.setattr(hacrl.worker, "learner_view", recording_view)
     run = tmp_path / "run"
     cfg = write_config(
         tmp_path / "c.yaml",

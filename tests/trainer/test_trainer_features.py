@@ -29,7 +29,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
         checkpoint={"every": 0},
     )
     trainer = Trainer(load_config(cfg))
-    llama = trainer.agents[0]
+    llama = trainer.workers.workers[0].agent  # the local backend keeps its workers in this process
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
     llama.model.get_input_embeddings().weight.register_hook(lambda g: g * float("inf"))
     metrics = trainer.train_step()
@@ -48,6 +48,7 @@ def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
         algorithm={"kl_coef": 0.1},
         trainer={"steps": 2},
         checkpoint={"every": 0},
+        data={"reward_function": "tests.reward_fixtures:digits"},  # graded: the agents move from step 1 on
     )
     assert main(["train", str(cfg)]) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -62,6 +62,10 @@ class LossInputs:
     """Rows of the whole mini-batch when this is one micro-batch of it (gradient accumulation); None: B."""
     num_own: int | None = None
     """Own rows of the whole mini-batch (the KL normaliser) under gradient accumulation; None: this batch's."""
+    check_values: bool = True
+    """Check values (finite, known ids, no empty row): each check reads the device once. A trainer that checked its
+    inputs once per update passes False, so the micro-batch loop never waits for the device (shapes are always
+    checked; a non-finite log-prob then shows as a non-finite gradient norm, and the step is skipped)."""
     is_own: Tensor = field(init=False, repr=False)
     """(B,) bool, derived: source == learner."""
 
@@ -77,7 +81,19 @@ class LossInputs:
         caps = torch.as_tensor(self.capabilities)
         check_1d("capabilities", caps)
         check_index("learner", self.learner, caps.shape[0], "agent")
-        check_ids("source", self.source, caps.shape[0], "agent")
+        is_own = self.source == self.learner
+        object.__setattr__(self, "is_own", is_own)
+        if self.ref_logp is not None:
+            check_2d("ref_logp", self.ref_logp, shape)
+        for name in ("num_seqs", "num_own"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int (a mini-batch total) or None, got {value!r}")
+        if self.check_values:
+            self._check_values(caps.shape[0])
+
+    def _check_values(self, num_agents: int) -> None:
+        check_ids("source", self.source, num_agents, "agent")
         mask = self.mask.bool()
         empty = ~mask.any(dim=-1)
         if bool(empty.any()):
@@ -86,20 +102,13 @@ class LossInputs:
                 f"mask row {row} selects no token; every response needs at least one token in the loss (a finished "
                 "response keeps its EOS); drop responses that are empty in the learner's tokenization"
             )
-        is_own = self.source == self.learner
-        object.__setattr__(self, "is_own", is_own)
-        own_tokens = mask & is_own.unsqueeze(-1)
+        own_tokens = mask & self.is_own.unsqueeze(-1)
         check_finite("logp", self.logp.detach(), mask)
         check_finite("old_logp", self.old_logp, own_tokens)
-        check_finite("source_logp_mean", self.source_logp_mean, ~is_own)
+        check_finite("source_logp_mean", self.source_logp_mean, ~self.is_own)
         check_finite("adv", self.adv)
         if self.ref_logp is not None:
-            check_2d("ref_logp", self.ref_logp, shape)
             check_finite("ref_logp", self.ref_logp, own_tokens)
-        for name in ("num_seqs", "num_own"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int (a mini-batch total) or None, got {value!r}")
 
     def behaviour_logp_mean(self) -> Tensor:
         """(B,) mean log-prob of each response under the policy that generated it, in that policy's tokens."""

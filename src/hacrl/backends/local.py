@@ -1,0 +1,20 @@
+"""`runtime.backend: local`: every worker lives in the driver's process and is called in agent order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hacrl.worker import AgentWorker, WorkerSpec
+
+
+class LocalWorkers:
+    def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
+        self.workers = [AgentWorker(spec) for spec in specs]
+        self.names = [w.name for w in self.workers]
+
+    def call(self, method: str, args: Sequence[tuple], *, what: str) -> list[Any]:
+        return [getattr(worker, method)(*a) for worker, a in zip(self.workers, args, strict=True)]
+
+    def close(self) -> None:
+        self.workers = []

@@ -1,0 +1,348 @@
+"""An agent worker: everything one agent does, behind five calls that move only trajectories and numbers.
+
+A worker owns one agent end to end: model, tokenizer, optimizer, frozen reference (KL), sampler and its random
+stream. The driver (`hacrl.trainer`) calls it; whether in its own process (`runtime.backend: local`) or as a Ray
+actor (`ray`), the calls and their results are the same:
+
+    sample(step, prompts, G)      -> its trajectories (text, source log-prob sum and token count, finish reason);
+                                     keeps the sampled ids and per-token old log-probs for `learn`
+    learn(step, pool, capabilities) -> metrics; pool = this learner's trajectories, own first (spec 2, step 5)
+    generate(prompts, n, greedy, seed) -> completions for evaluation (the driver scores them)
+    save(directory) / load(directory)  -> its part of a checkpoint
+    describe()                     -> name, parameters, device, optimizer steps taken
+
+No tensor of a model, no logit and no gradient leaves a worker. Its random stream is its own (seeded by the run's
+seed and its index, saved in its checkpoint part), so the numbers do not depend on where the worker runs or on
+what the other workers draw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl import faults
+from hacrl.agents import Agent
+from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
+from hacrl.core import LossInputs, get_algorithm
+from hacrl.core.metrics import MetricReducer
+from hacrl.errors import CheckpointError
+from hacrl.exchange import LearnerRow, Trajectory, learner_view
+from hacrl.rollout import Completion, Sample, TokenBatch, generate, generate_completions, token_logprobs
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself (picklable: it travels to a Ray actor)."""
+
+    index: int
+    agent: AgentConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    weights_from: str | None = None
+    """A checkpoint's model directory of this agent to start from (resume); None: `agent.model`."""
+    torch_threads: int | None = None
+    """torch intra-op threads of the worker's process; None: leave the process's setting."""
+    eval_batch_size: int = 64
+    """Prompts per generation batch during evaluation."""
+
+
+@dataclass
+class _Rollout:
+    """What `sample` keeps for `learn`: the learner's own token ids and pre-update log-probs of one step."""
+
+    step: int
+    prompt_ids: list[list[int]]
+    samples: list[Sample]
+    old_logp: list[torch.Tensor]
+    texts: list[str] = field(default_factory=list)
+
+
+def rng_seed(seed: int, index: int) -> int:
+    """The seed of agent `index`'s random stream in a run seeded `seed`."""
+    return seed * 1_000_003 + 7_919 * (index + 1)
+
+
+class AgentWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        self.spec = spec
+        self.index = spec.index
+        self.name = spec.agent.name
+        self.algorithm = get_algorithm(spec.algorithm.name)
+        self.params = spec.algorithm.params()
+        self.agent = Agent(
+            spec.index,
+            spec.agent,
+            spec.rollout,
+            with_reference=spec.algorithm.kl_coef > 0,
+            weights_from=spec.weights_from,
+        )
+        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
+        self._cuda_devices = cuda
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(rng_seed(spec.trainer.seed, spec.index))
+            self._rng = self._capture_rng()
+        self._rollout: _Rollout | None = None
+        self.optimizer_steps = 0
+
+    # -- the five calls ----------------------------------------------------------------------------------------------
+
+    def sample(self, step: int, prompts: list[list[dict[str, str]]], group_size: int) -> dict[str, Any]:
+        """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3).
+
+        Returns {"trajectories": [...] (reward NaN until the driver scores them), "seconds": {"generate",
+        "logprobs"}, "span": (wall-clock start, end)}."""
+        agent, batch_size = self.agent, self.spec.trainer.logprob_batch_size
+        began = time.time()
+        start = time.perf_counter()
+        prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
+        with self._own_rng():
+            samples = generate(agent, prompt_ids, group_size, batch_size=batch_size)
+        faults.hit("sampling")
+        generated = time.perf_counter()
+        old_logp = self._old_logprobs(samples)
+        done = time.perf_counter()
+        self._rollout = _Rollout(step, prompt_ids, samples, old_logp, [s.text for s in samples])
+        trajectories = [
+            Trajectory(
+                group=i // group_size,
+                messages=prompts[i // group_size],
+                text=s.text,
+                reward=float("nan"),
+                source=self.index,
+                source_logp_sum=float(old_logp[i].sum()),
+                source_num_tokens=len(s.response_ids),
+                finish_reason=s.finish_reason,
+            )
+            for i, s in enumerate(samples)
+        ]
+        seconds = {"generate": generated - start, "logprobs": done - generated}
+        return {"trajectories": trajectories, "seconds": seconds, "span": (began, time.time())}
+
+    def learn(self, step: int, pool: list[Trajectory], capabilities: list[float]) -> dict[str, Any]:
+        """One training step's update of this learner on its pool: advantages, then one optimizer step per
+        mini-batch in pool order (own rows first), each accumulated over micro-batches (spec 2, step 5).
+
+        Returns {"metrics": {...}, "seconds": {"update": ...}}."""
+        rollout = self._rollout
+        if rollout is None or rollout.step != step:
+            raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
+        own = [t for t in pool if t.source == self.index]
+        if [t.text for t in own] != rollout.texts:
+            raise ValueError(f"agent {self.name!r}: the pool's own rows are not the responses it sampled, in order")
+        start = time.perf_counter()
+        rows = learner_view(
+            self.agent, pool, rollout.prompt_ids, [s.response_ids for s in rollout.samples], rollout.old_logp
+        )
+        caps = torch.tensor(capabilities, dtype=torch.float64)
+        metrics = self._update(rows, caps)
+        self._rollout = None
+        return {"metrics": metrics, "seconds": {"update": time.perf_counter() - start}}
+
+    def generate(
+        self, prompts: list[list[dict[str, str]]], num_samples: int, greedy: bool, seed: int | None = None
+    ) -> list[Completion]:
+        """Completions for evaluation: greedy, or sampled from a stream seeded by `seed` (never the training one)."""
+        with torch.random.fork_rng(devices=self._cuda_devices):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return generate_completions(
+                self.agent, prompts, num_samples, greedy=greedy, batch_size=self.spec.eval_batch_size
+            )
+
+    def save(self, directory: str) -> None:
+        """Write this agent's part of a checkpoint under `directory`: `agents/<name>/` (a plain Hugging Face model
+        directory), `optimizer/<name>.pt`, `rng/<name>.pt`."""
+        root = Path(directory)
+        agent_dir = root / "agents" / self.name
+        self.agent.model.save_pretrained(agent_dir, safe_serialization=True)
+        self.agent.tokenizer.save_pretrained(agent_dir)
+        (root / "optimizer").mkdir(parents=True, exist_ok=True)
+        torch.save(self.agent.optimizer.state_dict(), root / "optimizer" / f"{self.name}.pt")
+        (root / "rng").mkdir(parents=True, exist_ok=True)
+        torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, root / "rng" / f"{self.name}.pt")
+        faults.hit("checkpoint.agent")
+
+    def load(self, directory: str) -> None:
+        """Optimizer and random stream from a checkpoint (the weights were loaded at construction)."""
+        root = Path(directory)
+        file = root / "optimizer" / f"{self.name}.pt"
+        try:
+            state = torch.load(file, weights_only=True, map_location=self.agent.device)
+            self.agent.optimizer.load_state_dict(state)
+        except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
+            raise CheckpointError(
+                f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); resume from an earlier checkpoint "
+                "(checkpoint.resume=<its directory>)"
+            ) from e
+        rng_file = root / "rng" / f"{self.name}.pt"
+        if rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=True)
+            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
+            self._rng = rng
+        else:  # a checkpoint of hacrl before per-agent streams: the process-wide state it saved
+            legacy = torch.load(root / "rng.pt", weights_only=True)
+            self._rng = {"cpu": legacy["torch"], **({"cuda": legacy["cuda"][0]} if legacy.get("cuda") else {})}
+
+    def describe(self) -> dict[str, Any]:
+        model = self.agent.model
+        return {
+            "name": self.name,
+            "index": self.index,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "device": str(self.agent.device),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "optimizer_steps": self.optimizer_steps,
+            "pid": os.getpid(),
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    # -- inside ------------------------------------------------------------------------------------------------------
+
+    def _capture_rng(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self._cuda_devices:
+            state["cuda"] = torch.cuda.get_rng_state(self._cuda_devices[0])
+        return state
+
+    @contextlib.contextmanager
+    def _own_rng(self):
+        """Draw from this worker's stream (then put the process's stream back as it was)."""
+        with torch.random.fork_rng(devices=self._cuda_devices):
+            torch.set_rng_state(self._rng["cpu"])
+            if self._cuda_devices and "cuda" in self._rng:
+                torch.cuda.set_rng_state(self._rng["cuda"], self._cuda_devices[0])
+            yield
+            self._rng = self._capture_rng()
+
+    @torch.no_grad()
+    def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
+        agent, size = self.agent, self.spec.trainer.logprob_batch_size
+        out: list[torch.Tensor] = []
+        for start in range(0, len(samples), size):
+            chunk = samples[start : start + size]
+            tb = TokenBatch.build(
+                [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
+            )
+            logp = token_logprobs(agent.model, tb, agent.temperature)
+            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
+        return out
+
+    def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:
+        """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
+        agent, cfg = self.agent, self.spec.trainer
+        adv = self.algorithm.advantages(
+            torch.tensor([r.reward for r in rows], dtype=torch.float64),
+            torch.tensor([r.group for r in rows]),
+            torch.tensor([r.source for r in rows]),
+            learner=self.index,
+            capabilities=capabilities,
+            params=self.params,
+        ).tolist()
+        # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
+        _check_rows(self.name, rows, adv, len(capabilities))
+        reducer = MetricReducer()
+        grad_norms: list[float] = []
+        skipped = 0
+        for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+            # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
+            mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
+            if not mini:
+                continue
+            num_own = sum(rows[i].source == self.index for i in mini)
+            agent.optimizer.zero_grad(set_to_none=True)
+            for micro_start in range(0, len(mini), cfg.micro_batch_size):
+                micro = mini[micro_start : micro_start + cfg.micro_batch_size]
+                out = self._micro_batch_loss(
+                    [rows[i] for i in micro],
+                    [adv[i] for i in micro],
+                    capabilities,
+                    step_index=m,
+                    num_seqs=len(mini),
+                    num_own=max(num_own, 1),
+                )
+                out.loss.backward()
+                reducer.add(out.metrics)
+                faults.hit("update.micro_batch")
+            reducer.end_mini_batch()
+            grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
+            if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
+                agent.optimizer.step()
+                self.optimizer_steps += 1
+                grad_norms.append(grad_norm)
+                faults.hit("update.optimizer")
+            else:  # spec 3.6: a non-finite gradient skips the step, and we say so
+                agent.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+        metrics: dict[str, Any] = reducer.result()
+        if grad_norms:
+            total = 0.0
+            for value in torch.stack(grad_norms).double().tolist():
+                total += value
+            metrics["grad_norm"] = total / len(grad_norms)
+        metrics["skipped_steps"] = skipped
+        metrics["optimizer_steps"] = len(range(0, len(rows), cfg.mini_batch_size))
+        metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
+        foreign = [r for r in rows if r.source != self.index]
+        if foreign:
+            metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
+            metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
+            metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
+        metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
+        return metrics
+
+    def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
+        agent = self.agent
+        device = agent.device
+        tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
+        logp = token_logprobs(agent.model, tb, agent.temperature)
+        old = torch.zeros_like(logp)
+        for i, r in enumerate(rows):
+            if r.old_logp is not None:
+                old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
+        ref = None
+        if agent.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(agent.ref_model, tb, agent.temperature)
+        inputs = LossInputs(
+            logp=logp,
+            mask=tb.response_mask,
+            old_logp=old,
+            source_logp_mean=torch.tensor([r.source_logp_mean for r in rows], dtype=torch.float32, device=device),
+            adv=torch.tensor(adv, dtype=torch.float32, device=device),
+            source=torch.tensor([r.source for r in rows], device=device),
+            learner=self.index,
+            capabilities=capabilities.to(device),
+            ref_logp=ref,
+            num_seqs=num_seqs,
+            num_own=num_own,
+            check_values=False,  # `_check_rows` checked them for the whole update
+        )
+        return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+
+def _check_rows(name: str, rows: list[LearnerRow], adv: list[float], num_agents: int) -> None:
+    """The value checks of `LossInputs`, once per update on host data: known source ids, finite advantages and old
+    log-probs, a finite source mean on foreign rows (empty rows never enter the loss)."""
+    import math
+
+    if any(not 0 <= r.source < num_agents for r in rows):
+        raise ValueError(f"agent {name!r}: the pool holds a trajectory of an unknown agent")
+    if not all(math.isfinite(a) for a in adv):
+        raise ValueError(f"agent {name!r}: non-finite advantages (check the rewards)")
+    own = [r.old_logp for r in rows if r.old_logp is not None]
+    if own and not bool(torch.isfinite(torch.cat(own)).all()):
+        raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
+    if not all(math.isfinite(r.source_logp_mean) for r in rows if r.old_logp is None and r.response_ids):
+        raise ValueError(f"agent {name!r}: a trajectory's source log-prob mean is not finite")
