@@ -5,34 +5,43 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+DEV    := $(VENV)/.installed-dev
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: setup test demo lint format clean
+.PHONY: setup setup-dev test demo lint format clean
 
+# `make demo` needs hacrl and its runtime dependencies only; `make test` adds the dev extra (pytest, ruff,
+# hypothesis, Ray for the backend tests).
 setup: $(STAMP)
+setup-dev: $(DEV)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "installing $(TORCH) (CPU wheel) ..."
 	$(PY) -m pip install --quiet --progress-bar off "$(TORCH)"
 	@echo "installing hacrl and its dependencies (transformers, reasoning-gym, math-verify, ...) ..."
-	$(PY) -m pip install --progress-bar off -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
+	$(PY) -m pip install --progress-bar off -e "." | { grep -E "^(Collecting|Successfully)" || true; }
 	@$(PY) -c "import torch, hacrl; print('torch', torch.__version__, '| hacrl', hacrl.__version__)"
 	@touch $(STAMP)
 
-test: $(STAMP)
+$(DEV): $(STAMP)
+	@echo "installing the dev extra (pytest, ruff, hypothesis, ray) ..."
+	$(PY) -m pip install --progress-bar off -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
+	@touch $(DEV)
+
+test: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(PY) -m hacrl demo configs/demo.yaml
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests examples benchmarks
 
-format: $(STAMP)
+format: $(DEV)
 	$(PY) -m ruff format src tests examples benchmarks
 	$(PY) -m ruff check --fix src tests examples benchmarks
 
