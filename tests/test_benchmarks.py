@@ -58,3 +58,22 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     capsys.readouterr()  # a second call finds every run cached and only aggregates
     assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "--methods", *methods]) == 0
     assert capsys.readouterr().out.count("cached in") == len(methods)
+
+
+def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
+    """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (model shapes with the paper's
+    vocabularies, every sampler, parity, log-prob memory, a HACPO step per sampler) with tiny layers on the CPU."""
+    spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())
+    for model in ("qwen3-0.6b", "llama-3.2-1b"):
+        backends = [b["backend"] for b in result["sampling"][model]["backends"]]
+        assert backends == ["hf", "static"]
+        assert all(b["tokens_per_second"] > 0 for b in result["sampling"][model]["backends"])
+        parity = result["parity"][model]
+        assert parity["identical"] + parity["differ_at_near_tie"] == parity["rows"]  # float32: equal or near-tie
+    assert [r["ok"] for r in result["logprobs"]["runs"]] == [True, True]
+    assert result["step"]["static"]["time/step"] > 0 and result["step"]["hf"]["time/step"] > 0
+    assert "## One 2-agent HACPO step" in (tmp_path / "gpu-cpu-dry-run.md").read_text()

@@ -117,6 +117,11 @@ class Agent:
         extra = self.model.generation_config.eos_token_id
         extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
         self.stop_ids = sorted({self.eos_id, *map(int, extra)})
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from hacrl.samplers import make_sampler
+
+        self.sampler = make_sampler(cfg.rollout_backend or rollout.backend, self, cuda_graphs=rollout.cuda_graphs)
 
     def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
         """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""

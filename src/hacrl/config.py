@@ -53,6 +53,11 @@ class AgentConfig:
     """Prompt length limit for this agent (prompts are cut from the left); None: `rollout.max_prompt_tokens`."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
+    rollout_backend: Literal["hf", "static"] | None = None
+    """This agent's sampler; None: `rollout.backend`."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them (less memory, ~30 % more
+    compute in the update); for long responses on a GPU."""
     num_cpus: float = 1.0
     """runtime.backend=ray: CPUs this agent's worker asks Ray for (fractions allowed)."""
     num_gpus: float = 0.0
@@ -90,6 +95,13 @@ class RolloutConfig:
     """Response length limit, in each agent's own tokens."""
     max_prompt_tokens: int = 512
     """Prompt length limit; longer prompts are cut from the left."""
+    backend: Literal["hf", "static"] = "hf"
+    """Sampler: `hf` (transformers' generate, the CPU default) or `static` (preallocated KV cache, fixed-shape
+    decode step, sampling on the device, finished rows dropped; the fast path on a GPU)."""
+    batch_size: int | None = None
+    """Rows per generation call; None: `trainer.logprob_batch_size` (as before this key existed)."""
+    cuda_graphs: bool = False
+    """`static` sampler: capture the decode step as a CUDA graph (torch.compile, mode reduce-overhead); GPU only."""
 
 
 @dataclass
@@ -161,7 +173,11 @@ class TrainerConfig:
     micro_batch_size: int = 32
     """Responses per forward/backward; gradients accumulate up to the mini-batch (bounds memory)."""
     logprob_batch_size: int = 64
-    """Responses per generate call and per no-grad forward of the old log-probs (bounds sampling memory)."""
+    """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
+    logprob_chunk_size: int | None = None
+    """None: log-probs from the model's full logits (rows x positions x vocabulary floats). An int: only response
+    positions go through the output layer, this many at a time, recomputed in the backward pass, so memory no
+    longer grows with vocabulary x positions (set it for large vocabularies and long responses, e.g. 1024)."""
     seed: int = 0
     """Seeds sampling and prompt order (not the starting agents)."""
     output_dir: str = "runs/hacrl"
@@ -371,6 +387,12 @@ def validate(config: TrainConfig) -> None:
         )
     if t.logprob_batch_size < 1:
         raise ConfigError(f"trainer.logprob_batch_size must be >= 1, got {t.logprob_batch_size}")
+    if t.logprob_chunk_size is not None and t.logprob_chunk_size < 1:
+        raise ConfigError(f"trainer.logprob_chunk_size must be >= 1 or null, got {t.logprob_chunk_size}")
+    if r.batch_size is not None and r.batch_size < 1:
+        raise ConfigError(f"rollout.batch_size must be >= 1 or null, got {r.batch_size}")
+    if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
+        raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
     d = config.data
     if d.source == "file" and not d.train_file:
         raise ConfigError("data.source=file needs data.train_file (a .jsonl or .parquet file)")
@@ -535,6 +557,12 @@ RESUME_SAFE = (
 
 RESUME_NOT_EXACT = (
     "runtime.torch_threads",
+    "rollout.backend",
+    "rollout.batch_size",
+    "rollout.cuda_graphs",
+    "agents.*.rollout_backend",
+    "agents.*.gradient_checkpointing",
+    "trainer.logprob_chunk_size",
     "agents.*.device",
     "agents.*.model",
     "agents.*.tokenizer",

@@ -1,12 +1,14 @@
-"""Batched sampling with a KV cache, and teacher-forced per-token log-probs with correct padding.
+"""Batched sampling through the agent's sampler, and teacher-forced per-token log-probs with correct padding.
 
 Choices:
-1. Sampling uses `model.generate` (KV cache) with a GenerationConfig built here in full, so a model directory's
-   own generation_config (top_k=50, repetition penalties, ...) never changes what hacrl samples.
+1. Sampling goes through `agent.sampler` (`hacrl.samplers`: `hf` generate, or the `static` fixed-shape sampler).
 2. A response runs up to and including the first stop token (the agent's EOS and the model's other EOS ids);
    tokens after it are padding and never enter the loss. A response without a stop token hit the length limit.
 3. Log-probs are taken at the sampling temperature (logits / T) with position ids derived from the attention
    mask, so left- and right-padded batches give the same values.
+4. With `chunk_size`, log-probs never hold a (rows x positions x vocabulary) tensor: the final hidden states of
+   the response positions go through the output layer a chunk of positions at a time, each chunk recomputed in
+   the backward pass (a selective log-softmax); the values are the full computation's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from hacrl.agents import Agent
 
@@ -33,44 +36,10 @@ class Sample:
         return "eos" if self.finished else "length"
 
 
-@torch.no_grad()
-def generate(
-    agent: Agent,
-    prompts: list[list[int]],
-    num_samples: int,
-    *,
-    greedy: bool = False,
-    batch_size: int = 256,
-    temperature: float | None = None,
-) -> list[Sample]:
-    """`num_samples` responses to each prompt (prompt-major order: all of prompt 0's, then prompt 1's, ...)."""
-    from transformers import GenerationConfig
-
-    model = agent.model
-    was_training = model.training
-    model.eval()
-    config = GenerationConfig(
-        do_sample=not greedy,
-        temperature=(temperature or agent.temperature) if not greedy else None,
-        top_p=agent.top_p if not greedy else None,
-        top_k=0 if not greedy else None,
-        max_new_tokens=agent.max_new_tokens,
-        eos_token_id=agent.stop_ids,
-        pad_token_id=agent.pad_id,
-        use_cache=True,
-    )
-    rows = [p for p in prompts for _ in range(num_samples)]
-    samples: list[Sample] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        input_ids, attention_mask = pad_left(chunk, agent.pad_id, agent.device)
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-        new = out[:, input_ids.shape[1] :].tolist()
-        for prompt_ids, tokens in zip(chunk, new, strict=True):
-            response, finished = _cut_at_stop(tokens, agent.stop_ids)
-            samples.append(Sample(prompt_ids, response, agent.decode(response), finished))
-    model.train(was_training)
-    return samples
+def generate(agent: Agent, prompts: list[list[int]], num_samples: int, **options) -> list[Sample]:
+    """`num_samples` responses to each prompt (prompt-major: all of prompt 0's, then prompt 1's, ...) from the
+    agent's sampler (`rollout.backend`); options: greedy, batch_size, temperature (`hacrl.samplers.Sampler`)."""
+    return agent.sampler.sample(prompts, num_samples, **options)
 
 
 @dataclass(frozen=True)
@@ -91,7 +60,7 @@ def generate_completions(
     return [Completion(s.text, len(s.response_ids), s.finished) for s in samples]
 
 
-def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> tuple[list[int], bool]:
+def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> tuple[list[int], bool]:
     stops = set(stop_ids)
     for i, token in enumerate(tokens):
         if token in stops:
@@ -132,12 +101,49 @@ class TokenBatch:
         return cls(ids.to(device), attn.to(device), resp[:, 1:].to(device))
 
 
-def token_logprobs(model, batch: TokenBatch, temperature: float) -> Tensor:
-    """(B, L - 1) log pi(token_{t+1} | tokens_<=t) at temperature T; read it where `batch.response_mask` is set."""
+def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | None = None) -> Tensor:
+    """(B, L - 1) log pi(token_{t+1} | tokens_<=t) at temperature T; read it where `batch.response_mask` is set.
+
+    `chunk_size=None`: the model's logits over every position (B x L x vocabulary floats). An int: only the response
+    positions go through the output layer, `chunk_size` positions at a time, and each chunk's logits are recomputed
+    in the backward pass instead of kept: memory O(chunk_size x vocabulary); positions outside the response read 0.
+    """
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
+    if chunk_size is None or not _plain_output_layer(model):
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids, use_cache=False
+        ).logits[:, :-1]
+        logits = logits.float() / temperature
+        targets = batch.input_ids[:, 1:].unsqueeze(-1)
+        return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+    hidden = model.base_model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids, use_cache=False
-    ).logits[:, :-1]
-    logits = logits.float() / temperature
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
-    return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+    ).last_hidden_state[:, :-1]
+    mask = batch.response_mask
+    selected = hidden[mask]  # (N, H): the positions whose next token is a response token
+    targets = batch.input_ids[:, 1:][mask]  # (N,)
+    head = model.get_output_embeddings()
+    parts = []
+    for start in range(0, selected.shape[0], chunk_size):
+        h, t = selected[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_selected_logprobs, h, t, head, temperature, use_reentrant=False))
+        else:
+            parts.append(_selected_logprobs(h, t, head, temperature))
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    return out.masked_scatter(mask, torch.cat(parts)) if parts else out
+
+
+def _selected_logprobs(hidden: Tensor, targets: Tensor, head, temperature: float) -> Tensor:
+    """log softmax(head(hidden) / T)[target] for (N, H) hidden states: the logits live only inside this call."""
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _plain_output_layer(model) -> bool:
+    """The chunked path computes logits as output_layer(last hidden state); models that rescale or cap their
+    logits (Gemma 2's softcapping, Cohere's logit_scale, ...) take the full path instead."""
+    config = model.config
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1.0):
+        return False
+    return hasattr(model, "base_model") and model.get_output_embeddings() is not None

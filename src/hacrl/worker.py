@@ -101,7 +101,8 @@ class AgentWorker:
 
         Returns {"trajectories": [...] (reward NaN until the driver scores them), "seconds": {"generate",
         "logprobs"}, "span": (wall-clock start, end)}."""
-        agent, batch_size = self.agent, self.spec.trainer.logprob_batch_size
+        agent = self.agent
+        batch_size = self.spec.rollout.batch_size or self.spec.trainer.logprob_batch_size
         began = time.time()
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
@@ -235,7 +236,7 @@ class AgentWorker:
             tb = TokenBatch.build(
                 [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
             )
-            logp = token_logprobs(agent.model, tb, agent.temperature)
+            logp = token_logprobs(agent.model, tb, agent.temperature, chunk_size=self.spec.trainer.logprob_chunk_size)
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
 
@@ -279,6 +280,7 @@ class AgentWorker:
             grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
             if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
                 agent.optimizer.step()
+                agent.sampler.refresh()
                 self.optimizer_steps += 1
                 grad_norms.append(grad_norm)
                 faults.hit("update.optimizer")
@@ -306,7 +308,8 @@ class AgentWorker:
         agent = self.agent
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
-        logp = token_logprobs(agent.model, tb, agent.temperature)
+        chunk = self.spec.trainer.logprob_chunk_size
+        logp = token_logprobs(agent.model, tb, agent.temperature, chunk_size=chunk)
         old = torch.zeros_like(logp)
         for i, r in enumerate(rows):
             if r.old_logp is not None:
@@ -314,7 +317,7 @@ class AgentWorker:
         ref = None
         if agent.ref_model is not None:
             with torch.no_grad():
-                ref = token_logprobs(agent.ref_model, tb, agent.temperature)
+                ref = token_logprobs(agent.ref_model, tb, agent.temperature, chunk_size=chunk)
         inputs = LossInputs(
             logp=logp,
             mask=tb.response_mask,

@@ -183,3 +183,17 @@ def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_
     for k in range(3):
         others = [j for j in range(3) if j != k] if algorithm == "hacpo" else []
         assert seen[k] == [k] * per_agent + [j for j in others for _ in range(per_agent)], k
+
+
+@pytest.mark.parametrize("preset", ["qwen3-1.7b_qwen3-4b.yaml", "qwen3-4b_llama3.2-3b.yaml"])
+def test_the_paper_presets_load_validate_and_carry_the_papers_hyper_parameters(preset):
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "paper" / preset)
+    assert config.algorithm.name == "hacpo" and (config.algorithm.alpha, config.algorithm.delta) == (1.0, 0.2)
+    assert (config.trainer.prompts_per_step, config.rollout.group_size, config.trainer.mini_batch_size) == (128, 8, 512)
+    assert config.rollout.max_new_tokens == 4096 and config.eval.every == 3
+    for agent in config.agents:
+        assert (agent.lr, agent.dtype, agent.grad_clip) == (1e-6, "bfloat16", 1.0)
+        assert agent.device.startswith("cuda") and agent.model.startswith("/path/to/")
+    assert config.rollout.backend == "static" and config.trainer.logprob_chunk_size == 1024

@@ -71,8 +71,10 @@ def tiny_model(
     ffn: int | None = None,
     seed: int = 0,
     max_positions: int = 512,
+    init_std: float = 0.02,
 ):
-    """A randomly initialised causal LM of `family` ('llama', 'qwen2') sized for `tokenizer`."""
+    """A randomly initialised causal LM of `family` ('llama', 'qwen2') sized for `tokenizer`. A larger `init_std`
+    than the usual 0.02 gives a model whose outputs depend strongly on its input (tests of samplers want that)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -91,6 +93,7 @@ def tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
+        initializer_range=init_std,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

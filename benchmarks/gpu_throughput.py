@@ -1,0 +1,377 @@
+"""Sampling throughput per sampler backend, log-prob memory, and a 2-agent HACPO step, on the paper's model shapes.
+
+    python benchmarks/gpu_throughput.py                  # on a GPU: the checks below, ~5 minutes on an H200
+    python benchmarks/gpu_throughput.py --tiny           # the same code path on CPU with tiny shapes (make test)
+    python benchmarks/gpu_throughput.py --only sampling  # one part: sampling | parity | logprobs | step
+
+Models are built from the configs below (the public shapes of Qwen3 and Llama-3.2) with random weights; the real
+tokenizers come from `../shared/data/tokenizers/` when present. Random weights never emit EOS, so every response
+runs to the length limit: the worst case for sampling. Parts:
+
+- sampling: tokens per second of each sampler backend (`hf`; `static`; `static` with CUDA graphs on a GPU) at
+  ROWS x NEW tokens, against the HBM roofline of the GPU (weights plus the mean KV cache read once per step).
+- parity: greedy `static` vs `hf` in the benchmark's dtype: rows equal token for token, and where they differ,
+  whether the first difference is a near-tie (top-2 logit gap < 0.1 under `hf`'s logits).
+- logprobs: peak memory of teacher-forced log-probs + backward at 16 x 4096 tokens, full logits vs chunked.
+- step: per-phase times of one 2-agent HACPO step with both agents on the device (32 prompts x 8, 512 new tokens)
+  with each sampler backend.
+
+Writes benchmarks/results/gpu.md and gpu.json (or --out DIR), stamped with the device, driver, torch and
+transformers versions and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "tokenizers"
+
+SHAPES = {  # public configs (hidden, layers, heads, kv heads, head dim, intermediate, vocab, family)
+    "qwen3-0.6b": dict(family="qwen3", hidden=1024, layers=28, heads=16, kv=8, head_dim=128, ffn=3072, vocab=151_936),
+    "qwen3-1.7b": dict(family="qwen3", hidden=2048, layers=28, heads=16, kv=8, head_dim=128, ffn=6144, vocab=151_936),
+    "qwen3-4b": dict(family="qwen3", hidden=2560, layers=36, heads=32, kv=8, head_dim=128, ffn=9728, vocab=151_936),
+    "llama-3.2-1b": dict(family="llama", hidden=2048, layers=16, heads=32, kv=8, head_dim=64, ffn=8192, vocab=128_256),
+    "llama-3.2-3b": dict(family="llama", hidden=3072, layers=28, heads=24, kv=8, head_dim=128, ffn=8192, vocab=128_256),
+}
+TINY = {
+    "qwen3-0.6b": dict(family="qwen3", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=151_936),
+    "llama-3.2-1b": dict(family="llama", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=128_256),
+}
+HBM_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0, "L40S": 0.864, "A10": 0.6}
+"""Peak HBM bandwidth in TB/s by GPU name fragment (vendor figures)."""
+
+
+def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, device: str) -> Path:
+    """A model directory with the shape's random weights and the real tokenizer (a byte tokenizer without it)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    tokenizer = _tokenizer(shape["family"], shape["vocab"])
+    common = dict(
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv"],
+        head_dim=shape["head_dim"],
+        intermediate_size=shape["ffn"],
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = (Qwen3Config if shape["family"] == "qwen3" else LlamaConfig)(**common)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    out = directory / name
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    return out
+
+
+def _tokenizer(family: str, vocab: int):
+    from transformers import PreTrainedTokenizerFast
+
+    folder = SHARED / ("qwen3" if family == "qwen3" else "llama-3.2-instruct")
+    if folder.is_dir():
+        tok = PreTrainedTokenizerFast.from_pretrained(folder)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        if not tok.chat_template and (folder / "chat_template.jinja").is_file():
+            tok.chat_template = (folder / "chat_template.jinja").read_text()
+        return tok
+    from hacrl.testbed.models import char_tokenizer
+
+    return char_tokenizer("".join(chr(c) for c in range(32, 127)))
+
+
+def _agent(directory: Path, device: str, dtype: str, new_tokens: int, backend: str, cuda_graphs: bool):
+    from hacrl.agents import Agent
+    from hacrl.config import AgentConfig, RolloutConfig
+
+    cfg = AgentConfig(name=directory.name, model=str(directory), device=device, dtype=dtype, rollout_backend=backend)
+    rollout = RolloutConfig(max_new_tokens=new_tokens, max_prompt_tokens=256, cuda_graphs=cuda_graphs)
+    return Agent(0, cfg, rollout)
+
+
+def _prompts(agent, rows: int) -> list[list[int]]:
+    questions = [f"What is {a} + {b}? Think step by step." for a in range(7) for b in range(7)]
+    return [agent.render_prompt([{"role": "user", "content": questions[i % len(questions)]}])[0] for i in range(rows)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def sampling(directory: Path, device: str, dtype: str, rows: int, new: int, backends: list[tuple[str, bool]]):
+    results = []
+    for backend, graphs in backends:
+        agent = _agent(directory, device, dtype, new, backend, graphs)
+        agent.stop_ids = [-1]  # never stop: every row decodes `new` tokens, a fixed amount of work
+        prompts = _prompts(agent, rows)
+        agent.sampler.sample(prompts[: min(rows, 8)], 1, batch_size=rows)  # warm-up (compiles / captures graphs)
+        _sync(device)
+        start = time.perf_counter()
+        samples = agent.sampler.sample(prompts, 1, batch_size=rows)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(s.response_ids) for s in samples)
+        results.append(
+            {
+                "backend": backend + (" + CUDA graphs" if graphs else ""),
+                "tokens_per_second": tokens / seconds,
+                "ms_per_step": 1000 * seconds / new,
+            }
+        )
+        del agent
+    return results
+
+
+def roofline(directory: Path, device: str, dtype: str, rows: int, new: int, prompt: int) -> dict | None:
+    """Milliseconds per decode step to read the weights and the mean KV cache once from HBM."""
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name()
+    tbs = next((v for k, v in HBM_TBS.items() if k in name), None)
+    if tbs is None:
+        return None
+    config = json.loads((directory / "config.json").read_text())
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    params = sum(p.numel() for p in _agent(directory, device, dtype, 1, "hf", False).model.parameters())
+    kv_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * itemsize
+    mean_len = prompt + new / 2
+    bytes_per_step = params * itemsize + rows * mean_len * kv_per_token
+    ms = 1000 * bytes_per_step / (tbs * 1e12)
+    return {"gpu": name, "hbm_tb_per_s": tbs, "ms_per_step": ms, "tokens_per_second": rows / (ms / 1000)}
+
+
+def parity(directory: Path, device: str, dtype: str, rows: int, new: int) -> dict:
+    hf = _agent(directory, device, dtype, new, "hf", False)
+    static = _agent(directory, device, dtype, new, "static", False)
+    prompts = _prompts(hf, rows)
+    a = hf.sampler.sample(prompts, 1, greedy=True, batch_size=rows)
+    b = static.sampler.sample(prompts, 1, greedy=True, batch_size=rows)
+    equal, near_ties, other = 0, 0, 0
+    for x, y, prompt in zip(a, b, prompts, strict=True):
+        if x.response_ids == y.response_ids:
+            equal += 1
+            continue
+        first = next(i for i, (u, v) in enumerate(zip(x.response_ids, y.response_ids, strict=False)) if u != v)
+        with torch.no_grad():
+            ids = torch.tensor([prompt + x.response_ids[:first]], device=hf.device)
+            top = hf.model(input_ids=ids).logits[0, -1].float().topk(2).values
+        if float(top[0] - top[1]) < 0.1:
+            near_ties += 1
+        else:
+            other += 1
+    return {"rows": rows, "identical": equal, "differ_at_near_tie": near_ties, "differ_otherwise": other}
+
+
+def logprob_memory(directory: Path, device: str, dtype: str, rows: int, length: int) -> list[dict]:
+    from hacrl.rollout import TokenBatch, token_logprobs
+
+    agent = _agent(directory, device, dtype, 1, "hf", False)
+    agent.model.train()
+    vocab = agent.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab, (64,), generator=g).tolist() for _ in range(rows)]
+    responses = [torch.randint(0, vocab, (length - 64,), generator=g).tolist() for _ in range(rows)]
+    batch = TokenBatch.build(prompts, responses, agent.pad_id, agent.device)
+    out = []
+    for chunk in (None, 1024):
+        agent.model.zero_grad(set_to_none=True)
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        try:
+            logp = token_logprobs(agent.model, batch, 1.0, chunk_size=chunk)
+            logp[batch.response_mask].mean().backward()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if device.startswith("cuda") else None
+            out.append({"chunk_size": chunk, "extra_peak_gib": peak, "ok": True})
+        except torch.OutOfMemoryError:
+            out.append({"chunk_size": chunk, "extra_peak_gib": None, "ok": False, "error": "out of memory"})
+        agent.model.zero_grad(set_to_none=True)
+    return out
+
+
+def hacpo_step(dirs: list[Path], device: str, dtype: str, new: int, prompts: int, backend: str, work: Path) -> dict:
+    """Two agents, both on `device`, one training step through the real trainer; per-phase seconds."""
+    import yaml
+
+    from hacrl.config import load_config
+    from hacrl.trainer import Trainer
+
+    rows = [json.dumps({"problem": f"What is {a} + {b}?", "answer": str(a + b)}) for a in range(20) for b in range(20)]
+    data = work / "data.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    config = {
+        "agents": [
+            {"name": d.name, "model": str(d), "lr": 1e-6, "device": device, "dtype": dtype, "rollout_backend": backend}
+            for d in dirs
+        ],
+        "algorithm": {"name": "hacpo"},
+        "rollout": {"group_size": 8, "max_new_tokens": new, "cuda_graphs": backend == "static" and device != "cpu"},
+        "data": {"source": "file", "train_file": str(data), "prompt_column": "problem"},
+        "trainer": {
+            "steps": 2, "prompts_per_step": prompts, "mini_batch_size": prompts * 8, "micro_batch_size": 8,
+            "logprob_batch_size": 64, "logprob_chunk_size": 1024, "output_dir": str(work / f"run-{backend}"),
+        },
+        "eval": {"at_start": False, "max_prompts": 1},
+        "logging": {"console": False, "tensorboard": False},
+        "checkpoint": {"every": 1000},
+    }  # fmt: skip
+    path = work / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    trainer = Trainer(load_config(path))
+    try:
+        trainer.train_step()  # warm-up: compiles, allocator
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        metrics = trainer.train_step()
+    finally:
+        trainer.close()
+    out = {k: metrics[k] for k in ("time/step", "time/sampling", "time/scoring", "time/update")}
+    out["sampling_share"] = metrics["time/sampling"] / metrics["time/step"]
+    if device.startswith("cuda"):
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def _stamp(device: str) -> dict:
+    import transformers
+
+    stamp = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+    if device.startswith("cuda"):
+        stamp["gpu"] = torch.cuda.get_device_name()
+        try:
+            stamp["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
+        except OSError:
+            stamp["driver"] = "unknown"
+    else:
+        stamp["cpu"] = f"{platform.machine()}, {torch.get_num_threads()} threads"
+    return stamp
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (checks the script end to end)")
+    parser.add_argument("--only", nargs="*", default=["sampling", "parity", "logprobs", "step"])
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--new", type=int, default=512)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    shapes = TINY if args.tiny or device == "cpu" else SHAPES
+    rows, new = (8, 16) if device == "cpu" else (args.rows, args.new)
+    logprob_rows, logprob_len = (2, 128) if device == "cpu" else (16, 4096)
+    backends = [("hf", False), ("static", False)] + ([("static", True)] if device == "cuda" else [])
+    command = "python benchmarks/gpu_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result: dict = {"command": command.strip(), "device": device, "dtype": dtype, **_stamp(device)}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        names = ["qwen3-0.6b", "llama-3.2-1b"]
+        dirs = {n: build_agent(n, shapes[n], work, getattr(torch, dtype), "cpu") for n in names}
+        if "sampling" in args.only:
+            result["sampling"] = {
+                n: {
+                    "rows": rows,
+                    "new_tokens": new,
+                    "backends": sampling(dirs[n], device, dtype, rows, new, backends),
+                    "roofline": roofline(dirs[n], device, dtype, rows, new, 64),
+                }
+                for n in names
+            }
+        if "parity" in args.only:
+            result["parity"] = {n: parity(dirs[n], device, dtype, rows, min(new, 128)) for n in names}
+        if "logprobs" in args.only:
+            result["logprobs"] = {
+                "rows": logprob_rows,
+                "tokens": logprob_len,
+                "runs": logprob_memory(dirs["qwen3-0.6b"], device, dtype, logprob_rows, logprob_len),
+            }
+        if "step" in args.only:
+            step_new, step_prompts = (8, 2) if device == "cpu" else (512, 32)
+            result["step"] = {
+                "new_tokens": step_new,
+                "prompts": step_prompts,
+                **{
+                    b: hacpo_step(list(dirs.values()), device, dtype, step_new, step_prompts, b, work)
+                    for b in ("hf", "static")
+                },
+            }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "gpu" if device == "cuda" else "gpu-cpu-dry-run"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def markdown(r: dict) -> str:
+    lines = ["# GPU throughput: samplers, log-prob memory, a 2-agent HACPO step", ""]
+    machine = r.get("gpu") or r.get("cpu")
+    lines.append(f"Device: {machine} ({r['device']}, {r['dtype']}); torch {r['torch']}, transformers "
+                 f"{r['transformers']}" + (f", driver {r['driver']}" if "driver" in r else "") + ".")  # fmt: skip
+    lines += [f"Command: `{r['command']}`.", ""]
+    if "sampling" in r:
+        lines += ["## Sampling (random weights: every row runs to the length limit)", ""]
+        lines += ["| model | rows x new | backend | tokens/s | ms per step |", "|---|---|---|---|---|"]
+        for model, s in r["sampling"].items():
+            for b in s["backends"]:
+                lines.append(f"| {model} | {s['rows']} x {s['new_tokens']} | {b['backend']} | "
+                             f"{b['tokens_per_second']:,.0f} | {b['ms_per_step']:.1f} |")  # fmt: skip
+            if s["roofline"]:
+                f = s["roofline"]
+                lines.append(f"| {model} | | HBM roofline ({f['hbm_tb_per_s']} TB/s) | {f['tokens_per_second']:,.0f} | "
+                             f"{f['ms_per_step']:.2f} |")  # fmt: skip
+        lines.append("")
+    if "parity" in r:
+        lines += ["## Greedy parity, static vs hf", "", "| model | rows | identical | differ at a near-tie | differ |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for model, p in r["parity"].items():
+            lines.append(f"| {model} | {p['rows']} | {p['identical']} | {p['differ_at_near_tie']} | "
+                         f"{p['differ_otherwise']} |")  # fmt: skip
+        lines.append("")
+    if "logprobs" in r:
+        lp = r["logprobs"]
+        lines += [f"## Log-probs + backward, {lp['rows']} x {lp['tokens']} tokens (qwen3-0.6b shape)", "",
+                  "| logits | extra peak |", "|---|---|"]  # fmt: skip
+        for run in lp["runs"]:
+            what = "full" if run["chunk_size"] is None else f"chunks of {run['chunk_size']}"
+            peak = "out of memory" if not run["ok"] else (
+                "n/a (CPU)" if run["extra_peak_gib"] is None else f"{run['extra_peak_gib']:.1f} GiB")
+            lines.append(f"| {what} | {peak} |")
+        lines.append("")
+    if "step" in r:
+        st = r["step"]
+        lines += [f"## One 2-agent HACPO step ({st['prompts']} prompts x 8, {st['new_tokens']} new tokens)", "",
+                  "| sampler | step s | sampling s | scoring s | update s | sampling share | peak GiB |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for backend in ("hf", "static"):
+            t = st[backend]
+            peak = f"{t['peak_gib']:.1f}" if "peak_gib" in t else "-"
+            lines.append(f"| {backend} | {t['time/step']:.2f} | {t['time/sampling']:.2f} | {t['time/scoring']:.2f} | "
+                         f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Samplers: how an agent generates responses. `rollout.backend` (or `agents.<i>.rollout_backend`) picks one by name.
+
+    hf      transformers' `generate` with a dynamic KV cache (the CPU default; what hacrl always did)
+    static  a preallocated KV cache and a fixed-shape decode step: sampling on the device without a host sync per
+            token, finished rows dropped from the batch in power-of-two buckets, the whole batch stopping when every
+            row has finished; `rollout.cuda_graphs` captures its decode step as a CUDA graph (GPU)
+
+Every sampler keeps one contract (`Sampler.sample` -> `hacrl.rollout.Sample`): a response runs up to and including
+its first stop token (the agent's EOS and the model's other EOS ids), `finished` says whether it ended there, the
+text is decoded with special tokens dropped; it honours the agent's temperature, top-p and length limit. `refresh`
+is called after each optimizer update (a no-op where the sampler shares the training module's weights, as both
+of these do; an engine holding its own copy, vLLM say, would load the new weights there).
+
+Implementations load lazily: naming one imports its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hacrl.agents import Agent
+    from hacrl.rollout import Sample
+
+SAMPLERS = {"hf": "hacrl.samplers.hf:HFSampler", "static": "hacrl.samplers.static:StaticSampler"}
+
+
+class Sampler:
+    """The base of every sampler: `sample` expands prompts into rows (prompt-major), decodes them `batch_size` rows
+    at a time with `sample_batch`, and leaves the model in the mode it found it in."""
+
+    name = "base"
+
+    def __init__(self, agent: Agent, *, cuda_graphs: bool = False) -> None:
+        self.agent = agent
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        num_samples: int,
+        *,
+        greedy: bool = False,
+        batch_size: int = 256,
+        temperature: float | None = None,
+    ) -> list[Sample]:
+        """`num_samples` responses to each prompt (token ids), prompt-major, `batch_size` rows per call."""
+        import torch
+
+        model = self.agent.model
+        was_training = model.training
+        model.eval()
+        rows = [p for p in prompts for _ in range(num_samples)]
+        temperature = temperature or self.agent.temperature
+        samples: list[Sample] = []
+        try:
+            with torch.no_grad():
+                for start in range(0, len(rows), batch_size):
+                    samples.extend(self.sample_batch(rows[start : start + batch_size], greedy, temperature))
+        finally:
+            model.train(was_training)
+        return samples
+
+    def sample_batch(self, rows: list[list[int]], greedy: bool, temperature: float) -> list[Sample]:
+        """One response per row, all rows decoded together."""
+        raise NotImplementedError
+
+    def refresh(self) -> None:
+        """The policy's weights changed (after an optimizer step); samplers that decode with the training module
+        itself (both of hacrl's) have nothing to do."""
+
+
+def make_sampler(name: str, agent: Agent, *, cuda_graphs: bool = False) -> Sampler:
+    target = SAMPLERS.get(name)
+    if target is None:
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(f"rollout backend {name!r} is not one of {sorted(SAMPLERS)}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)(agent, cuda_graphs=cuda_graphs)

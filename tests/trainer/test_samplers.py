@@ -1,0 +1,230 @@
+"""Samplers and lean log-probs, checked on the CPU: the `static` sampler's greedy outputs equal `hf` generate's token
+for token, its samples follow the model's distribution (chi-square against transformers' own warpers), stops and
+length limits behave the same; chunked log-probs equal the full computation in value and gradient, and their
+memory no longer grows with vocabulary x positions."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hacrl.agents import Agent
+from hacrl.config import AgentConfig, RolloutConfig
+from hacrl.rollout import TokenBatch, token_logprobs
+from hacrl.samplers.static import StaticSampler
+from tests.conftest import write_config
+
+QUESTIONS = ("1 + 2 =", "What is 13 + 7?", "9+9", "x", "Sum 4 and 5.", "2+2?", "17 + 25 =", "a b c", "0", "99+1")
+PROMPTS = [[{"role": "user", "content": q}] for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def lively(tmp_path_factory):
+    """Tiny agents initialised with std 0.3 instead of 0.02: their outputs depend on the prompt (at 0.02 every
+    greedy row repeats one token), so parity and distribution tests have something to compare."""
+    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from tests.conftest import ALPHABET, sum_corpus
+
+    root = tmp_path_factory.mktemp("lively")
+    char, bpe = char_tokenizer(ALPHABET), bpe_tokenizer(sum_corpus(), 80)
+    return {
+        "llama": save_agent(tiny_model("llama", char, hidden=32, heads=2, kv_heads=1, seed=1, init_std=0.3), char,
+                            root / "llama"),
+        "qwen": save_agent(tiny_model("qwen2", bpe, hidden=48, heads=4, kv_heads=2, seed=2, init_std=0.3), bpe,
+                           root / "qwen"),
+    }  # fmt: skip
+
+
+def _agent(path, *, max_new_tokens=12, temperature=1.0, top_p=1.0, backend="hf") -> Agent:
+    cfg = AgentConfig(name="a", model=str(path), rollout_backend=backend)
+    return Agent(0, cfg, RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p))
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen"])
+@pytest.mark.parametrize("sync_every", [1, 3, 8])
+def test_static_greedy_equals_hf_generate_token_for_token(name, sync_every, lively):
+    agent = _agent(lively[name])
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS] * 2
+    # extra stop tokens taken from the greedy outputs, so rows stop at different steps (and the static sampler
+    # compacts its batch) while others run to the limit
+    plain = agent.sampler.sample(prompts, 1, greedy=True, batch_size=20)
+    agent.stop_ids = sorted({agent.eos_id, plain[0].response_ids[5], plain[1].response_ids[2]})
+    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=20)
+    static = StaticSampler(agent, sync_every=sync_every).sample(prompts, 1, greedy=True, batch_size=20)
+    assert [(s.response_ids, s.finished, s.text) for s in static] == [
+        (s.response_ids, s.finished, s.text) for s in reference
+    ]
+    lengths = {len(s.response_ids) for s in reference}
+    assert len(lengths) > 2 and any(s.finished for s in reference) and any(not s.finished for s in reference)
+
+
+def test_static_sampler_honours_the_length_limit_and_batches(lively):
+    agent = _agent(lively["qwen"], max_new_tokens=5)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    torch.manual_seed(0)
+    samples = StaticSampler(agent).sample(prompts, 3, batch_size=4)
+    assert len(samples) == 30 and [s.prompt_ids for s in samples] == [p for p in prompts for _ in range(3)]
+    for s in samples:
+        assert 1 <= len(s.response_ids) <= 5
+        assert s.finished == (s.response_ids[-1] in agent.stop_ids)
+        assert not any(t in agent.stop_ids for t in s.response_ids[:-1])
+        assert s.text == agent.decode(s.response_ids)
+
+
+def _wilson_hilferty_z(observed: list[int], expected: list[float]) -> float:
+    """z-score of Pearson's chi-square statistic (cells with expected count < 5 pooled)."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for o, e in zip(observed, expected, strict=True):
+        if e < 5:
+            pool_o, pool_e = pool_o + o, pool_e + e
+        else:
+            obs.append(o)
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
+    df = len(obs) - 1
+    return ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+
+
+def _reference_probs(agent, prefix: list[int], temperature: float, top_p: float) -> torch.Tensor:
+    """The next-token distribution after transformers' own temperature and top-p warpers (the reference)."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    with torch.no_grad():
+        logits = agent.model(input_ids=torch.tensor([prefix])).logits[:, -1].float()
+    scores = TemperatureLogitsWarper(temperature)(None, logits)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1)[0].double()
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_static_samples_follow_the_models_distribution(temperature, top_p, lively):
+    agent = _agent(lively["llama"], max_new_tokens=2, temperature=temperature, top_p=top_p)
+    agent.stop_ids = [agent.eos_id]
+    prompt = agent.render_prompt(PROMPTS[0])[0]
+    n = 4000
+    torch.manual_seed(1234)
+    samples = StaticSampler(agent).sample([prompt], n, batch_size=1000)
+    vocab = len(agent.tokenizer)
+    first = torch.bincount(torch.tensor([s.response_ids[0] for s in samples]), minlength=vocab)
+    p1 = _reference_probs(agent, prompt, temperature, top_p)
+    assert _wilson_hilferty_z(first.tolist(), (p1 * n).tolist()) < 3.5  # p > 0.0002
+    # the second token, over the runs that did not stop at the first: sum_t1 p(t1) p(t2 | t1)
+    joint = torch.zeros(vocab, dtype=torch.float64)
+    for t1 in range(vocab):
+        if p1[t1] > 0 and t1 not in agent.stop_ids:
+            joint += p1[t1] * _reference_probs(agent, prompt + [t1], temperature, top_p)
+    second = [s.response_ids[1] for s in samples if len(s.response_ids) == 2]
+    observed = torch.bincount(torch.tensor(second), minlength=vocab)
+    expected = joint / joint.sum() * len(second)
+    assert _wilson_hilferty_z(observed.tolist(), expected.tolist()) < 3.5
+    # the test has power: the same draws against a distribution at another temperature fail it
+    wrong = _reference_probs(agent, prompt, temperature * 1.5, top_p)
+    assert _wilson_hilferty_z(first.tolist(), (wrong * n).tolist()) > 5
+
+
+def test_a_run_with_the_static_sampler_trains(tiny_agents, tmp_path):
+    from hacrl.cli import main
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 2})
+    assert main(["train", str(cfg), "rollout.backend=static", "rollout.batch_size=4"]) == 0
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["llama/optimizer_steps"] == 4 and math.isfinite(last["qwen/loss"])
+
+
+def test_the_generation_batch_is_its_own_knob(tiny_agents, tmp_path, monkeypatch):
+    from hacrl.cli import main
+    from hacrl.samplers.hf import HFSampler
+
+    seen = []
+    real = HFSampler.sample
+
+    def recording(self, prompts, num_samples, **kwargs):
+        seen.append(kwargs["batch_size"])
+        return real(self, prompts, num_samples, **kwargs)
+
+    monkeypatch.setattr(HFSampler, "sample", recording)
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1})
+    assert main(["train", str(cfg), "rollout.batch_size=3", "trainer.logprob_batch_size=5"]) == 0
+    assert seen[:2] == [3, 3]
+
+
+# -- lean log-probs --------------------------------------------------------------------------------------------------
+
+
+def _batch(agent, rows: int, seed: int, left: bool) -> TokenBatch:
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(agent.tokenizer)
+    prompts = [torch.randint(3, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(rows)]  # fmt: skip
+    responses = [torch.randint(3, vocab, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(rows)]  # fmt: skip
+    return TokenBatch.build(prompts, responses, agent.pad_id, agent.device, left=left)
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("name", ["llama", "qwen"])
+def test_chunked_logprobs_equal_the_full_computation_in_value_and_gradient(name, left, tiny_agents):
+    agent = _agent(tiny_agents[name])
+    model = agent.model.double()
+    batch = _batch(agent, 6, seed=3, left=left)
+    weights = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    results = []
+    for chunk in (None, 1, 4, 1000):
+        model.zero_grad()
+        logp = token_logprobs(model, batch, 0.7, chunk_size=chunk).double()
+        loss = (logp * weights)[batch.response_mask].sum()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append((logp[batch.response_mask].detach(), grads))
+    full_values, full_grads = results[0]
+    for values, grads in results[1:]:
+        torch.testing.assert_close(values, full_values, rtol=0, atol=1e-12)
+        for a, b in zip(grads, full_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+MEMORY_PROBE = """
+import json, resource, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from hacrl.rollout import TokenBatch, token_logprobs
+torch.manual_seed(0); torch.set_num_threads(1)
+vocab, positions, chunk = 150_000, int(sys.argv[1]), (None if sys.argv[2] == "full" else int(sys.argv[2]))
+model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+rows = 4
+prompts = [[5] * 4 for _ in range(rows)]
+responses = [[7] * (positions - 4) for _ in range(rows)]
+batch = TokenBatch.build(prompts, responses, 0, torch.device("cpu"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+logp = token_logprobs(model, batch, 1.0, chunk_size=chunk)
+logp[batch.response_mask].sum().backward()
+print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+"""
+
+
+def _peak_mib(positions: int, chunk: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, str(positions), chunk], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_kib"] / 1024
+
+
+def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions():
+    """A 150k vocabulary: the full path's peak grows by rows x positions x vocabulary x 4 bytes (and as much again
+    for the gradient); the chunked path's stays within a few chunks' logits."""
+    full_small, full_large = _peak_mib(32, "full"), _peak_mib(320, "full")
+    lean_small, lean_large = _peak_mib(32, "64"), _peak_mib(320, "64")
+    logits_growth = 4 * (320 - 32) * 150_000 * 4 / 2**20  # MiB of float32 logits added by the longer rows: 659
+    assert full_large - full_small > 2 * logits_growth, (full_small, full_large)  # logits, their grad, ...: ~4x
+    assert lean_large - lean_small < 0.15 * logits_growth, (lean_small, lean_large)  # flat, up to allocator noise
+    assert lean_large < full_large / 5
