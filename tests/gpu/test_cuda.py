@@ -24,10 +24,18 @@ pytestmark = pytest.mark.skipif(
 
 
 def _set_devices(path, devices: dict[str, str], dtype: str = "float32"):
+    """Put the config's agents on `devices`; its data becomes a local JSONL file scored by a plain function, so the
+    GPU machine needs no reasoning-gym (its image does not have it, and it does not install without compiling)."""
     cfg = yaml.safe_load(path.read_text())
     for agent in cfg["agents"]:
         agent["device"] = devices[agent["name"]]
         agent["dtype"] = dtype if devices[agent["name"]] == DEVICE else "float32"
+    train, held_out = path.with_name("sums.jsonl"), path.with_name("held_out.jsonl")
+    for file, numbers in ((train, range(9)), (held_out, range(10, 13))):
+        file.write_text("".join(json.dumps({"prompt": f"{a} + {b} =", "answer": str(a + b)}) + "\n"
+                                for a in numbers for b in numbers))  # fmt: skip
+    cfg["data"] = {"source": "file", "train_file": str(train), "eval_file": str(held_out), "eval_size": 8,
+                   "reward_function": "tests.reward_fixtures:digits"}  # fmt: skip
     path.write_text(yaml.safe_dump(cfg))
     return path
 
