@@ -89,8 +89,19 @@ def _warn_about_overlap(cfg: DataConfig, train: list[Example], eval_: list[Examp
         )
 
 
+def import_reasoning_gym():
+    """`import reasoning_gym`, without the SyntaxWarnings some of its dependencies (cellpylib) print the first time
+    Python compiles them."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        import reasoning_gym
+    return reasoning_gym
+
+
 def _reasoning_gym(cfg: DataConfig):
-    import reasoning_gym
+    reasoning_gym = import_reasoning_gym()
 
     options = dict(cfg.task_options)
     try:

@@ -394,8 +394,12 @@ def _worker_main(fd: int) -> None:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
+        import warnings
+
         kind, value = payload
-        fn = import_reward_function(value) if kind == "path" else pickle.loads(value)
+        with warnings.catch_warnings():  # a library's SyntaxWarnings when Python first compiles it (cellpylib)
+            warnings.simplefilter("ignore", SyntaxWarning)
+            fn = import_reward_function(value) if kind == "path" else pickle.loads(value)
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which stops with this message
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
