@@ -33,6 +33,15 @@ class Trajectory:
     """Number of response tokens in the source's tokenization."""
     finish_reason: str
     """`eos` or `length`."""
+    num_bytes: int = -1
+    """UTF-8 bytes of `text` (the `bytes` foreign-ratio normalisation, spec 3.4b); -1: not recorded, counted here."""
+
+    @property
+    def response_bytes(self) -> int:
+        """b(y): the response text's UTF-8 byte count, at least 1 (EOS is not text)."""
+        if self.num_bytes >= 0:
+            return max(1, self.num_bytes)
+        return max(1, len(self.text.encode("utf-8", errors="surrogatepass")))
 
     @property
     def truncated(self) -> bool:
@@ -58,6 +67,12 @@ class LearnerRow:
     """(len(response_ids),) learner's own pre-update log-probs; None for another agent's response."""
     cut: bool
     """Re-tokenized response cut to the learner's `max_new_tokens` (foreign rows only)."""
+    source_logp_sum: float = 0.0
+    """The source's summed pre-update log-probs of the response (in the source's tokens)."""
+    source_num_tokens: int = 1
+    """The response's length in the source's tokens."""
+    num_bytes: int = 1
+    """The response text's UTF-8 byte count (at least 1)."""
 
 
 def learner_pool(pool: list[Trajectory], learner: int, *, shared: bool) -> list[Trajectory]:
@@ -100,6 +115,9 @@ def learner_view(
                     traj.source_logp_mean,
                     own_old_logp[own],
                     cut=False,
+                    source_logp_sum=traj.source_logp_sum,
+                    source_num_tokens=traj.source_num_tokens,
+                    num_bytes=traj.response_bytes,
                 )
             )
             own += 1
@@ -115,6 +133,9 @@ def learner_view(
                     traj.source_logp_mean,
                     None,
                     cut=cut,
+                    source_logp_sum=traj.source_logp_sum,
+                    source_num_tokens=traj.source_num_tokens,
+                    num_bytes=traj.response_bytes,
                 )
             )
     if own != len(own_response_ids):

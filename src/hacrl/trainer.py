@@ -297,6 +297,8 @@ class Trainer:
             metrics[f"{name}/reward_errors"] = len(scored[j].errors)
             seconds = {**sampled[j]["seconds"], **learned[j]["seconds"]}
             metrics.update({f"{name}/time/{k}": v for k, v in seconds.items()})
+        if shared and n > 1:
+            metrics["foreign_ratio_mode"] = self.params.foreign_ratio
         metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
         metrics["time/step"] = sum(timer.totals.values())
         metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(

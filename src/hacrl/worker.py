@@ -32,6 +32,7 @@ from hacrl.agents import Agent
 from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
 from hacrl.core import LossInputs, get_algorithm
 from hacrl.core.metrics import MetricReducer
+from hacrl.core.ratios import foreign_terms
 from hacrl.errors import CheckpointError
 from hacrl.exchange import LearnerRow, Trajectory, learner_view
 from hacrl.rollout import Completion, Sample, TokenBatch, generate, generate_completions, token_logprobs
@@ -123,6 +124,7 @@ class AgentWorker:
                 source_logp_sum=float(old_logp[i].sum()),
                 source_num_tokens=len(s.response_ids),
                 finish_reason=s.finish_reason,
+                num_bytes=len(s.text.encode("utf-8", errors="surrogatepass")),
             )
             for i, s in enumerate(samples)
         ]
@@ -253,6 +255,7 @@ class AgentWorker:
         ).tolist()
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, rows, adv, len(capabilities))
+        terms, divisors = self._foreign_ratio_terms(rows)
         reducer = MetricReducer()
         grad_norms: list[float] = []
         skipped = 0
@@ -268,6 +271,8 @@ class AgentWorker:
                 out = self._micro_batch_loss(
                     [rows[i] for i in micro],
                     [adv[i] for i in micro],
+                    [terms[i] for i in micro],
+                    None if divisors is None else [divisors[i] for i in micro],
                     capabilities,
                     step_index=m,
                     num_seqs=len(mini),
@@ -304,7 +309,20 @@ class AgentWorker:
         metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
         return metrics
 
-    def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
+    def _foreign_ratio_terms(self, rows: list[LearnerRow]) -> tuple[list[float], list[float] | None]:
+        """Each row's source side of a foreign log-ratio and its divisor, in the configured normalisation (spec
+        3.4b; `hacrl.core.ratios.foreign_terms`), computed in float64 on the host once per update."""
+        f64 = torch.float64
+        terms, divisors = foreign_terms(
+            torch.tensor([r.source_logp_sum for r in rows], dtype=f64),
+            torch.tensor([r.source_num_tokens for r in rows], dtype=f64),
+            torch.tensor([max(1, len(r.response_ids)) for r in rows], dtype=f64),
+            torch.tensor([r.num_bytes for r in rows], dtype=f64),
+            self.params.foreign_ratio,
+        )
+        return terms.tolist(), None if divisors is None else divisors.tolist()
+
+    def _micro_batch_loss(self, rows, adv, terms, divisors, capabilities, *, step_index, num_seqs, num_own):
         agent = self.agent
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
@@ -322,7 +340,8 @@ class AgentWorker:
             logp=logp,
             mask=tb.response_mask,
             old_logp=old,
-            source_logp_mean=torch.tensor([r.source_logp_mean for r in rows], dtype=torch.float32, device=device),
+            source_logp_mean=torch.tensor(terms, dtype=torch.float32, device=device),
+            foreign_divisor=None if divisors is None else torch.tensor(divisors, dtype=torch.float32, device=device),
             adv=torch.tensor(adv, dtype=torch.float32, device=device),
             source=torch.tensor([r.source for r in rows], device=device),
             learner=self.index,
@@ -347,5 +366,5 @@ def _check_rows(name: str, rows: list[LearnerRow], adv: list[float], num_agents:
     own = [r.old_logp for r in rows if r.old_logp is not None]
     if own and not bool(torch.isfinite(torch.cat(own)).all()):
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
-    if not all(math.isfinite(r.source_logp_mean) for r in rows if r.old_logp is None and r.response_ids):
+    if not all(math.isfinite(r.source_logp_sum) for r in rows if r.old_logp is None and r.response_ids):
         raise ValueError(f"agent {name!r}: a trajectory's source log-prob mean is not finite")

@@ -7,6 +7,7 @@ import torch
 
 from hacrl.core import (
     AlgorithmParams,
+    LossInputs,
     LossOutput,
     foreign_lower_bound,
     foreign_objective,
@@ -343,4 +344,69 @@ def test_losses_return_named_detached_results_without_item(loss_fn, monkeypatch)
     assert isinstance(out, LossOutput)
     assert out.loss.dim() == 0 and out.loss.requires_grad
     for name, value in out.metrics.items():
-        assert value.dim() == 0 and not value.requires_grad, name
+        assert value.dim() == (1 if name == "foreign_ratios" else 0) and not value.requires_grad, name
+
+
+# -- foreign ratio normalisations across tokenizers (spec 3.4b) --------------------------------------------------------
+
+
+def _two_row_inputs(mode: str):
+    """Row 0 own (2 tokens, unchanged policy); row 1 foreign: the learner's log-probs -1, -2 over its 2 tokens
+    (S_k = -3, n_k = 2); the source's sum S_src = -6 over n_src = 3 tokens; the text is b = 4 bytes."""
+    from hacrl.core.ratios import foreign_terms
+
+    logp = torch.tensor([[-1.0, -1.0], [-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    f64 = torch.float64
+    term, divisor = foreign_terms(
+        torch.tensor([0.0, -6.0], dtype=f64), torch.tensor([2.0, 3.0], dtype=f64), torch.tensor([2.0, 2.0], dtype=f64),
+        torch.tensor([8.0, 4.0], dtype=f64), mode,
+    )  # fmt: skip
+    inputs = LossInputs(
+        logp=logp,
+        mask=torch.ones(2, 2, dtype=torch.bool),
+        old_logp=torch.full((2, 2), -1.0, dtype=torch.float64),
+        source_logp_mean=term,
+        adv=torch.tensor([0.0, 1.0], dtype=torch.float64),
+        source=torch.tensor([0, 1]),
+        learner=0,
+        capabilities=torch.tensor([0.5, 0.5]),
+        foreign_divisor=divisor,
+    )
+    return inputs, logp
+
+
+@pytest.mark.parametrize(
+    ("mode", "log_s", "grad_per_token"),
+    [
+        ("source_mean", -1.5 - (-6.0 / 3), 1 / 2),  # S_k/n_k - S_src/n_src = 0.5; d log s / d logp_t = 1/n_k
+        ("learner_length", (-3.0 + 6.0) / 2, 1 / 2),  # (S_k - S_src)/n_k = 1.5
+        ("bytes", (-3.0 + 6.0) / 4, 1 / 4),  # (S_k - S_src)/b = 0.75; the paper's gradient times n_k / b
+    ],
+)
+def test_the_foreign_ratio_under_each_normalisation_hand_computed(mode, log_s, grad_per_token):
+    inputs, logp = _two_row_inputs(mode)
+    params = AlgorithmParams(foreign_clip=False, alpha=0.0, capability_coef=False)
+    out = hacpo_loss(inputs, params=params, step_index=0)
+    s = math.exp(log_s)
+    assert out.metrics["foreign_ratios"].tolist() == pytest.approx([s], abs=1e-12)
+    out.loss.backward()
+    # loss = -(own objective + s * A) / 2 with A = 1 on the foreign row: d/d logp_t = -s * grad_per_token / 2
+    assert logp.grad[1].tolist() == pytest.approx([-s * grad_per_token / 2] * 2, abs=1e-12)
+    assert logp.grad[0].abs().sum() == 0  # the own row has A = 0
+
+
+def test_learner_length_equals_source_mean_when_the_tokenizations_agree():
+    from hacrl.core.ratios import foreign_terms
+
+    g = torch.Generator().manual_seed(0)
+    sums = -torch.rand(50, generator=g, dtype=torch.float64) * 30
+    counts = torch.randint(1, 40, (50,), generator=g).double()
+    bytes_ = counts * 2
+    a, _ = foreign_terms(sums, counts, counts, bytes_, "source_mean")
+    b, _ = foreign_terms(sums, counts, counts, bytes_, "learner_length")
+    assert torch.equal(a, b)
+
+
+def test_an_unknown_foreign_ratio_mode_is_rejected():
+    with pytest.raises(ValueError, match="algorithm.foreign_ratio must be source_mean, learner_length or bytes"):
+        AlgorithmParams(foreign_ratio="chars")

@@ -197,3 +197,18 @@ def test_the_paper_presets_load_validate_and_carry_the_papers_hyper_parameters(p
         assert (agent.lr, agent.dtype, agent.grad_clip) == (1e-6, "bfloat16", 1.0)
         assert agent.device.startswith("cuda") and agent.model.startswith("/path/to/")
     assert config.rollout.backend == "static" and config.trainer.logprob_chunk_size == 1024
+
+
+@pytest.mark.parametrize("mode", ["learner_length", "bytes"])
+def test_each_foreign_ratio_mode_trains_across_tokenizers_and_reports_its_distribution(mode, tiny_agents, tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
+        algorithm={"foreign_ratio": mode}, data={"reward_function": "tests.reward_fixtures:digits"},
+    )  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    last = _metrics(run)[-1]
+    assert last["foreign_ratio_mode"] == mode
+    for name in ("llama", "qwen"):
+        p10, p50, p90 = (last[f"{name}/foreign_ratio_p{q}"] for q in (10, 50, 90))
+        assert 0 < p10 <= p50 <= p90 and math.isfinite(last[f"{name}/loss"])

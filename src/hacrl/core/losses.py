@@ -14,8 +14,9 @@ Choices, in order (spec 3.4-3.6, 4, 5):
    mini-batch's.
 4. Optional k3 KL to a frozen reference on own rows only, token-mean per sequence, averaged over own rows (spec
    3.6 and 5: the authors' code divided by the whole mini-batch and so halved it).
-5. Metrics are detached 0-dim tensors; nothing here calls .item(). Means over an empty subset (a mini-batch with
-   no foreign rows, say) read 0; `num_own` and `num_foreign` let a logger weight them.
+5. Metrics are detached tensors, 0-dim except `foreign_ratios` (each foreign row's s, for its distribution);
+   nothing here calls .item(). Means over an empty subset (a mini-batch with no foreign rows, say) read 0;
+   `num_own` and `num_foreign` let a logger weight them.
 6. GRPO (spec 4) is token-level: ratio pi/pi_old per token, PPO clip, token mean per sequence, mean over sequences.
 """
 
@@ -47,7 +48,8 @@ class LossInputs:
     old_logp: Tensor
     """(B, T) learner's pre-update per-token log-probs; read on own rows only (foreign rows: any finite value)."""
     source_logp_mean: Tensor
-    """(B,) source's old mean log-prob per token, in the source's tokens (sum / count); read on foreign rows only."""
+    """(B,) source's old mean log-prob per token, in the source's tokens (sum / count); read on foreign rows only.
+    Under another foreign-ratio normalisation, the source's side from `foreign_terms` (spec 3.4b)."""
     adv: Tensor
     """(B,) advantage of each response for this learner."""
     source: Tensor
@@ -62,6 +64,9 @@ class LossInputs:
     """Rows of the whole mini-batch when this is one micro-batch of it (gradient accumulation); None: B."""
     num_own: int | None = None
     """Own rows of the whole mini-batch (the KL normaliser) under gradient accumulation; None: this batch's."""
+    foreign_divisor: Tensor | None = None
+    """(B,) `bytes` normalisation: divide a foreign row's summed log-probs by this (its UTF-8 byte count) instead of
+    its token count; read on foreign rows only. None: the token mean (spec 3.4b, `foreign_terms`)."""
     check_values: bool = True
     """Check values (finite, known ids, no empty row): each check reads the device once. A trainer that checked its
     inputs once per update passes False, so the micro-batch loop never waits for the device (shapes are always
@@ -109,6 +114,13 @@ class LossInputs:
         check_finite("adv", self.adv)
         if self.ref_logp is not None:
             check_finite("ref_logp", self.ref_logp, own_tokens)
+
+    def ratio_divisor(self) -> Tensor | None:
+        """(B,) the divisor of each row's summed log-probs in its sequence ratio, or None for token means."""
+        if self.foreign_divisor is None:
+            return None
+        counts = self.mask.bool().sum(-1).to(self.logp.dtype)
+        return torch.where(self.is_own, counts, self.foreign_divisor.to(self.logp.dtype))
 
     def behaviour_logp_mean(self) -> Tensor:
         """(B,) mean log-prob of each response under the policy that generated it, in that policy's tokens."""
@@ -171,7 +183,7 @@ def gspo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int = 
     behaviour policy of row i (the learner's old policy for own rows, the source's for foreign rows).
     `step_index` is unused: GSPO has no schedule.
     """
-    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean())
+    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean(), divisor=inputs.ratio_divisor())
     objective, clipped = gspo_objective(
         ratio, inputs.adv.to(ratio.dtype), eps_low=params.eps_low, eps_high=params.eps_high
     )
@@ -185,7 +197,7 @@ def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) 
     lo_m = min(1, 1 - delta + m * delta_step) and rho_jk = clamp(P_hat_j / P_hat_k, 0.1, 10) (1 when
     `params.capability_coef` is off). L = -(1/B) sum_i objective_i [+ kl_coef * KL over own rows].
     """
-    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean())
+    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean(), divisor=inputs.ratio_divisor())
     adv = inputs.adv.to(ratio.dtype)
     own_objective, own_clipped = gspo_objective(ratio, adv, eps_low=params.eps_low, eps_high=params.eps_high)
     if params.capability_coef:
@@ -262,6 +274,7 @@ def _finish(
     metrics["num_foreign"] = (~is_own).sum().detach()
     metrics["own_ratio_mean"] = _subset_mean(ratio.detach(), is_own)
     metrics["foreign_ratio_mean"] = _subset_mean(ratio.detach(), ~is_own)
+    metrics["foreign_ratios"] = ratio.detach()[~is_own]  # every foreign row's s: its distribution per update
     if clipped_own is not None:
         metrics["own_clip_frac"] = _subset_mean(clipped_own.float(), is_own)
     if clipped_foreign is not None:

@@ -7,6 +7,8 @@ Every metric a loss reports has a kind (`METRIC_KINDS`):
 - `own` / `foreign`: a mean over the batch's own / foreign rows: the result is the mean over all such rows of the
   update (each micro-batch weighted by `num_own` / `num_foreign`); absent when the update had none.
 - `count`: a row count used as a weight; not reported.
+- `values`: one value per row (a 1-D tensor): all of them are kept, and the result is their 10th, 50th and 90th
+  percentiles (`<key>_p10`, ...) and, when present, nothing else (absent when the update had none).
 
 The sums stay tensors on the learner's device through the update; `result` reads them in one transfer. The
 arithmetic is float64 in a fixed order, so the values do not depend on where they are reduced.
@@ -31,7 +33,9 @@ METRIC_KINDS: dict[str, str] = {
     "foreign_above_frac": "foreign",
     "foreign_lower_bound": "foreign",
     "rho_foreign_mean": "foreign",
+    "foreign_ratios": "values",
 }
+QUANTILES = (0.1, 0.5, 0.9)
 _WEIGHT = {"own": "num_own", "foreign": "num_foreign"}
 
 
@@ -52,6 +56,7 @@ class MetricReducer:
         self._sums: dict[str, Tensor] = {}
         self._counts: dict[str, Tensor | float] = {}
         self._parts_in_mini_batch: set[str] = set()
+        self._values: dict[str, list[Tensor]] = {}
 
     def add(self, metrics: dict[str, Tensor]) -> None:
         for key, value in metrics.items():
@@ -59,6 +64,9 @@ class MetricReducer:
             if kind is None:
                 raise KeyError(f"metric {key!r} has no declared kind; add it to hacrl.core.metrics.METRIC_KINDS")
             if kind == "count":
+                continue
+            if kind == "values":
+                self._values.setdefault(key, []).append(value.detach().double().reshape(-1))
                 continue
             value = value.detach().double()
             if kind == "part":
@@ -78,9 +86,17 @@ class MetricReducer:
     def result(self) -> dict[str, float]:
         """The reduced metrics (one device-to-host transfer); keys whose count is 0 are left out."""
         keys = list(self._sums)
-        if not keys:
-            return {}
-        sums = torch.stack([torch.as_tensor(self._sums[k], dtype=torch.float64) for k in keys])
-        counts = torch.stack([torch.as_tensor(self._counts[k], dtype=torch.float64, device=sums.device) for k in keys])
-        values = torch.stack([sums, counts]).tolist()
-        return {k: s / c for k, s, c in zip(keys, values[0], values[1], strict=True) if c > 0}
+        out: dict[str, float] = {}
+        if keys:
+            sums = torch.stack([torch.as_tensor(self._sums[k], dtype=torch.float64) for k in keys])
+            device = sums.device
+            counts = torch.stack([torch.as_tensor(self._counts[k], dtype=torch.float64, device=device) for k in keys])
+            values = torch.stack([sums, counts]).tolist()
+            out = {k: s / c for k, s, c in zip(keys, values[0], values[1], strict=True) if c > 0}
+        for key, parts in self._values.items():
+            values = torch.cat(parts)
+            if values.numel():
+                q = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype, device=values.device)).tolist()
+                stem = key.removesuffix("s")
+                out.update({f"{stem}_p{round(100 * level)}": v for level, v in zip(QUANTILES, q, strict=True)})
+        return out

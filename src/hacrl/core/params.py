@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
@@ -31,6 +32,10 @@ class AlgorithmParams:
     """HACPO's coefficient rho = P_hat_j / P_hat_k on foreign advantages; False sets rho = 1 (spec 3.3)."""
     foreign_clip: bool = True
     """Clamp foreign ratios to [lo_m, 1]; False is the ablation "cross clipping off" (spec 3.5)."""
+    foreign_ratio: Literal["source_mean", "learner_length", "bytes"] = "source_mean"
+    """How a foreign row's sequence ratio is normalised across tokenizers (spec 3.4b): `source_mean` (the paper:
+    log s = S_k/n_k - S_src/n_src), `learner_length` ((S_k - S_src)/n_k), `bytes` ((S_k - S_src)/b, b the response's
+    UTF-8 byte count). S = summed log-probs, n = token counts in each agent's own tokens."""
     share_rollouts: bool = True
     """For algorithms that share (naive, hacpo): False trains each agent on its own rollouts only (equals gspo)."""
     kl_coef: float = 0.0
@@ -55,3 +60,7 @@ class AlgorithmParams:
             raise ValueError(f"algorithm.r_max must be positive, got {self.r_max}")
         if not self.adv_eps > 0:
             raise ValueError(f"algorithm.adv_eps must be positive, got {self.adv_eps}")
+        if self.foreign_ratio not in ("source_mean", "learner_length", "bytes"):
+            raise ValueError(
+                f"algorithm.foreign_ratio must be source_mean, learner_length or bytes, got {self.foreign_ratio!r}"
+            )

@@ -4,11 +4,13 @@ Choices, in order:
 1. A sequence ratio is length-normalised (GSPO, arXiv:2507.18071): s = exp(mean_t log pi_new - mean_t log pi_old).
    Each mean is taken in the tokenization of the policy that produced it, so a response sampled by another agent
    with another tokenizer still has a well-defined ratio against the learner (spec 3.4).
-2. The log-ratio is clamped to [-10, 10] before exp, for every row: only an overflow guard, it never binds in a
+2. Across tokenizers the two means are over different units; `foreign_terms` gives the spec's three
+   normalisations of a foreign row's log-ratio (3.4b): the paper's, per learner token, per UTF-8 byte.
+3. The log-ratio is clamped to [-10, 10] before exp, for every row: only an overflow guard, it never binds in a
    healthy run.
-3. The foreign lower bound rises with the optimizer-step index m inside a training step (Eq. 52):
+4. The foreign lower bound rises with the optimizer-step index m inside a training step (Eq. 52):
    lo_m = min(1, 1 - delta + m * delta_step).
-4. KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL Divergence"), >= 0.
+5. KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL Divergence"), >= 0.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     return torch.where(keep, x, torch.zeros_like(x)).sum(dim) / keep.sum(dim)
 
 
-def sequence_ratio(logp: Tensor, mask: Tensor, old_seq_logp: Tensor, *, clamp: float = LOG_RATIO_CLAMP) -> Tensor:
+def sequence_ratio(
+    logp: Tensor,
+    mask: Tensor,
+    old_seq_logp: Tensor,
+    *,
+    clamp: float = LOG_RATIO_CLAMP,
+    divisor: Tensor | None = None,
+) -> Tensor:
     """s = exp(clamp(mean_t logp - old_seq_logp, -clamp, clamp)), differentiable with respect to `logp`.
 
     Paper Eq. 11 (own rows: GSPO's ratio) and Eq. 48 (foreign rows: old side is the source's mean log-prob in the
@@ -39,11 +48,52 @@ def sequence_ratio(logp: Tensor, mask: Tensor, old_seq_logp: Tensor, *, clamp: f
 
     logp:         (B, T) current per-token log-probs of the learner, in its tokenization
     mask:         (B, T) response tokens (EOS included)
-    old_seq_logp: (B,) behaviour policy's mean per-token log-prob of the same response (no gradient)
+    old_seq_logp: (B,) the behaviour side of each row's log-ratio (no gradient): the behaviour policy's mean
+                  per-token log-prob, or a foreign row's term from `foreign_terms`
+    divisor:      (B,) optional: divide each row's summed log-probs by this instead of its token count (the
+                  `bytes` normalisation; give own rows their token count)
     returns:      (B,)
     """
-    log_ratio = masked_mean(logp, mask) - old_seq_logp.detach()
+    if divisor is None:
+        learner = masked_mean(logp, mask)
+    else:
+        learner = torch.where(mask.bool(), logp, torch.zeros_like(logp)).sum(-1) / divisor.to(logp.dtype)
+    log_ratio = learner - old_seq_logp.detach()
     return log_ratio.clamp(-clamp, clamp).exp()
+
+
+FOREIGN_RATIO_MODES = ("source_mean", "learner_length", "bytes")
+
+
+def foreign_terms(
+    source_logp_sum: Tensor,
+    source_num_tokens: Tensor,
+    learner_num_tokens: Tensor,
+    num_bytes: Tensor,
+    mode: str,
+) -> tuple[Tensor, Tensor | None]:
+    """The two sides of foreign rows' log-ratios under each normalisation of spec 3.4b.
+
+    With S = summed log-probs of the response, n = token counts (each in its own agent's tokens), b = UTF-8 bytes:
+        source_mean     log s = S_k / n_k - S_src / n_src   (the paper)      -> (S_src / n_src, None)
+        learner_length  log s = (S_k - S_src) / n_k                          -> (S_src / n_k,   None)
+        bytes           log s = (S_k - S_src) / b                            -> (S_src / b,     b)
+    Returns (old_seq_logp for `sequence_ratio`, its `divisor`, None where the learner's side is its token mean).
+    With identical tokenizations (n_k = n_src) `learner_length` gives the paper's values exactly.
+
+    All inputs (B,), float64 (counts as floats); b >= 1.
+
+    >>> S, n_src, n_k, b = (torch.tensor([x], dtype=torch.float64) for x in (-6.0, 3.0, 2.0, 4.0))
+    >>> [float(foreign_terms(S, n_src, n_k, b, m)[0]) for m in FOREIGN_RATIO_MODES]
+    [-2.0, -3.0, -1.5]
+    """
+    if mode == "source_mean":
+        return source_logp_sum / source_num_tokens, None
+    if mode == "learner_length":
+        return source_logp_sum / learner_num_tokens, None
+    if mode == "bytes":
+        return source_logp_sum / num_bytes, num_bytes
+    raise ValueError(f"foreign ratio mode must be one of {FOREIGN_RATIO_MODES}, got {mode!r}")
 
 
 def foreign_lower_bound(step_index: int, *, delta: float, delta_step: float) -> float:
