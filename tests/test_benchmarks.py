@@ -77,3 +77,18 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     assert [r["ok"] for r in result["logprobs"]["runs"]] == [True, True]
     assert result["step"]["static"]["time/step"] > 0 and result["step"]["hf"]["time/step"] > 0
     assert "## One 2-agent HACPO step" in (tmp_path / "gpu-cpu-dry-run.md").read_text()
+
+
+def test_throughput_benchmark_smoke(tmp_path):
+    """`benchmarks/throughput.py --smoke`: hacrl's GSPO and 2-agent HACPO processes, 2 steps each, through the same
+    code that measures them against TRL (TRL itself is an optional extra and not needed here)."""
+    spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "throughput.json").read_text())
+    table = result["summary"]["table"]
+    assert set(table) == {"hacrl gspo", "hacrl hacpo x2"}
+    assert table["hacrl gspo"]["work"]["completions"] == 256 and table["hacrl gspo"]["work"]["optimizer_steps"] == 1
+    assert table["hacrl hacpo x2"]["work"]["completions"] == 512
+    assert all(s > 0 for r in result["runs"] for s in r["seconds"])

@@ -101,6 +101,7 @@ class Trainer:
                 weights_from=str(agent_weights_dir(checkpoint, cfg.name)) if checkpoint else None,
                 torch_threads=config.runtime.torch_threads,
                 eval_batch_size=config.eval.batch_size,
+                num_agents=len(config.agents),
             )
             for i, cfg in enumerate(config.agents)
         ]

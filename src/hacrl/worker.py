@@ -53,6 +53,8 @@ class WorkerSpec:
     """torch intra-op threads of the worker's process; None: leave the process's setting."""
     eval_batch_size: int = 64
     """Prompts per generation batch during evaluation."""
+    num_agents: int = 1
+    """Agents in the run (whether others will read this agent's log-prob sums)."""
 
 
 @dataclass
@@ -111,7 +113,10 @@ class AgentWorker:
             samples = generate(agent, prompt_ids, group_size, batch_size=batch_size)
         faults.hit("sampling")
         generated = time.perf_counter()
-        old_logp = self._old_logprobs(samples)
+        needed = self._rows_needing_old_logprobs(len(samples))
+        computed = iter(self._old_logprobs([samples[i] for i in needed]))
+        wanted = set(needed)
+        old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
         done = time.perf_counter()
         self._rollout = _Rollout(step, prompt_ids, samples, old_logp, [s.text for s in samples])
         trajectories = [
@@ -121,7 +126,7 @@ class AgentWorker:
                 text=s.text,
                 reward=float("nan"),
                 source=self.index,
-                source_logp_sum=float(old_logp[i].sum()),
+                source_logp_sum=float(old_logp[i].sum()) if old_logp[i] is not None else float("nan"),
                 source_num_tokens=len(s.response_ids),
                 finish_reason=s.finish_reason,
                 num_bytes=len(s.text.encode("utf-8", errors="surrogatepass")),
@@ -228,6 +233,15 @@ class AgentWorker:
             yield
             self._rng = self._capture_rng()
 
+    def _rows_needing_old_logprobs(self, count: int) -> list[int]:
+        """Which sampled rows need a pre-update log-prob pass. When other learners read this agent's log-prob sums
+        (a sharing algorithm with several agents): all. Otherwise only the rows trained after the first optimizer
+        step of the update: the first mini-batch's rows are trained before any update, so their old log-probs are
+        the training forward's own (detached), and their ratio is exactly 1."""
+        if self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1:
+            return list(range(count))
+        return list(range(min(count, self.spec.trainer.mini_batch_size), count))
+
     @torch.no_grad()
     def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
@@ -254,7 +268,7 @@ class AgentWorker:
             params=self.params,
         ).tolist()
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
-        _check_rows(self.name, rows, adv, len(capabilities))
+        _check_rows(self.name, self.index, rows, adv, len(capabilities))
         terms, divisors = self._foreign_ratio_terms(rows)
         reducer = MetricReducer()
         grad_norms: list[float] = []
@@ -313,6 +327,7 @@ class AgentWorker:
         """Each row's source side of a foreign log-ratio and its divisor, in the configured normalisation (spec
         3.4b; `hacrl.core.ratios.foreign_terms`), computed in float64 on the host once per update."""
         f64 = torch.float64
+        own = [r.source == self.index for r in rows]
         terms, divisors = foreign_terms(
             torch.tensor([r.source_logp_sum for r in rows], dtype=f64),
             torch.tensor([r.source_num_tokens for r in rows], dtype=f64),
@@ -320,7 +335,8 @@ class AgentWorker:
             torch.tensor([r.num_bytes for r in rows], dtype=f64),
             self.params.foreign_ratio,
         )
-        return terms.tolist(), None if divisors is None else divisors.tolist()
+        terms = [0.0 if mine else t for mine, t in zip(own, terms.tolist(), strict=True)]  # unread on own rows
+        return terms, None if divisors is None else divisors.tolist()
 
     def _micro_batch_loss(self, rows, adv, terms, divisors, capabilities, *, step_index, num_seqs, num_own):
         agent = self.agent
@@ -332,6 +348,8 @@ class AgentWorker:
         for i, r in enumerate(rows):
             if r.old_logp is not None:
                 old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
+            elif r.source == self.index:  # trained before any update: the policy is the sampling one
+                old[i, tb.response_mask[i]] = logp[i, tb.response_mask[i]].detach()
         ref = None
         if agent.ref_model is not None:
             with torch.no_grad():
@@ -354,7 +372,7 @@ class AgentWorker:
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
 
 
-def _check_rows(name: str, rows: list[LearnerRow], adv: list[float], num_agents: int) -> None:
+def _check_rows(name: str, learner: int, rows: list[LearnerRow], adv: list[float], num_agents: int) -> None:
     """The value checks of `LossInputs`, once per update on host data: known source ids, finite advantages and old
     log-probs, a finite source mean on foreign rows (empty rows never enter the loss)."""
     import math
@@ -366,5 +384,5 @@ def _check_rows(name: str, rows: list[LearnerRow], adv: list[float], num_agents:
     own = [r.old_logp for r in rows if r.old_logp is not None]
     if own and not bool(torch.isfinite(torch.cat(own)).all()):
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
-    if not all(math.isfinite(r.source_logp_sum) for r in rows if r.old_logp is None and r.response_ids):
+    if not all(math.isfinite(r.source_logp_sum) for r in rows if r.source != learner and r.response_ids):
         raise ValueError(f"agent {name!r}: a trajectory's source log-prob mean is not finite")

@@ -1,0 +1,103 @@
+"""No redundant work in a step: the old-log-prob pass runs only over rows that need it (issue: throughput).
+
+Rows trained in a learner's first optimizer step of the update are trained before any update, so their old
+log-probs are the training forward's own (their ratio is exactly 1); only later mini-batches need the pre-update
+pass, unless another learner reads this agent's log-prob sums (sharing), which must come from the pre-update
+policy: then every row gets it, exactly as before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hacrl.cli import main
+from hacrl.rollout import TokenBatch, token_logprobs
+from tests.conftest import write_config
+
+
+def _count_pass_rows(monkeypatch) -> list[int]:
+    import hacrl.worker
+
+    counted: list[int] = []
+    real = hacrl.worker.AgentWorker._old_logprobs
+
+    def counting(self, samples):
+        counted.append(len(samples))
+        return real(self, samples)
+
+    monkeypatch.setattr(hacrl.worker.AgentWorker, "_old_logprobs", counting)
+    return counted
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "mini_batch", "rows_per_agent"),
+    [("gspo", 8, 0), ("gspo", 4, 4), ("grpo", 8, 0), ("hacpo", 4, 8), ("naive", 8, 8)],
+)
+def test_the_old_logprob_pass_covers_only_the_rows_that_need_it(
+    algorithm, mini_batch, rows_per_agent, tiny_agents, tmp_path, monkeypatch
+):
+    counted = _count_pass_rows(monkeypatch)
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm},
+        trainer={"steps": 1, "mini_batch_size": mini_batch, "micro_batch_size": mini_batch // 2},
+        data={"reward_function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+    )  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    assert counted == [rows_per_agent, rows_per_agent]  # 2 prompts x G = 4: 8 rows per agent
+    record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    if rows_per_agent == 0:  # one optimizer step on the sampling policy: every own ratio is exactly 1
+        for name in ("llama", "qwen"):
+            assert record[f"{name}/own_ratio_mean"] == 1.0 and record[f"{name}/own_clip_frac"] == 0.0
+
+
+def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_path, monkeypatch):
+    """What other learners read (a response's log-prob sum) is the sampling policy's, though the source trains in
+    the same step: the sums qwen's learner received equal a recomputation with llama's weights from before the step,
+    not with its weights after it."""
+    import hacrl.worker
+    from hacrl.config import load_config
+    from hacrl.trainer import Trainer
+
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1},
+        data={"reward_function": "tests.reward_fixtures:digits"},
+    )  # fmt: skip
+    received, sampled = {}, {}
+    real_learn, real_sample = hacrl.worker.AgentWorker.learn, hacrl.worker.AgentWorker.sample
+
+    def recording_learn(self, step, pool, capabilities):
+        received[self.index] = pool
+        return real_learn(self, step, pool, capabilities)
+
+    def recording_sample(self, *args):
+        out = real_sample(self, *args)
+        sampled[self.index] = self._rollout.samples
+        return out
+
+    monkeypatch.setattr(hacrl.worker.AgentWorker, "learn", recording_learn)
+    monkeypatch.setattr(hacrl.worker.AgentWorker, "sample", recording_sample)
+    trainer = Trainer(load_config(cfg))
+    try:
+        llama = trainer.workers.workers[0]
+        before = {k: v.clone() for k, v in llama.agent.model.state_dict().items()}
+        trainer.train_step()
+        samples = sampled[0]
+        shared = [t.source_logp_sum for t in received[1] if t.source == 0]
+
+        def sums():
+            batch = TokenBatch.build(
+                [s.prompt_ids for s in samples], [s.response_ids for s in samples], llama.agent.pad_id, "cpu"
+            )
+            with torch.no_grad():
+                logp = token_logprobs(llama.agent.model, batch, llama.agent.temperature)
+            return [float(logp[i][batch.response_mask[i]].sum()) for i in range(len(samples))]
+
+        after = sums()
+        llama.agent.model.load_state_dict(before)
+        assert shared == pytest.approx(sums(), abs=1e-5)
+        assert shared != pytest.approx(after, abs=1e-5)  # llama did train in the step
+    finally:
+        trainer.close()
