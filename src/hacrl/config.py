@@ -198,6 +198,9 @@ class EvalConfig:
     """k for sampled avg@k at `rollout.temperature` (0: greedy pass@1 only)."""
     batch_size: int = 64
     """Prompts per generation batch during evaluation."""
+    save_completions: bool = True
+    """Write each evaluation's greedy completions and rewards, one line per prompt with every agent's, to
+    `<output_dir>/eval/step_NNNNNN.jsonl` (for reading what the agents answer, and for paired comparisons)."""
 
 
 @dataclass

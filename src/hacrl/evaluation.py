@@ -20,12 +20,16 @@ def completion_metrics(
     sampled: list[Completion] | None,
     scorer: Scorer,
     num_samples: int = 0,
+    rewards_out: list[float] | None = None,
 ) -> dict[str, float]:
     """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
-    `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent."""
+    `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent. `rewards_out`, when
+    given, receives the greedy reward of every example, in order."""
     r_max = scorer.settings.r_max
     result = _score(scorer, examples, [c.text for c in greedy])
     rewards = result.rewards
+    if rewards_out is not None:
+        rewards_out.extend(float(r) for r in rewards)
     out = {
         "pass@1": sum(r >= r_max for r in rewards) / len(rewards),
         "reward_mean": sum(rewards) / len(rewards),
@@ -128,3 +132,56 @@ def _print_table(results: list[dict[str, Any]], num_prompts: int) -> None:
     for row in results:
         table.add_row(row["agent"], *(f"{row[k]:.4f}" for k in keys))
     Console().print(table)
+
+
+def eval_records_path(run_dir, step: int):
+    from pathlib import Path
+
+    return Path(run_dir) / "eval" / f"step_{step:06d}.jsonl"
+
+
+def write_eval_records(run_dir, step: int, examples: list[Example], names, greedy, rewards) -> None:
+    """`<run_dir>/eval/step_NNNNNN.jsonl`: one line per eval prompt, `{"index", "prompt", "agents": {name:
+    {"completion", "reward", "num_tokens", "finished"}}}`. Written to a temporary file, then renamed, so a reader
+    (or a crash) never sees half of one."""
+    import json
+    import os
+
+    path = eval_records_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        for i, ex in enumerate(examples):
+            agents = {
+                name: {
+                    "completion": greedy[j][i].text,
+                    "reward": rewards[j][i],
+                    "num_tokens": greedy[j][i].num_tokens,
+                    "finished": greedy[j][i].finished,
+                }
+                for j, name in enumerate(names)
+            }
+            f.write(json.dumps({"index": i, "prompt": ex.prompt, "agents": agents}) + "\n")
+    os.replace(tmp, path)
+
+
+def read_eval_records(run_dir, step: int) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for line in eval_records_path(run_dir, step).read_text().splitlines()]
+
+
+def paired_change(before: list[dict[str, Any]], after: list[dict[str, Any]], agent: str, r_max: float = 1.0):
+    """Change in greedy accuracy of `agent` between two evaluations of the same prompts, and its standard error
+    from the per-prompt differences (paired: both evaluations score the same prompts, so prompt difficulty cancels).
+    Returns (change, standard error), as fractions."""
+    if len(before) != len(after) or any(b["prompt"] != a["prompt"] for b, a in zip(before, after, strict=True)):
+        raise ValueError("paired_change needs two evaluations of the same prompts in the same order")
+    diffs = [
+        float(a["agents"][agent]["reward"] >= r_max) - float(b["agents"][agent]["reward"] >= r_max)
+        for b, a in zip(before, after, strict=True)
+    ]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else float("nan")
+    return mean, (var / n) ** 0.5

@@ -45,7 +45,7 @@ from hacrl.config import TrainConfig, config_to_yaml, resume_differences, save_c
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
-from hacrl.evaluation import completion_metrics
+from hacrl.evaluation import completion_metrics, write_eval_records
 from hacrl.exchange import Trajectory, learner_pool
 from hacrl.logger import MetricsLogger
 from hacrl.rundir import RunLock, last_logged_step, trim_metrics
@@ -351,9 +351,14 @@ class Trainer:
                 "generate", [(prompts, cfg.eval.num_samples, False, seeds[j]) for j in range(n)], what=what
             )
         out: dict[str, float] = {}
+        rewards: list[list[float]] = [[] for _ in range(n)]
         for j, name in enumerate(self.names):
-            result = completion_metrics(examples, greedy[j], sampled[j], self.scorer, cfg.eval.num_samples)
+            result = completion_metrics(
+                examples, greedy[j], sampled[j], self.scorer, cfg.eval.num_samples, rewards_out=rewards[j]
+            )
             out.update({f"eval/{name}/{k}": v for k, v in result.items()})
+        if cfg.eval.save_completions:
+            write_eval_records(self.run_dir, self.step, examples, self.names, greedy, rewards)
         return out
 
     def save(self) -> Path:

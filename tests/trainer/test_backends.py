@@ -138,8 +138,7 @@ def test_the_local_backend_and_the_core_never_import_ray(tmp_path):
     import sys
 
     code = (
-        "import sys; import hacrl.core, hacrl.backends.local, hacrl.trainer, hacrl.worker; "
-        "print('ray' in sys.modules)"
+        "import sys; import hacrl.core, hacrl.backends.local, hacrl.trainer, hacrl.worker; print('ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -60,3 +60,25 @@ def test_bootstrap_then_demo_one_hacpo_step(tmp_path, capsys):
     assert (tmp_path / "run" / "curves.png").is_file()
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["llama-char/optimizer_steps"] == 4  # 2 own + 2 foreign mini-batches
+    # every evaluation wrote its per-prompt records, and they agree with the logged accuracy
+    from hacrl.evaluation import read_eval_records
+
+    records = {s: read_eval_records(tmp_path / "run", s) for s in (0, 1)}
+    assert len(records[1]) == 32 and [r["index"] for r in records[1]] == list(range(32))
+    for name in ("llama-char", "qwen-bpe"):
+        accuracy = sum(r["agents"][name]["reward"] >= 1.0 for r in records[1]) / 32
+        assert accuracy == pytest.approx(last[f"eval/{name}/pass@1"])
+    assert "±" in out  # the change carries its paired standard error
+
+
+def test_paired_change_hand_computed():
+    from hacrl.evaluation import paired_change
+
+    def recs(correct):
+        return [{"prompt": f"p{i}", "agents": {"a": {"reward": float(c)}}} for i, c in enumerate(correct)]
+
+    # differences +1, 0, 0, -1, +1: mean 0.2, sample variance (0.64 + 0.04 + 0.04 + 1.44 + 0.64) / 4 = 0.7
+    change, se = paired_change(recs([0, 1, 0, 1, 0]), recs([1, 1, 0, 0, 1]), "a")
+    assert change == pytest.approx(0.2) and se == pytest.approx((0.7 / 5) ** 0.5)
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_change(recs([0, 1]), recs([0, 1, 1]), "a")

@@ -14,6 +14,7 @@ and the measured accuracies; a second call with the same recipe reuses them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -75,7 +76,7 @@ DEMO = BootstrapRecipe(
             layers=4,
             heads=4,
             kv_heads=4,
-            sft_steps=620,
+            sft_steps=640,
             sft_lr=3e-3,
             seed=1,
             sft_schedule="constant",
@@ -88,12 +89,13 @@ DEMO = BootstrapRecipe(
             layers=4,
             heads=4,
             kv_heads=4,
-            sft_steps=760,
+            sft_steps=720,
             sft_lr=2e-3,
             seed=2,
             sft_schedule="constant",
         ),
-    ]
+    ],
+    sft_batch_size=32,
 )
 """The demo's two agents: 1.1M-parameter Llama on characters, 2.4M-parameter Qwen2 on a 128-token BPE."""
 
@@ -128,7 +130,8 @@ DEMO3 = BootstrapRecipe(
         AgentRecipe(
             "llama-bpe", "llama", "bpe", hidden=160, layers=3, heads=4, kv_heads=4, sft_steps=300, sft_lr=2e-3, seed=3
         ),
-    ]
+    ],
+    sft_batch_size=DEMO.sft_batch_size,
 )
 """DEMO plus a third agent (a 1.2M Llama on the BPE tokenizer) for n = 3 runs."""
 
@@ -192,12 +195,22 @@ def _log(message: str) -> None:
 
 
 def bootstrap(
-    out: str | Path, recipe: BootstrapRecipe = DEMO, *, log=_log, force: bool = False, evaluate_agents: bool = True
+    out: str | Path,
+    recipe: BootstrapRecipe = DEMO,
+    *,
+    log=_log,
+    force: bool = False,
+    evaluate_agents: bool = True,
+    parallel: int | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the recipe's agents under `out`; returns the report stored in `out/bootstrap.json`.
 
     `evaluate_agents=False` skips the greedy evaluation of each warm-started agent (`hacrl demo` does: its training
-    run evaluates the same agents on the same prompts at step 0)."""
+    run evaluates the same agents on the same prompts at step 0). `parallel`: how many agents are warm-started at
+    once, each in its own process with its share of the CPU cores as torch threads (default: as many as there are
+    agents, at most one per core). The warm-start is compute-bound, so on 2 cores two 1-thread processes finish
+    sooner than one 2-thread process doing one agent after the other (and a process count gives the same agents
+    on every run of one machine: the threads per process are part of what the numbers depend on)."""
     out = Path(out)
     manifest = out / "bootstrap.json"
     key = asdict(recipe)
@@ -207,6 +220,37 @@ def bootstrap(
             log(f"bootstrap: reusing the agents cached in {out} (delete it to rebuild)")
             return report
 
+    cores = os.cpu_count() or 1
+    parallel = max(1, min(parallel or cores, len(recipe.agents), cores))
+    threads = max(1, cores // parallel)
+    jobs = [(recipe, a.name, str(out), threads, evaluate_agents) for a in recipe.agents]
+    start = time.perf_counter()
+    if parallel == 1:
+        results = [_warm_start_agent(*job, log=log) for job in jobs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        log(f"bootstrap: warm-starting {len(jobs)} agents, {parallel} at a time ({threads} torch thread(s) each)")
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
+        with ProcessPoolExecutor(max_workers=parallel, mp_context=context) as pool:
+            results = list(pool.map(_warm_start_agent, *zip(*jobs, strict=True)))
+    report: dict[str, Any] = {
+        "recipe": key,
+        "agents": dict(results),
+        "eval_prompts": recipe.eval_size,
+        "parallel": parallel,
+        "torch_threads": threads,
+        "seconds": time.perf_counter() - start,
+    }
+    manifest.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _warm_start_agent(
+    recipe: BootstrapRecipe, name: str, out: str, threads: int, evaluate_agent: bool, log=_log
+) -> tuple[str, dict[str, Any]]:
+    """Tokenizer, model and supervised warm-start of one recipe agent, saved to `out/<name>`; (name, report)."""
     import torch
 
     from hacrl.agents import Agent
@@ -217,68 +261,60 @@ def bootstrap(
     from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
     from hacrl.testbed.sft import SFTConfig, supervised_finetune
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    recipe_agent = next(a for a in recipe.agents if a.name == name)
     task = load_task(data_config(recipe))
-    scorer = scorer_for(task, data_config(recipe), r_max=1.0).start() if evaluate_agents else None
     pairs = [(ex.messages, worked_solution(ex.columns["entry"]["metadata"]["expression"])) for ex in task.train]
     texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
-    report: dict[str, Any] = {"recipe": key, "agents": {}, "eval_prompts": len(task.eval)}
-    for recipe_agent in recipe.agents:
-        start = time.perf_counter()
-        if recipe_agent.tokenizer == "char":
-            tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
-        else:
-            tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
-        model = tiny_model(
-            recipe_agent.family,
-            tokenizer,
-            hidden=recipe_agent.hidden,
-            layers=recipe_agent.layers,
-            heads=recipe_agent.heads,
-            kv_heads=recipe_agent.kv_heads,
-            seed=recipe_agent.seed,
-        )
-        params = sum(p.numel() for p in model.parameters())
-        log(
-            f"bootstrap: {recipe_agent.name}: {recipe_agent.family}, {recipe_agent.tokenizer} tokenizer "
-            f"({len(tokenizer)} tokens), {params / 1e6:.2f}M parameters; supervised warm-start for "
-            f"{recipe_agent.sft_steps} steps"
-        )
-        every = max(1, recipe_agent.sft_steps // 5)
+    if recipe_agent.tokenizer == "char":
+        tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
+    else:
+        tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
+    model = tiny_model(
+        recipe_agent.family,
+        tokenizer,
+        hidden=recipe_agent.hidden,
+        layers=recipe_agent.layers,
+        heads=recipe_agent.heads,
+        kv_heads=recipe_agent.kv_heads,
+        seed=recipe_agent.seed,
+    )
+    params = sum(p.numel() for p in model.parameters())
+    log(
+        f"bootstrap: {name}: {recipe_agent.family}, {recipe_agent.tokenizer} tokenizer ({len(tokenizer)} tokens), "
+        f"{params / 1e6:.2f}M parameters; supervised warm-start for {recipe_agent.sft_steps} steps"
+    )
+    every = max(1, recipe_agent.sft_steps // 5)
 
-        def progress(step: int, loss: float, name=recipe_agent.name, t0=start, every=every) -> None:
-            if step % every == 0:
-                log(f"  {name} sft step {step}: loss {loss:.3f} ({time.perf_counter() - t0:.0f}s)")
+    def progress(step: int, loss: float) -> None:
+        if step % every == 0:
+            log(f"  {name} sft step {step}: loss {loss:.3f} ({time.perf_counter() - start:.0f}s)")
 
-        sft = SFTConfig(
-            steps=recipe_agent.sft_steps,
-            batch_size=recipe.sft_batch_size,
-            lr=recipe_agent.sft_lr,
-            warmup_steps=min(50, recipe_agent.sft_steps // 5),
-            seed=recipe_agent.seed,
-            schedule=recipe_agent.sft_schedule,
-        )
-        supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
-        directory = save_agent(model, tokenizer, out / recipe_agent.name)
-        accuracy = None
-        if scorer is not None:
-            agent_cfg = AgentConfig(name=recipe_agent.name, model=str(directory))
-            agent = Agent(0, agent_cfg, RolloutConfig(max_new_tokens=24))
+    sft = SFTConfig(
+        steps=recipe_agent.sft_steps,
+        batch_size=recipe.sft_batch_size,
+        lr=recipe_agent.sft_lr,
+        warmup_steps=min(50, recipe_agent.sft_steps // 5),
+        seed=recipe_agent.seed,
+        schedule=recipe_agent.sft_schedule,
+    )
+    supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
+    directory = save_agent(model, tokenizer, Path(out) / name)
+    accuracy = None
+    if evaluate_agent:
+        scorer = scorer_for(task, data_config(recipe), r_max=1.0).start()
+        try:
+            agent = Agent(0, AgentConfig(name=name, model=str(directory)), RolloutConfig(max_new_tokens=24))
             accuracy = evaluate(agent, task.eval, scorer)["pass@1"]
-        seconds = time.perf_counter() - start
-        if accuracy is None:
-            log(f"  {recipe_agent.name}: warm-started in {seconds:.0f}s")
-        else:
-            log(f"  {recipe_agent.name}: greedy accuracy {100 * accuracy:.1f}% on {len(task.eval)} eval prompts after "
-                f"{seconds:.0f}s")  # fmt: skip
-        report["agents"][recipe_agent.name] = {
-            "parameters": params,
-            "vocab": len(tokenizer),
-            "seconds": seconds,
-            "eval_pass@1": accuracy,
-        }
-    manifest.write_text(json.dumps(report, indent=1))
-    return report
+        finally:
+            scorer.close()
+    seconds = time.perf_counter() - start
+    if accuracy is None:
+        log(f"  {name}: warm-started in {seconds:.0f}s")
+    else:
+        log(f"  {name}: greedy accuracy {100 * accuracy:.1f}% on {len(task.eval)} eval prompts after {seconds:.0f}s")
+    return name, {"parameters": params, "vocab": len(tokenizer), "seconds": seconds, "eval_pass@1": accuracy}
 
 
 def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: BootstrapRecipe = DEMO) -> dict[str, Any]:
@@ -312,14 +348,19 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in records if any(k.startswith("eval/") for k in r))
     last = records[-1]
+    from hacrl.evaluation import paired_change
+
+    paired = _paired_records(run_dir, first["step"], last["step"]) if config.eval.save_completions else None
     rows = []
     for agent in config.agents:
         before, after = first.get(f"eval/{agent.name}/pass@1"), last.get(f"eval/{agent.name}/pass@1")
+        se = paired_change(*paired, agent.name, config.algorithm.r_max)[1] if paired else None
         rows.append(
             {
                 "agent": agent.name,
                 "before": before,
                 "after": after,
+                "change_se": se,
                 "rollouts": len(history) * config.trainer.prompts_per_step * config.rollout.group_size,
                 "seconds": train_seconds,
             }
@@ -329,17 +370,32 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
     return {"rows": rows, "bootstrap": report, "run_dir": str(run_dir)}
 
 
+def _paired_records(run_dir: Path, first: int, last: int):
+    """The per-prompt records of the first and last evaluation, when both were written."""
+    from hacrl.evaluation import eval_records_path, read_eval_records
+
+    paths = eval_records_path(run_dir, first), eval_records_path(run_dir, last)
+    if first == last or not all(p.is_file() for p in paths):
+        return None
+    return read_eval_records(run_dir, first), read_eval_records(run_dir, last)
+
+
 def _print_summary(rows, report, bootstrap_seconds: float, run_dir: Path, plot: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     n = report.get("eval_prompts", 0)
     se = 100 * (0.25 / n) ** 0.5 if n else float("nan")
-    table = Table(title=f"greedy accuracy, {n} held-out prompts (1 s.e. <= {se:.1f} pts)")
+    table = Table(
+        title=f"greedy accuracy, {n} held-out prompts (1 s.e. of an accuracy <= {se:.1f} pts; change: ± 1 s.e. "
+        "of the paired difference)"
+    )
     for column in ("agent", "before", "after", "change", "rollouts generated", "train time"):
         table.add_column(column, justify="left" if column == "agent" else "right")
     for r in rows:
         change = f"{100 * (r['after'] - r['before']):+.1f}" if r["before"] is not None else "-"
+        if r["before"] is not None and r.get("change_se") is not None:
+            change += f" ± {100 * r['change_se']:.1f}"
         table.add_row(
             r["agent"],
             f"{100 * r['before']:.1f}%",
