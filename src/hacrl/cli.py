@@ -16,6 +16,9 @@ import os
 import sys
 import warnings
 
+RECIPE_NAMES = ["demo", "demo3", "tiny", "tiny3", "complement", "tiny_complement"]
+"""`hacrl.testbed.demo.RECIPES` by name (kept here so that parsing imports nothing heavy; a test checks the two)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     from hacrl.config import GROUPS
@@ -48,15 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     boot.add_argument(
         "--recipe",
         default="demo",
-        choices=["demo", "demo3", "tiny", "tiny3"],
-        help="demo (two agents), demo3 (plus a third), tiny (for tests)",
+        choices=RECIPE_NAMES,
+        help="demo (two agents), demo3 (plus a third), complement (the learning benchmark's complementary bed), "
+        "tiny* (for tests)",
     )
     boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
 
     demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
     demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
     demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    demo.add_argument("--recipe", default="demo", choices=["demo", "demo3", "tiny", "tiny3"], help="bootstrap recipe")
+    demo.add_argument("--recipe", default="demo", choices=RECIPE_NAMES, help="bootstrap recipe")
 
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")

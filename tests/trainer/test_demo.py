@@ -12,10 +12,47 @@ from hacrl.testbed.demo import worked_solution
 
 @pytest.mark.parametrize(
     ("expression", "target"),
-    [("347 + 85", "12,13,4\n432"), ("0 + 0", "0\n0"), ("999 + 1", "10,10,10,1\n1000"), ("12 + 345", "7,5,3\n357")],
+    [
+        ("347 + 85", "12,13,4\n432"),
+        ("0 + 0", "0\n0"),
+        ("999 + 1", "10,10,10,1\n1000"),
+        ("12 + 345", "7,5,3\n357"),
+        ("432 - 85", "7,4,3\n347"),  # 12-5=7 (borrow), 13-8-1=4 (borrow), 4-0-1=3
+        ("85 - 432", "7,4,3\n-347"),  # the larger minus the smaller, sign on the answer
+        ("100 - 99", "1,0,0\n1"),
+        ("7 - 7", "0\n0"),
+        ("1000 - 1", "9,9,9,0\n999"),
+    ],
 )
 def test_worked_solution(expression, target):
     assert worked_solution(expression) == target
+
+
+def test_worked_solution_refuses_other_expressions():
+    with pytest.raises(ValueError, match="'a \\+ b' or 'a - b'"):
+        worked_solution("3 * 4")
+
+
+def test_sub_skill_mix_and_seeded_recipes():
+    from hacrl.cli import RECIPE_NAMES
+    from hacrl.testbed.demo import COMPLEMENT, DEMO, RECIPES, _mix, sub_skill, with_seed
+
+    assert RECIPE_NAMES == list(RECIPES)
+    assert sub_skill("Calculate 85 - 432.") == "-" and sub_skill("347 + 85") == "+"
+    skills = ["+"] * 60 + ["-"] * 40
+    pairs = list(range(100))
+    mixed = _mix(pairs, skills, {"+": 0.85, "-": 0.15})
+    assert mixed == sorted(mixed)  # the data's order
+    assert sum(skills[i] == "+" for i in mixed) == 60 and sum(skills[i] == "-" for i in mixed) == round(
+        60 / 0.85 * 0.15
+    )
+    assert _mix(pairs, skills, None) is pairs
+    # seed 0 is the recipe itself; other seeds move each agent's init and order, never the data
+    assert with_seed(DEMO, 0) is DEMO
+    seeded = with_seed(COMPLEMENT, 3)
+    assert [a.seed for a in seeded.agents] == [a.seed + 3000 for a in COMPLEMENT.agents]
+    assert seeded.data == COMPLEMENT.data and seeded.seed == COMPLEMENT.seed
+    assert [a.sft_mix for a in seeded.agents] == [{"+": 0.85, "-": 0.15}, {"+": 0.15, "-": 0.85}]
 
 
 def test_bootstrap_then_demo_one_hacpo_step(tmp_path, capsys):

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class AgentRecipe:
     bpe_vocab: int = 128
     seed: int = 0
     sft_schedule: str = "cosine"
+    sft_mix: dict[str, float] | None = None
+    """Share of each sub-skill (`+`, `-`) in this agent's warm-start data; None: the task's own mixture."""
 
 
 @dataclass
@@ -157,18 +159,71 @@ TINY3 = BootstrapRecipe(
     sft_batch_size=TINY.sft_batch_size,
 )
 
-RECIPES = {"demo": DEMO, "demo3": DEMO3, "tiny": TINY, "tiny3": TINY3}
+COMPLEMENT_TASK: dict[str, Any] = {
+    "task": "basic_arithmetic",
+    "task_options": {**DEMO_TASK["task_options"], "operators": ["+", "-"]},
+}
+"""1-3 digit additions and subtractions (half each; a subtraction's result may be negative)."""
+
+COMPLEMENT = BootstrapRecipe(
+    agents=[
+        replace(DEMO.agents[0], sft_mix={"+": 0.85, "-": 0.15}),
+        replace(DEMO.agents[1], sft_mix={"+": 0.15, "-": 0.85}),
+    ],
+    data=COMPLEMENT_TASK,
+    sft_batch_size=DEMO.sft_batch_size,
+)
+"""The complementary test bed (learning benchmark, round 2): the demo's two agents, the Llama warm-started mostly
+on additions and the Qwen2 mostly on subtractions (85 / 15), so each is clearly better at a different sub-skill;
+RL then trains and evaluates both on both."""
+
+TINY_COMPLEMENT = replace(
+    TINY,
+    agents=[
+        replace(TINY.agents[0], sft_mix={"+": 0.85, "-": 0.15}),
+        replace(TINY.agents[1], sft_mix={"+": 0.15, "-": 0.85}),
+    ],
+    data=COMPLEMENT_TASK,
+)
+
+RECIPES = {
+    "demo": DEMO,
+    "demo3": DEMO3,
+    "tiny": TINY,
+    "tiny3": TINY3,
+    "complement": COMPLEMENT,
+    "tiny_complement": TINY_COMPLEMENT,
+}
 
 
 def worked_solution(expression: str) -> str:
-    """`347 + 85` -> `12,13,4\\n432`: column sums right to left (carry included), then the answer on its own line.
+    """The warm-start target: column results right to left, then the answer on its own line.
+
+    Addition: column sums, carry included. Subtraction: column digits after borrowing, of the larger minus the
+    smaller operand; the answer carries the sign.
 
     >>> worked_solution("347 + 85")
     '12,13,4\\n432'
     >>> worked_solution("5 + 5")
     '10,1\\n10'
+    >>> worked_solution("432 - 85")
+    '7,4,3\\n347'
+    >>> worked_solution("85 - 432")
+    '7,4,3\\n-347'
     """
-    a, b = (int(x) for x in re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", expression).groups())
+    match = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\d+)\s*", expression)
+    if match is None:
+        raise ValueError(f"worked_solution takes 'a + b' or 'a - b' with non-negative integers, got {expression!r}")
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    if op == "-":
+        big, small = max(a, b), min(a, b)
+        db, ds = str(big)[::-1], str(small)[::-1]
+        digits, borrow = [], 0
+        for i in range(len(db)):
+            d = int(db[i]) - (int(ds[i]) if i < len(ds) else 0) - borrow
+            borrow = int(d < 0)
+            digits.append(str(d + 10 * borrow))
+        return ",".join(digits) + "\n" + str(a - b)
     da, db = str(a)[::-1], str(b)[::-1]
     sums, carry = [], 0
     for i in range(max(len(da), len(db))):
@@ -178,6 +233,39 @@ def worked_solution(expression: str) -> str:
     if carry:
         sums.append(str(carry))
     return ",".join(sums) + "\n" + str(a + b)
+
+
+def sub_skill(expression_or_prompt: str) -> str:
+    """`+` or `-`: which sub-skill a 2-term task (its expression or its prompt, `Calculate 85 - 432.`) exercises."""
+    match = re.search(r"\d\s*([+-])\s*\d", expression_or_prompt)
+    if match is None:
+        raise ValueError(f"no 2-term '+' or '-' expression in {expression_or_prompt!r}")
+    return match.group(1)
+
+
+def _mix(pairs: list, skills: list[str], mix: dict[str, float] | None) -> list:
+    """The warm-start pairs in the recipe's sub-skill proportions: every pair of the most represented sub-skill
+    (relative to its share), and the first pairs of the others up to their shares; the order stays the data's."""
+    if not mix:
+        return pairs
+    counts = {k: skills.count(k) for k in mix}
+    scale = min(counts[k] / w for k, w in mix.items() if w > 0)
+    quota = {k: round(scale * w) for k, w in mix.items()}
+    out = []
+    for pair, skill in zip(pairs, skills, strict=True):
+        if quota.get(skill, 0) > 0:
+            out.append(pair)
+            quota[skill] -= 1
+    return out
+
+
+def with_seed(recipe: BootstrapRecipe, seed: int) -> BootstrapRecipe:
+    """The recipe for benchmark seed `seed`: each agent's initialisation and warm-start order move with the seed;
+    the task data (train and eval prompts) stay the same, so every seed is evaluated on the same prompts."""
+    if seed == 0:
+        return recipe
+    agents = [replace(a, seed=a.seed + 1000 * seed) for a in recipe.agents]
+    return replace(recipe, agents=agents)
 
 
 def data_config(recipe: BootstrapRecipe) -> DataConfig:
@@ -265,8 +353,11 @@ def _warm_start_agent(
     start = time.perf_counter()
     recipe_agent = next(a for a in recipe.agents if a.name == name)
     task = load_task(data_config(recipe))
-    pairs = [(ex.messages, worked_solution(ex.columns["entry"]["metadata"]["expression"])) for ex in task.train]
+    expressions = [ex.columns["entry"]["metadata"]["expression"] for ex in task.train]
+    pairs = [(ex.messages, worked_solution(e)) for ex, e in zip(task.train, expressions, strict=True)]
     texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
+    if recipe_agent.sft_mix:
+        pairs = _mix(pairs, [sub_skill(e) for e in expressions], recipe_agent.sft_mix)
     if recipe_agent.tokenizer == "char":
         tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
     else:
