@@ -356,8 +356,11 @@ def markdown(r: dict) -> str:
                   "| logits | extra peak |", "|---|---|"]  # fmt: skip
         for run in lp["runs"]:
             what = "full" if run["chunk_size"] is None else f"chunks of {run['chunk_size']}"
-            peak = "out of memory" if not run["ok"] else (
-                "n/a (CPU)" if run["extra_peak_gib"] is None else f"{run['extra_peak_gib']:.1f} GiB")
+            peak = (
+                "out of memory"
+                if not run["ok"]
+                else ("n/a (CPU)" if run["extra_peak_gib"] is None else f"{run['extra_peak_gib']:.1f} GiB")
+            )
             lines.append(f"| {what} | {peak} |")
         lines.append("")
     if "step" in r:

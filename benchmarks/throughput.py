@@ -310,6 +310,7 @@ def summarize(runs: list[dict], args) -> dict:
             "work": mine[0]["work"][0] if mine[0]["work"] else {},
             "phases": {k: statistics.median(p[k] for r in mine for p in r["phases"]) for k in mine[0]["phases"][0]},
         }
+
     def paired(system: str, baseline: str) -> dict | None:
         """Per-round ratios of two systems measured in the same round (the machine's speed drifts between rounds)."""
         ratios = []

@@ -92,3 +92,62 @@ def test_throughput_benchmark_smoke(tmp_path):
     assert table["hacrl gspo"]["work"]["completions"] == 256 and table["hacrl gspo"]["work"]["optimizer_steps"] == 1
     assert table["hacrl hacpo x2"]["work"]["completions"] == 512
     assert all(s > 0 for r in result["runs"] for s in r["seconds"])
+
+
+def _load_evidence():
+    spec = importlib.util.spec_from_file_location("evidence_benchmark", ROOT / "benchmarks" / "evidence.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evidence_benchmark_smoke(tmp_path):
+    """Round 2 end to end at tiny size: deltas from the ratio distributions, seed-shifted warm-starts, per-sub-skill
+    curves, paired differences with t intervals over seeds."""
+    bench = _load_evidence()
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--calibrate", "--beds", "complement"]) == 0
+    deltas = json.loads((tmp_path / "deltas.json").read_text())["complement"]
+    for mode, entry in deltas.items():
+        assert entry["delta"] == bench.delta_rule(entry["p10"]), mode
+    methods = ["hacpo_learner_length", "gspo_x2", "hacpo_learner_length_alpha0"]
+    args = ["--smoke", "--out", str(tmp_path), "--beds", "complement", "--seeds", "0", "1", "--methods", *methods]
+    assert bench.main(args) == 0
+    runs = {p.stem for p in (tmp_path / "summaries" / "complement").glob("*.json")}
+    assert runs == {f"{m}-s{s}" for m in methods for s in (0, 1)}
+    # seed 1 warm-started other agents than seed 0 (the warm-start is part of the experiment)
+    s0 = json.loads((tmp_path / ".agents" / "complement-s0" / "bootstrap.json").read_text())["recipe"]
+    s1 = json.loads((tmp_path / ".agents" / "complement-s1" / "bootstrap.json").read_text())["recipe"]
+    assert [a["seed"] + 1000 for a in s0["agents"]] == [a["seed"] for a in s1["agents"]]
+    hacpo = json.loads((tmp_path / "summaries" / "complement" / "hacpo_learner_length-s1.json").read_text())
+    assert hacpo["overrides"][1] == f"algorithm.delta={deltas['learner_length']['delta']}"
+    assert hacpo["machine"]["cores"] >= 1
+    qwen = hacpo["agents"]["qwen-bpe"]
+    assert set(qwen["skill_curves"]) == {"+", "-"} and [s for s, _ in qwen["skill_curves"]["-"]] == [0, 1, 2]
+    result = json.loads((tmp_path / "evidence.json").read_text())
+    comparison = result["beds"]["complement"]["qwen-bpe"]["comparisons"]["hacpo_learner_length - gspo_x2"]["overall"]
+    x2 = {
+        s: json.loads((tmp_path / "summaries" / "complement" / f"gspo_x2-s{s}.json").read_text())["agents"]["qwen-bpe"]
+        for s in (0, 1)
+    }
+    mine = {
+        s: json.loads((tmp_path / "summaries" / "complement" / f"hacpo_learner_length-s{s}.json").read_text())[
+            "agents"
+        ]["qwen-bpe"]
+        for s in (0, 1)
+    }
+    diffs = [100 * (mine[s]["final_accuracy"] - x2[s]["final_accuracy"]) for s in (0, 1)]
+    assert comparison["diffs"] == pytest.approx(diffs)
+    assert (
+        "hacpo_learner_length - hacpo_learner_length_alpha0" in result["beds"]["complement"]["qwen-bpe"]["comparisons"]
+    )
+    assert (tmp_path / "evidence.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paired_ci_hand_computed():
+    bench = _load_evidence()
+    # diffs 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 -> half-width 4.303 / sqrt(3)
+    ci = bench.paired_ci([1.0, 2.0, 3.0])
+    assert ci["mean"] == 2.0 and ci["hi"] - ci["mean"] == pytest.approx(4.303 / 3**0.5)
+    assert bench.paired_ci([5.0])["lo"] is None and bench.paired_ci([])["mean"] is None
+    run = {"curve": [[0, 0.1], [25, 0.3], [50, 0.5]], "train_seconds": [[0, 0.0], [25, 40.0], [50, 80.0]]}
+    assert bench.time_to_accuracy(run, 0.3) == 40.0 and bench.time_to_accuracy(run, 0.6) is None

@@ -184,6 +184,7 @@ TINY_COMPLEMENT = replace(
         replace(TINY.agents[1], sft_mix={"+": 0.15, "-": 0.85}),
     ],
     data=COMPLEMENT_TASK,
+    train_size=3000,  # reasoning-gym's train and held-out streams overlap for the first heldout_size indices
 )
 
 RECIPES = {

@@ -1,0 +1,547 @@
+"""Learning benchmark, round 2: two test beds, three foreign-ratio modes, seeds that vary the warm-start.
+
+The design, methods, seeds, steps and primary metric are pre-registered in `benchmarks/results/analysis.md`
+("Round 2") and were written before any grid run; this script runs exactly that.
+
+- Beds (`benchmarks/configs/<bed>_bed.yaml`): `demo` (both agents warm-started on additions) and `complement`
+  (additions and subtractions; the Llama warm-started mostly on additions, the Qwen2 mostly on subtractions).
+- Seed i bootstraps its own agents (`hacrl.testbed.demo.with_seed`: each agent's initialisation and warm-start
+  order move with i, the task data do not) AND seeds RL sampling and prompt order (`trainer.seed = i`).
+- Methods: `hacpo_<mode>` for each `algorithm.foreign_ratio` mode, `gspo`, `gspo_x2` (twice G: as many sequences
+  per step as a HACPO learner, twice the rollouts), `naive`; on `complement` also the five HACPO ablations under
+  the pre-registered mode. Each HACPO mode runs with the delta its ratio distribution gives (`--calibrate`).
+
+Every (bed, method, seed) run leaves `benchmarks/results/round2/summaries/<bed>/<method>-s<seed>.json` (committed,
+with the machine it ran on); a run whose summary exists is skipped, so the grid runs in parts and on several
+machines (one seed's whole row on one machine: differences are only taken within a seed).
+
+    python benchmarks/evidence.py --calibrate                 # the deltas, from 10-step ratio distributions (once)
+    python benchmarks/evidence.py --beds complement --seeds 0 # one seed of one bed (~1 h on 2 cores)
+    python benchmarks/evidence.py                             # everything that is missing (about 9 h on 2 cores)
+    python benchmarks/evidence.py --aggregate-only            # rebuild evidence.md / .json / .png
+    python benchmarks/evidence.py --smoke --out /tmp/e        # seconds: tiny agents, 2 steps (the tests run it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEDS = {"demo": "demo", "complement": "complement"}  # bed -> bootstrap recipe
+SMOKE_RECIPES = {"demo": "tiny", "complement": "tiny_complement"}
+MODES = ["source_mean", "learner_length", "bytes"]
+ABLATION_MODE = "learner_length"  # pre-registered: the paper's gradient, without the tokenizers' granularity
+ABLATIONS = {
+    "no_capability_baseline": ["algorithm.capability_baseline=false"],
+    "no_rho": ["algorithm.capability_coef=false"],
+    "alpha0": ["algorithm.alpha=0"],
+    "static_clip": ["algorithm.delta_step=0"],
+    "no_foreign_clip": ["algorithm.foreign_clip=false"],
+}
+SEEDS = [0, 1, 2, 3, 4]
+CALIBRATION_STEPS = 10
+DIAGNOSTICS = [
+    "capability",
+    "own_clip_frac",
+    "foreign_clip_frac",
+    "foreign_below_frac",
+    "foreign_above_frac",
+    "foreign_ratio_mean",
+    "foreign_ratio_p10",
+    "foreign_ratio_p50",
+    "foreign_ratio_p90",
+    "foreign_lower_bound",
+]
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Two-sided 95 % quantiles of Student's t by degrees of freedom."""
+
+
+def methods(bed: str) -> dict[str, list[str]]:
+    """Method name -> config overrides (`@delta:<mode>` and `@double_group` are resolved per run)."""
+    out = {f"hacpo_{mode}": [f"algorithm.foreign_ratio={mode}", f"@delta:{mode}"] for mode in MODES}
+    out |= {"gspo": ["algorithm.name=gspo"], "gspo_x2": ["algorithm.name=gspo", "@double_group"]}
+    out["naive"] = ["algorithm.name=naive"]
+    if bed == "complement":
+        for name, overrides in ABLATIONS.items():
+            out[f"hacpo_{ABLATION_MODE}_{name}"] = [
+                f"algorithm.foreign_ratio={ABLATION_MODE}",
+                f"@delta:{ABLATION_MODE}",
+                *overrides,
+            ]
+    return out
+
+
+def comparison_pairs(bed: str) -> list[tuple[str, str]]:
+    """The pre-registered differences (a - b): each HACPO mode against GSPO, GSPOx2 and naive sharing; the
+    tokenizer-neutral modes against the paper's; the full method against each ablation (the mechanism's effect)."""
+    pairs = [(f"hacpo_{mode}", base) for mode in MODES for base in ("gspo", "gspo_x2", "naive")]
+    pairs += [(f"hacpo_{mode}", "hacpo_source_mean") for mode in MODES if mode != "source_mean"]
+    if bed == "complement":
+        pairs += [(f"hacpo_{ABLATION_MODE}", f"hacpo_{ABLATION_MODE}_{name}") for name in ABLATIONS]
+    return pairs
+
+
+def delta_rule(p10_by_learner: dict[str, float]) -> float:
+    """The pre-registered rule: the foreign lower bound 1 - delta at or below every learner's 10th percentile of the
+    foreign ratio (so at least 90 % of foreign rows start inside or above the window), delta rounded up to 0.05 and
+    kept within [0.2 (the paper's), 0.9].
+
+    >>> delta_rule({"a": 0.93, "b": 0.71})
+    0.3
+    >>> delta_rule({"a": 0.99})
+    0.2
+    >>> delta_rule({"a": 0.02})
+    0.9
+    """
+    raw = 1.0 - min(p10_by_learner.values())
+    return round(min(0.9, max(0.2, math.ceil(round(raw / 0.05, 9)) * 0.05)), 2)
+
+
+def machine() -> dict:
+    """Where a run ran: differences are only ever taken within a seed, and a seed's row runs on one machine."""
+    import torch
+
+    cpu = ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "node": platform.node(),
+        "cpu": cpu or platform.processor(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+class Grid:
+    def __init__(self, out: Path, smoke: bool = False, extra: list[str] = ()):
+        self.out, self.smoke, self.extra = out, smoke, list(extra)
+        self.agents_root = out / ".agents" if smoke else ROOT / ".cache" / "bench-agents"
+
+    # -- set-up --------------------------------------------------------------------------------------------------
+    def agents(self, bed: str, seed: int) -> Path:
+        from hacrl.testbed.demo import RECIPES, bootstrap, with_seed
+
+        recipe = RECIPES[(SMOKE_RECIPES if self.smoke else BEDS)[bed]]
+        directory = self.agents_root / f"{bed}-s{seed}"
+        bootstrap(directory, with_seed(recipe, seed), parallel=1 if self.smoke else None)
+        return directory
+
+    def overrides(self, bed: str, seed: int) -> list[str]:
+        agents = self.agents(bed, seed)
+        base = [f"agents.0.model={agents / 'llama-char'}", f"agents.1.model={agents / 'qwen-bpe'}"]
+        if self.smoke:
+            base += [
+                "trainer.steps=2",
+                "trainer.prompts_per_step=4",
+                "trainer.mini_batch_size=8",
+                "trainer.micro_batch_size=8",
+                "trainer.logprob_batch_size=16",
+                "rollout.group_size=4",
+                "data.train_size=500",
+                "data.eval_size=32",
+                "eval.every=1",
+                "logging.tensorboard=false",
+            ]
+        return [*base, *self.extra]
+
+    def config_path(self, bed: str) -> Path:
+        return ROOT / "benchmarks" / "configs" / f"{bed}_bed.yaml"
+
+    # -- deltas --------------------------------------------------------------------------------------------------
+    def deltas_path(self) -> Path:
+        return self.out / "deltas.json"
+
+    def calibrate(self, beds: list[str]) -> dict:
+        """For each bed and ratio mode: a short HACPO run on seed 0's agents (accuracy is never looked at), the
+        learners' 10th percentiles of the foreign ratio over its steps (median over steps), and the delta the
+        pre-registered rule gives."""
+        from hacrl.config import load_config
+        from hacrl.trainer import Trainer
+
+        path = self.deltas_path()
+        table = json.loads(path.read_text()) if path.is_file() else {}
+        for bed in beds:
+            for mode in MODES:
+                if mode in table.get(bed, {}):
+                    print(f"== calibration {bed} {mode}: cached in {path}", flush=True)
+                    continue
+                work = self.out / ".runs" / "calibration" / f"{bed}-{mode}"
+                shutil.rmtree(work, ignore_errors=True)
+                steps = 2 if self.smoke else CALIBRATION_STEPS
+                config = load_config(
+                    self.config_path(bed),
+                    [
+                        *self.overrides(bed, 0),
+                        f"algorithm.foreign_ratio={mode}",
+                        f"trainer.steps={steps}",
+                        "trainer.seed=0",
+                        f"trainer.output_dir={work}",
+                        "eval.every=0",
+                        "eval.at_start=false",
+                        "eval.max_prompts=8",
+                    ],
+                )
+                print(f"== calibration {bed} {mode}: {steps} HACPO steps", flush=True)
+                Trainer(config).train()
+                records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+                p10 = {
+                    a.name: statistics.median(
+                        r[f"{a.name}/foreign_ratio_p10"] for r in records if f"{a.name}/foreign_ratio_p10" in r
+                    )
+                    for a in config.agents
+                }
+                table.setdefault(bed, {})[mode] = {"p10": p10, "delta": delta_rule(p10), "steps": steps}
+                _write_json(path, table)
+        return table
+
+    def delta(self, bed: str, mode: str) -> float:
+        table = json.loads(self.deltas_path().read_text()) if self.deltas_path().is_file() else {}
+        if mode not in table.get(bed, {}):
+            raise SystemExit(f"no delta for bed {bed!r}, mode {mode!r}: run `benchmarks/evidence.py --calibrate` first")
+        return table[bed][mode]["delta"]
+
+    # -- runs ----------------------------------------------------------------------------------------------------
+    def summary_path(self, bed: str, method: str, seed: int) -> Path:
+        return self.out / "summaries" / bed / f"{method}-s{seed}.json"
+
+    def run(self, bed: str, method: str, seed: int) -> dict:
+        """Train one (bed, method, seed) through the real trainer; its summary."""
+        from hacrl.config import load_config
+        from hacrl.trainer import Trainer
+
+        work = self.out / ".runs" / bed / f"{method}-s{seed}"
+        shutil.rmtree(work, ignore_errors=True)  # an interrupted run restarts: its summary was never written
+        base = load_config(self.config_path(bed), self.overrides(bed, seed))
+        overrides = []
+        for item in methods(bed)[method]:
+            if item.startswith("@delta:"):
+                overrides.append(f"algorithm.delta={self.delta(bed, item.split(':', 1)[1])}")
+            elif item == "@double_group":
+                overrides.append(f"rollout.group_size={2 * base.rollout.group_size}")
+            else:
+                overrides.append(item)
+        config = load_config(
+            self.config_path(bed),
+            [*self.overrides(bed, seed), *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}"],
+        )
+        print(f"== {bed} {method} seed {seed}: {config.trainer.steps} steps", flush=True)
+        start = time.perf_counter()
+        Trainer(config).train()
+        seconds = time.perf_counter() - start
+        summary = {
+            "bed": bed,
+            "method": method,
+            "seed": seed,
+            "steps": config.trainer.steps,
+            "seconds": seconds,
+            "overrides": overrides,
+            "machine": machine(),
+            "agents": summarize(work, config),
+        }
+        shutil.rmtree(work / "checkpoints", ignore_errors=True)
+        return summary
+
+
+def summarize(work: Path, config) -> dict:
+    """Per agent: accuracy curve overall and per sub-skill, cumulative training time at each evaluation, rollouts
+    and sequences, and the diagnostics per step and averaged."""
+    from hacrl.evaluation import read_eval_records
+    from hacrl.testbed.demo import sub_skill
+
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    eval_steps = [r["step"] for r in records if any(k.startswith("eval/") for k in r)]
+    elapsed, clock = {}, 0.0
+    for r in records:
+        clock += r.get("time/step", 0.0)
+        elapsed[r["step"]] = clock
+    per_prompt = {s: read_eval_records(work, s) for s in eval_steps}
+    r_max = config.algorithm.r_max
+    out = {}
+    for agent in config.agents:
+        name = agent.name
+        train = [r for r in records if f"{name}/reward_mean" in r]
+        skills: dict[str, list] = {}
+        for s in eval_steps:
+            by_skill: dict[str, list[float]] = {}
+            for row in per_prompt[s]:
+                by_skill.setdefault(sub_skill(row["prompt"]), []).append(float(row["agents"][name]["reward"] >= r_max))
+            for skill, hits in by_skill.items():
+                skills.setdefault(skill, []).append([s, sum(hits) / len(hits)])
+        curve = [[r["step"], r[f"eval/{name}/pass@1"]] for r in records if f"eval/{name}/pass@1" in r]
+        out[name] = {
+            "final_accuracy": curve[-1][1],
+            "initial_accuracy": curve[0][1],
+            "curve": curve,
+            "skill_curves": skills,
+            "train_seconds": [[s, elapsed[s]] for s in eval_steps],
+            "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
+            "sequences_trained": sum(r[f"{name}/trained_sequences"] for r in train),
+            "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in DIAGNOSTICS},
+            "diagnostic_curves": {
+                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in DIAGNOSTICS
+            },
+        }
+    return out
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+def paired_ci(diffs: list[float]) -> dict:
+    """Mean of per-seed differences with its two-sided 95 % t interval over seeds (None below two seeds)."""
+    n = len(diffs)
+    if n == 0:
+        return {"n": 0, "mean": None, "lo": None, "hi": None}
+    mean = statistics.mean(diffs)
+    if n < 2:
+        return {"n": n, "mean": mean, "lo": None, "hi": None, "diffs": diffs}
+    half = T975.get(n - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(n)
+    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half, "diffs": diffs}
+
+
+def time_to_accuracy(run: dict, target: float) -> float | None:
+    """Training seconds until the run's evaluated accuracy first reaches `target` (None: never)."""
+    seconds = dict((s, t) for s, t in run["train_seconds"])
+    for step, accuracy in run["curve"]:
+        if accuracy >= target - 1e-12:
+            return seconds.get(step, 0.0)
+    return None
+
+
+def load_runs(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "summaries").glob("*/*.json"))]
+
+
+def aggregate(out: Path, command: str) -> dict:
+    runs = load_runs(out)
+    cells: dict = {}  # bed -> agent -> method -> seed -> per-agent summary (+ seconds)
+    for run in runs:
+        for agent, res in run["agents"].items():
+            cell = cells.setdefault(run["bed"], {}).setdefault(agent, {}).setdefault(run["method"], {})
+            cell[run["seed"]] = {**res, "seconds": run["seconds"]}
+    result: dict = {"command": command, "runs": len(runs), "beds": {}}
+    for bed, agents in cells.items():
+        bed_out = result["beds"].setdefault(bed, {})
+        for agent, by_method in agents.items():
+            rows = {}
+            for method, seeds in by_method.items():
+                finals = [100 * seeds[s]["final_accuracy"] for s in sorted(seeds)]
+                initial = [100 * seeds[s]["initial_accuracy"] for s in sorted(seeds)]
+                skills = {}
+                for skill in sorted({k for s in seeds.values() for k in s["skill_curves"]}):
+                    skills[skill] = {
+                        "initial": statistics.mean(100 * seeds[s]["skill_curves"][skill][0][1] for s in seeds),
+                        "final": statistics.mean(100 * seeds[s]["skill_curves"][skill][-1][1] for s in seeds),
+                    }
+                rows[method] = {
+                    "seeds": sorted(seeds),
+                    "accuracy_mean": statistics.mean(finals),
+                    "accuracy_sd": statistics.stdev(finals) if len(finals) > 1 else None,
+                    "initial_mean": statistics.mean(initial),
+                    "initial_sd": statistics.stdev(initial) if len(initial) > 1 else None,
+                    "skills": skills,
+                    "seconds": statistics.mean(seeds[s]["seconds"] for s in seeds),
+                    "rollouts_generated": statistics.mean(seeds[s]["rollouts_generated"] for s in seeds),
+                    "sequences_trained": statistics.mean(seeds[s]["sequences_trained"] for s in seeds),
+                    "diagnostics": {k: _mean([seeds[s]["diagnostics"].get(k) for s in seeds]) for k in DIAGNOSTICS},
+                }
+            comparisons = {}
+            for a, b in comparison_pairs(bed):
+                if a in by_method and b in by_method:
+                    comparisons[f"{a} - {b}"] = _compare(by_method[a], by_method[b])
+            tta = {}
+            if "gspo_x2" in by_method:
+                for method in (f"hacpo_{mode}" for mode in MODES if f"hacpo_{mode}" in by_method):
+                    tta[method] = _time_to_accuracy(by_method[method], by_method["gspo_x2"])
+            bed_out[agent] = {"methods": rows, "comparisons": comparisons, "time_to_accuracy": tta}
+    _write_json(out / "evidence.json", result)
+    (out / "evidence.md").write_text(_markdown(result))
+    if runs:
+        _plot(cells, out / "evidence.png")
+    return result
+
+
+def _compare(mine: dict, theirs: dict) -> dict:
+    common = sorted(mine.keys() & theirs.keys())
+    overall = paired_ci([100 * (mine[s]["final_accuracy"] - theirs[s]["final_accuracy"]) for s in common])
+    skills = {}
+    for skill in sorted({k for s in common for k in mine[s]["skill_curves"]}):
+        skills[skill] = paired_ci(
+            [100 * (mine[s]["skill_curves"][skill][-1][1] - theirs[s]["skill_curves"][skill][-1][1]) for s in common]
+        )
+    return {"overall": overall, "skills": skills}
+
+
+def _time_to_accuracy(mine: dict, x2: dict) -> dict:
+    """Per seed: training seconds for HACPO to reach GSPOx2's final accuracy, and GSPOx2's own training seconds."""
+    per_seed = {}
+    for s in sorted(mine.keys() & x2.keys()):
+        target = x2[s]["final_accuracy"]
+        per_seed[s] = {
+            "hacpo_seconds": time_to_accuracy(mine[s], target),
+            "gspo_x2_seconds": x2[s]["train_seconds"][-1][1],
+        }
+    reached = [v for v in per_seed.values() if v["hacpo_seconds"] is not None]
+    ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0]
+    median = statistics.median(ratios) if ratios else None
+    return {"per_seed": per_seed, "reached": len(reached), "ratio_median": median}
+
+
+def _fmt_ci(c: dict) -> str:
+    if c["mean"] is None:
+        return "-"
+    if c["lo"] is None:
+        return f"{c['mean']:+.1f} (1 seed)"
+    mark = " *" if c["lo"] > 0 or c["hi"] < 0 else ""
+    return f"{c['mean']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}]{mark}"
+
+
+def _markdown(result: dict) -> str:
+    lines = [
+        "# Learning benchmark, round 2: HACPO vs baselines on two test beds, seeds that vary the warm-start",
+        "",
+        f"Reproduce: `{result['command']}` (each (bed, method, seed) run is cached in `summaries/`).",
+        "Pre-registration and analysis: `benchmarks/results/analysis.md`, section Round 2. Accuracies are greedy",
+        "pass@1 (%) on the same 1,280 held-out prompts for every run; intervals are 95 % t intervals over seeds of",
+        "per-seed paired differences (same seed: same warm-start, same prompt order); * marks an interval that",
+        "excludes 0. Curves: `evidence.png`.",
+        "",
+    ]
+    for bed, agents in result["beds"].items():
+        lines += [f"## Bed `{bed}`", ""]
+        for agent, data in agents.items():
+            rows = data["methods"]
+            skills = sorted({k for r in rows.values() for k in r["skills"]})
+            lines += [
+                f"### {agent}",
+                "",
+                "| method | seeds | before | after (mean ± sd) | "
+                + " | ".join(f"`{k}` before -> after" for k in skills)
+                + " | rollouts | sequences | time (s) |",
+                "|---|---|---|---|" + "---|" * len(skills) + "---|---|---|",
+            ]
+            for method, r in rows.items():
+                sd = "-" if r["accuracy_sd"] is None else f"{r['accuracy_sd']:.1f}"
+                isd = "" if r["initial_sd"] is None else f" ± {r['initial_sd']:.1f}"
+                sk = " | ".join(
+                    f"{r['skills'][k]['initial']:.1f} -> {r['skills'][k]['final']:.1f}" if k in r["skills"] else "-"
+                    for k in skills
+                )
+                lines.append(
+                    f"| {method} | {len(r['seeds'])} | {r['initial_mean']:.1f}{isd} | {r['accuracy_mean']:.1f} ± {sd} "
+                    f"| {sk} | {r['rollouts_generated']:.0f} | {r['sequences_trained']:.0f} | {r['seconds']:.0f} |"
+                )
+            lines += ["", "| comparison | overall Δ [95 % CI] | " + " | ".join(f"`{k}` Δ" for k in skills) + " |"]
+            lines.append("|---|---|" + "---|" * len(skills))
+            for name, c in data["comparisons"].items():
+                sk = " | ".join(_fmt_ci(c["skills"][k]) if k in c["skills"] else "-" for k in skills)
+                lines.append(f"| {name} | {_fmt_ci(c['overall'])} | {sk} |")
+            if data["time_to_accuracy"]:
+                lines += ["", "| time to GSPOx2's final accuracy | seeds reaching it | median time ratio vs GSPOx2 |"]
+                lines.append("|---|---|---|")
+                for method, t in data["time_to_accuracy"].items():
+                    ratio = "-" if t["ratio_median"] is None else f"{t['ratio_median']:.2f}"
+                    lines.append(f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} |")
+            diag = ["foreign_ratio_p10", "foreign_ratio_p50", "foreign_ratio_p90", "foreign_clip_frac", "capability"]
+            lines += ["", "| method | " + " | ".join(diag) + " |", "|---|" + "---|" * len(diag)]
+            for method, r in rows.items():
+                d = r["diagnostics"]
+                lines.append(f"| {method} | " + " | ".join("-" if d[k] is None else f"{d[k]:.3f}" for k in diag) + " |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(cells: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(bed, agent) for bed, agents in cells.items() for agent in agents]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (bed, agent) in zip(axes[0], panels, strict=True):
+        for method, seeds in cells[bed][agent].items():
+            if method.startswith(f"hacpo_{ABLATION_MODE}_"):  # ablations: in the tables
+                continue
+            curves = [seeds[s]["curve"] for s in sorted(seeds)]
+            n = min(len(c) for c in curves)
+            ax.plot(
+                [c[0] for c in curves[0][:n]],
+                [100 * statistics.mean(c[i][1] for c in curves) for i in range(n)],
+                marker="o",
+                markersize=3,
+                label=method,
+            )
+        ax.set(title=f"{bed}: {agent} (mean over seeds)", xlabel="step", ylabel="greedy accuracy %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _mean(values):
+    values = [v for v in values if isinstance(v, (int, float))]
+    return statistics.mean(values) if values else None
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--beds", nargs="+", default=list(BEDS), choices=list(BEDS))
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of each bed's methods")
+    parser.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
+    parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="extra dotted overrides (not for grid)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "round2"), help="results directory")
+    parser.add_argument("--calibrate", action="store_true", help="measure the ratio distributions, set the deltas")
+    parser.add_argument("--aggregate-only", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
+    args = parser.parse_args(argv)
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out = Path(args.out)
+    grid = Grid(out, smoke=args.smoke, extra=args.overrides)
+    command = "python benchmarks/evidence.py" + (" --smoke" if args.smoke else "")
+    if args.calibrate:
+        table = grid.calibrate(args.beds)
+        print(json.dumps(table, indent=1))
+        return 0
+    if not args.aggregate_only:
+        for seed in args.seeds:  # seed-major: one seed's whole row (its warm-starts and every method) at a time
+            for bed in args.beds:
+                for method in args.methods or methods(bed):
+                    if method not in methods(bed):
+                        continue
+                    target = grid.summary_path(bed, method, seed)
+                    if target.exists():
+                        print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
+                        continue
+                    _write_json(target, grid.run(bed, method, seed))
+    result = aggregate(out, command)
+    print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
