@@ -144,6 +144,11 @@ class Grid:
     def overrides(self, bed: str, seed: int) -> list[str]:
         agents = self.agents(bed, seed)
         base = [f"agents.0.model={agents / 'llama-char'}", f"agents.1.model={agents / 'qwen-bpe'}"]
+        if (agents / "data" / "train.jsonl").is_file():  # a generated task (complement): the seed's copy of it
+            base += [
+                f"data.train_file={agents / 'data' / 'train.jsonl'}",
+                f"data.eval_file={agents / 'data' / 'eval.jsonl'}",
+            ]
         if self.smoke:
             base += [
                 "trainer.steps=2",

@@ -17,11 +17,11 @@ from hacrl.testbed.demo import worked_solution
         ("0 + 0", "0\n0"),
         ("999 + 1", "10,10,10,1\n1000"),
         ("12 + 345", "7,5,3\n357"),
-        ("432 - 85", "7,4,3\n347"),  # 12-5=7 (borrow), 13-8-1=4 (borrow), 4-0-1=3
-        ("85 - 432", "7,4,3\n-347"),  # the larger minus the smaller, sign on the answer
-        ("100 - 99", "1,0,0\n1"),
+        ("432 - 85", "-3,-6,3\n347"),  # 2-5 = -3 (borrow), 3-8-1 = -6 (borrow), 4-0-1 = 3
+        ("100 - 99", "-9,-10,0\n1"),  # 0-9 = -9, 0-9-1 = -10, 1-0-1 = 0
         ("7 - 7", "0\n0"),
-        ("1000 - 1", "9,9,9,0\n999"),
+        ("1000 - 1", "-1,-1,-1,0\n999"),
+        ("58 - 23", "5,3\n35"),
     ],
 )
 def test_worked_solution(expression, target):
@@ -31,6 +31,8 @@ def test_worked_solution(expression, target):
 def test_worked_solution_refuses_other_expressions():
     with pytest.raises(ValueError, match="'a \\+ b' or 'a - b'"):
         worked_solution("3 * 4")
+    with pytest.raises(ValueError, match="non-negative result"):
+        worked_solution("85 - 432")
 
 
 def test_sub_skill_mix_and_seeded_recipes():
@@ -119,3 +121,24 @@ def test_paired_change_hand_computed():
     assert change == pytest.approx(0.2) and se == pytest.approx((0.7 / 5) ** 0.5)
     with pytest.raises(ValueError, match="same prompts"):
         paired_change(recs([0, 1]), recs([0, 1, 1]), "a")
+
+
+def test_generated_arithmetic_task(tmp_path):
+    """The complementary bed's task: subtractions never negative, answers right, splits disjoint, files repeatable."""
+    from hacrl.data import load_task
+    from hacrl.testbed.demo import TINY_COMPLEMENT, data_config, sub_skill, write_task_files
+
+    write_task_files(TINY_COMPLEMENT, tmp_path / "a")
+    write_task_files(TINY_COMPLEMENT, tmp_path / "b")
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / "a" / "data" / name).read_bytes() == (tmp_path / "b" / "data" / name).read_bytes()
+    task = load_task(data_config(TINY_COMPLEMENT, tmp_path / "a"))
+    assert len(task.eval) == TINY_COMPLEMENT.eval_size
+    assert not {ex.prompt for ex in task.train} & {ex.prompt for ex in task.eval}
+    skills = [sub_skill(ex.prompt) for ex in task.train]
+    assert 0.4 < skills.count("-") / len(skills) < 0.6
+    for ex in task.train + task.eval:
+        a, op, b = ex.columns["expression"].split()
+        assert ex.prompt == f"Calculate {a} {op} {b}." and int(ex.columns["answer"]) == eval(f"{a}{op}{b}") >= 0
+    with pytest.raises(ValueError, match="bootstrap directory"):
+        data_config(TINY_COMPLEMENT)
