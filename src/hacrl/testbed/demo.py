@@ -356,7 +356,8 @@ def bootstrap(
     once, each in its own process with its share of the CPU cores as torch threads (default: as many as there are
     agents, at most one per core). The warm-start is compute-bound, so on 2 cores two 1-thread processes finish
     sooner than one 2-thread process doing one agent after the other (and a process count gives the same agents
-    on every run of one machine: the threads per process are part of what the numbers depend on)."""
+    on every run of one machine: the threads per process are part of what the numbers depend on). With more than
+    one process, each prints its own progress and `log` is not used."""
     out = Path(out)
     manifest = out / "bootstrap.json"
     key = asdict(recipe)
