@@ -231,7 +231,8 @@ class Grid:
 
         work = self.out / ".runs" / bed / f"{method}-s{seed}"
         shutil.rmtree(work, ignore_errors=True)  # an interrupted run restarts: its summary was never written
-        base = load_config(self.config_path(bed), self.overrides(bed, seed))
+        common = self.overrides(bed, seed)  # bootstraps the seed's agents (cached after the first run)
+        base = load_config(self.config_path(bed), common)
         overrides = []
         for item in methods(bed)[method]:
             if item.startswith("@delta:"):
@@ -242,7 +243,7 @@ class Grid:
                 overrides.append(item)
         config = load_config(
             self.config_path(bed),
-            [*self.overrides(bed, seed), *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}"],
+            [*common, *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}"],
         )
         print(f"== {bed} {method} seed {seed}: {config.trainer.steps} steps", flush=True)
         start = time.perf_counter()
@@ -263,11 +264,12 @@ class Grid:
 
 
 def summarize(work: Path, config) -> dict:
-    """Per agent: accuracy curve overall and per sub-skill, cumulative training time at each evaluation, rollouts
-    and sequences, and the diagnostics per step and averaged."""
+    """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
+    accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
     from hacrl.evaluation import read_eval_records
     from hacrl.testbed.demo import sub_skill
 
+    out = _round1().summarize_agents(work, config, DIAGNOSTICS)
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     eval_steps = [r["step"] for r in records if any(k.startswith("eval/") for k in r)]
     elapsed, clock = {}, 0.0
@@ -276,10 +278,7 @@ def summarize(work: Path, config) -> dict:
         elapsed[r["step"]] = clock
     per_prompt = {s: read_eval_records(work, s) for s in eval_steps}
     r_max = config.algorithm.r_max
-    out = {}
-    for agent in config.agents:
-        name = agent.name
-        train = [r for r in records if f"{name}/reward_mean" in r]
+    for name, summary in out.items():
         skills: dict[str, list] = {}
         for s in eval_steps:
             by_skill: dict[str, list[float]] = {}
@@ -287,21 +286,19 @@ def summarize(work: Path, config) -> dict:
                 by_skill.setdefault(sub_skill(row["prompt"]), []).append(float(row["agents"][name]["reward"] >= r_max))
             for skill, hits in by_skill.items():
                 skills.setdefault(skill, []).append([s, sum(hits) / len(hits)])
-        curve = [[r["step"], r[f"eval/{name}/pass@1"]] for r in records if f"eval/{name}/pass@1" in r]
-        out[name] = {
-            "final_accuracy": curve[-1][1],
-            "initial_accuracy": curve[0][1],
-            "curve": curve,
-            "skill_curves": skills,
-            "train_seconds": [[s, elapsed[s]] for s in eval_steps],
-            "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
-            "sequences_trained": sum(r[f"{name}/trained_sequences"] for r in train),
-            "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in DIAGNOSTICS},
-            "diagnostic_curves": {
-                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in DIAGNOSTICS
-            },
-        }
+        summary["skill_curves"] = skills
+        summary["train_seconds"] = [[s, elapsed[s]] for s in eval_steps]
     return out
+
+
+def _round1():
+    """`benchmarks/learning.py` as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learning_benchmark", Path(__file__).with_name("learning.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # -- statistics -------------------------------------------------------------------------------------------------

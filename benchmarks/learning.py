@@ -101,7 +101,7 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
     return summary
 
 
-def summarize_agents(work: Path, config) -> dict:
+def summarize_agents(work: Path, config, diagnostics: list[str] = DIAGNOSTICS) -> dict:
     """Per agent: accuracy curve and final value, rollouts, sequences, and every diagnostic per step and averaged."""
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     agents = {}
@@ -115,9 +115,9 @@ def summarize_agents(work: Path, config) -> dict:
             "curve": curve,
             "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
             "sequences_trained": sum(r[f"{name}/trained_sequences"] for r in train),
-            "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in DIAGNOSTICS},
+            "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in diagnostics},
             "diagnostic_curves": {
-                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in DIAGNOSTICS
+                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in diagnostics
             },
         }
     return agents

@@ -141,6 +141,14 @@ def test_evidence_benchmark_smoke(tmp_path):
         "hacpo_learner_length - hacpo_learner_length_alpha0" in result["beds"]["complement"]["qwen-bpe"]["comparisons"]
     )
     assert (tmp_path / "evidence.png").read_bytes()[:4] == b"\x89PNG"
+    # a cached warm-start never lacks its generated data: bootstrap rewrites the files, byte for byte
+    from hacrl.testbed.demo import TINY_COMPLEMENT, bootstrap
+
+    data = tmp_path / ".agents" / "complement-s0" / "data"
+    train = (data / "train.jsonl").read_bytes()
+    (data / "train.jsonl").unlink()
+    bootstrap(data.parent, TINY_COMPLEMENT, parallel=1)
+    assert (data / "train.jsonl").read_bytes() == train
 
 
 def test_paired_ci_hand_computed():

@@ -181,7 +181,8 @@ class TrainerConfig:
     seed: int = 0
     """Seeds sampling and prompt order (not the starting agents)."""
     output_dir: str = "runs/hacrl"
-    """Run directory: config.yaml, metrics.jsonl, TensorBoard events, checkpoints/, plots."""
+    """Run directory: config.yaml, metrics.jsonl, eval/ (per-prompt evaluation records), TensorBoard events,
+    checkpoints/, plots."""
 
 
 @dataclass

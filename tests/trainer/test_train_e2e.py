@@ -73,9 +73,16 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
 def test_three_agents(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
-        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen", "tiny"], run, trainer={"steps": 1}, checkpoint={"every": 0}
+        tmp_path / "c.yaml",
+        tiny_agents,
+        ["llama", "qwen", "tiny"],
+        run,
+        trainer={"steps": 1},
+        checkpoint={"every": 0},
+        eval={"at_start": False, "save_completions": False},
     )
     assert main(["train", str(cfg)]) == 0
+    assert "eval/llama/pass@1" in _metrics(run)[-1] and not (run / "eval").exists()  # evaluated, nothing written
     last = _metrics(run)[-1]
     for name in ("llama", "qwen", "tiny"):
         assert last[f"{name}/optimizer_steps"] == 6  # 3 agents x 8 responses / mini-batch 4

@@ -361,14 +361,14 @@ def bootstrap(
     out = Path(out)
     manifest = out / "bootstrap.json"
     key = asdict(recipe)
+    if "generator" in recipe.data:  # deterministic and cheap: rewritten, so cached agents never lack their data
+        write_task_files(recipe, out)
     if not force and manifest.is_file():
         report = json.loads(manifest.read_text())
         if report.get("recipe") == key and all((out / a.name / "config.json").is_file() for a in recipe.agents):
             log(f"bootstrap: reusing the agents cached in {out} (delete it to rebuild)")
             return report
 
-    if "generator" in recipe.data:
-        write_task_files(recipe, out)
     cores = os.cpu_count() or 1
     parallel = max(1, min(parallel or cores, len(recipe.agents), cores))
     threads = max(1, cores // parallel)
