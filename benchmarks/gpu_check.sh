@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
 # The GPU check, end to end, for a lent GPU machine (one H100 or H200 with its own image: torch with CUDA,
-# transformers 5.17, no omegaconf / math-verify / reasoning-gym, no network). Under 8 minutes on an H200.
+# transformers 5.17, no omegaconf / math-verify / reasoning-gym, no network). About 8 minutes on an H200.
 #
 #   here:        bash benchmarks/fetch_gpu_wheels.sh          # the wheels hacrl needs there, into .gpu-wheels/
-#   GPU machine: bash benchmarks/gpu_check.sh                 # (the device tool: carry .gpu-wheels)
+#                                                             # and a copy of the real tokenizers, .gpu-tokenizers/
+#   GPU machine: bash benchmarks/gpu_check.sh                 # (the device tool: carry .gpu-wheels .gpu-tokenizers)
 #
-# Installs the carried wheels into a private directory (never over the image's torch), runs the GPU tests and
-# benchmarks/gpu_throughput.py, and writes benchmarks/results/gpu.md + gpu.json (into $OUT when set, so that
-# they come back from the device tool).
-set -euo pipefail
+# Installs the carried wheels into a private directory (never over the image's torch), runs the GPU tests and then
+# each part of benchmarks/gpu_throughput.py under its own time limit (GPU time is short: a part that overruns is
+# cut, the parts before it are kept), and writes gpu.md + gpu.json and the logs into $OUT when set (so that they
+# come back from the device tool), else into benchmarks/results.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=/tmp/hacrl-site
 if compgen -G ".gpu-wheels/*.whl" > /dev/null; then
-  python -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu-wheels/*.whl
+  python -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" .gpu-wheels/*.whl || exit 1
 fi
-export PYTHONPATH="$SITE:$PWD/src:$PWD"
+export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1
+[ -d .gpu-tokenizers ] && export HACRL_TOKENIZERS="$PWD/.gpu-tokenizers"
 RESULTS="${OUT:-benchmarks/results}"
-mkdir -p "$RESULTS"
-python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name())"
+MODELS=/tmp/hacrl-gpu-models PARTS=/tmp/hacrl-gpu-parts
+rm -rf "$PARTS"; mkdir -p "$RESULTS" "$MODELS" "$PARTS"
+python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name())" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+nproc; lscpu | grep -m1 'Model name' || true
 start=$(date +%s)
-timeout 180 python -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -5 | tee "$RESULTS/gpu-tests.txt" || true
-timeout 420 python benchmarks/gpu_throughput.py --out "$RESULTS"
-echo "gpu_check: $(( $(date +%s) - start )) s"
+say() { echo "gpu_check: $* ($(( $(date +%s) - start )) s)"; }
+# GPU_CHECK_LIMITS: seconds for the tests, sampling (Qwen3 shape), sampling (Llama shape), parity, log-probs, step
+read -r T_TESTS T_QWEN T_LLAMA T_PARITY T_LOGPROBS T_STEP <<< "${GPU_CHECK_LIMITS:-90 150 90 50 50 150}"
+timeout "$T_TESTS" python -m pytest -q -p no:cacheprovider tests/gpu > "$RESULTS/gpu-tests.txt" 2>&1
+say "tests/gpu exit $? ($(tail -1 "$RESULTS/gpu-tests.txt"))"
+part() {  # part NAME LIMIT ARGS: gpu_throughput.py ARGS under a time limit, then all parts so far merged into gpu.json/md
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python benchmarks/gpu_throughput.py --models "$MODELS" --out "$PARTS/$name" "$@" \
+    >> "$RESULTS/gpu-throughput.log" 2>&1
+  say "$name exit $?"
+  python benchmarks/gpu_throughput.py --out "$RESULTS" --merge "$PARTS"/* > /dev/null
+}
+part 1-sampling-qwen "$T_QWEN" --only sampling --shapes qwen3-0.6b
+part 2-sampling-llama "$T_LLAMA" --only sampling --shapes llama-3.2-1b --backends hf static+graphs
+part 3-parity "$T_PARITY" --only parity
+part 4-logprobs "$T_LOGPROBS" --only logprobs
+part 5-step "$T_STEP" --only step --step-new "${GPU_CHECK_STEP_NEW:-256}"
+say "done"
+cat "$RESULTS/gpu.md" 2>/dev/null

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -34,7 +35,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "tokenizers"
+SHARED = Path(os.environ.get("HACRL_TOKENIZERS", ROOT.parent / "shared" / "data" / "tokenizers"))
+"""The real tokenizers (`../shared/data/tokenizers/`; on a device machine, a carried copy named by HACRL_TOKENIZERS)."""
 
 SHAPES = {  # public configs (hidden, layers, heads, kv heads, head dim, intermediate, vocab, family)
     "qwen3-0.6b": dict(family="qwen3", hidden=1024, layers=28, heads=16, kv=8, head_dim=128, ffn=3072, vocab=151_936),
@@ -52,8 +54,13 @@ HBM_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0, "L40S": 0.864, "A10": 0.6}
 
 
 def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, device: str) -> Path:
-    """A model directory with the shape's random weights and the real tokenizer (a byte tokenizer without it)."""
+    """A model directory with the shape's random weights and the real tokenizer (a byte tokenizer without it);
+    one built earlier into `directory` is reused."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    out = directory / name
+    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+        return out
 
     tokenizer = _tokenizer(shape["family"], shape["vocab"])
     common = dict(
@@ -74,7 +81,6 @@ def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, dev
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    out = directory / name
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del model
@@ -119,11 +125,15 @@ def _sync(device: str) -> None:
 def sampling(directory: Path, device: str, dtype: str, rows: int, new: int, backends: list[tuple[str, bool]]):
     results = []
     for backend, graphs in backends:
+        before = _compile_stats()
         agent = _agent(directory, device, dtype, new, backend, graphs)
         agent.stop_ids = [-1]  # never stop: every row decodes `new` tokens, a fixed amount of work
         prompts = _prompts(agent, rows)
-        agent.sampler.sample(prompts[: min(rows, 8)], 1, batch_size=rows)  # warm-up (compiles / captures graphs)
+        start = time.perf_counter()
+        # warm-up; with CUDA graphs the same call as the timed one (the same shapes: compiles, captures the graphs)
+        agent.sampler.sample(prompts if graphs else prompts[: min(rows, 8)], 1, batch_size=rows)
         _sync(device)
+        first = time.perf_counter() - start
         start = time.perf_counter()
         samples = agent.sampler.sample(prompts, 1, batch_size=rows)
         _sync(device)
@@ -134,10 +144,24 @@ def sampling(directory: Path, device: str, dtype: str, rows: int, new: int, back
                 "backend": backend + (" + CUDA graphs" if graphs else ""),
                 "tokens_per_second": tokens / seconds,
                 "ms_per_step": 1000 * seconds / new,
+                "first_call_s": first,
+                **{k: v - before.get(k, 0) for k, v in _compile_stats().items()},  # this sampler's own
             }
         )
         del agent
     return results
+
+
+def _compile_stats() -> dict:
+    """What torch.compile did so far in this process: graphs compiled, and whether CUDA graphs were skipped."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    return {
+        "compiled_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "cudagraph_skips": sum(counters["inductor"].get(k, 0) for k in counters["inductor"] if "cudagraph_skip" in k),
+    }
 
 
 def roofline(directory: Path, device: str, dtype: str, rows: int, new: int, prompt: int) -> dict | None:
@@ -191,7 +215,9 @@ def logprob_memory(directory: Path, device: str, dtype: str, rows: int, length: 
     responses = [torch.randint(0, vocab, (length - 64,), generator=g).tolist() for _ in range(rows)]
     batch = TokenBatch.build(prompts, responses, agent.pad_id, agent.device)
     out = []
-    for chunk in (None, 1024):
+    for chunk, checkpointing in ((None, False), (1024, False), (1024, True)):
+        if checkpointing:
+            agent.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         agent.model.zero_grad(set_to_none=True)
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -201,9 +227,11 @@ def logprob_memory(directory: Path, device: str, dtype: str, rows: int, length: 
             logp = token_logprobs(agent.model, batch, 1.0, chunk_size=chunk)
             logp[batch.response_mask].mean().backward()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if device.startswith("cuda") else None
-            out.append({"chunk_size": chunk, "extra_peak_gib": peak, "ok": True})
+            out.append({"chunk_size": chunk, "checkpointing": checkpointing, "extra_peak_gib": peak, "ok": True})
         except torch.OutOfMemoryError:
-            out.append({"chunk_size": chunk, "extra_peak_gib": None, "ok": False, "error": "out of memory"})
+            out.append({"chunk_size": chunk, "checkpointing": checkpointing, "extra_peak_gib": None, "ok": False,
+                        "error": "out of memory"})  # fmt: skip
+        logp = None
         agent.model.zero_grad(set_to_none=True)
     return out
 
@@ -237,14 +265,17 @@ def hacpo_step(dirs: list[Path], device: str, dtype: str, new: int, prompts: int
     path = work / f"{backend}.yaml"
     path.write_text(yaml.safe_dump(config))
     trainer = Trainer(load_config(path))
+    warm_up = None
     try:
-        trainer.train_step()  # warm-up: compiles, allocator
+        if backend != "hf":  # compiles and captures the decode graphs; `hf` has nothing to compile
+            warm_up = trainer.train_step()["time/step"]
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         metrics = trainer.train_step()
     finally:
         trainer.close()
     out = {k: metrics[k] for k in ("time/step", "time/sampling", "time/scoring", "time/update")}
+    out["warm_up_step_s"] = warm_up
     out["sampling_share"] = metrics["time/sampling"] / metrics["time/step"]
     if device.startswith("cuda"):
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -275,53 +306,102 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--models", help="build the random-weight models here once, reuse them (default: a temp dir)")
+    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-3.2-1b"], help="which model shapes")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["hf", "static", "static+graphs"],
+        help="samplers to time (static+graphs: on a GPU only)",
+    )
+    parser.add_argument("--step-new", type=int, default=512, help="new tokens per response in the HACPO step")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="merge the results of parts run separately (their --out directories) into --out, instead of measuring",
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge([Path(d) for d in args.merge], Path(args.out))
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     dtype = "float32" if device == "cpu" else "bfloat16"
     shapes = TINY if args.tiny or device == "cpu" else SHAPES
     rows, new = (8, 16) if device == "cpu" else (args.rows, args.new)
     logprob_rows, logprob_len = (2, 128) if device == "cpu" else (16, 4096)
-    backends = [("hf", False), ("static", False)] + ([("static", True)] if device == "cuda" else [])
+    backends = [(b.split("+")[0], b.endswith("+graphs")) for b in args.backends]
+    backends = [(b, graphs) for b, graphs in backends if device == "cuda" or not graphs]
     command = "python benchmarks/gpu_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result: dict = {"command": command.strip(), "device": device, "dtype": dtype, **_stamp(device)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "gpu" if device == "cuda" else "gpu-cpu-dry-run"
+
+    def save() -> None:  # after every part: a run stopped by a time limit keeps what it measured
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (out / f"{stem}.md").write_text(markdown(result))
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        names = ["qwen3-0.6b", "llama-3.2-1b"]
-        dirs = {n: build_agent(n, shapes[n], work, getattr(torch, dtype), "cpu") for n in names}
+        models = Path(args.models) if args.models else work
+        names = args.shapes
+        build_device = device if device == "cuda" else "cpu"
+        dirs = {n: build_agent(n, shapes[n], models, getattr(torch, dtype), build_device) for n in names}
         if "sampling" in args.only:
-            result["sampling"] = {
-                n: {
-                    "rows": rows,
-                    "new_tokens": new,
-                    "backends": sampling(dirs[n], device, dtype, rows, new, backends),
-                    "roofline": roofline(dirs[n], device, dtype, rows, new, 64),
-                }
-                for n in names
-            }
+            result["sampling"] = {}
+            for n in names:
+                entry = result["sampling"][n] = {"rows": rows, "new_tokens": new, "backends": [], "roofline": None}
+                entry["roofline"] = roofline(dirs[n], device, dtype, rows, new, 64)
+                for backend in backends:  # saved one by one: a part cut by its time limit keeps what it measured
+                    entry["backends"] += sampling(dirs[n], device, dtype, rows, new, [backend])
+                    save()
+                    print(json.dumps({n: entry["backends"][-1]}), flush=True)
         if "parity" in args.only:
-            result["parity"] = {n: parity(dirs[n], device, dtype, rows, min(new, 128)) for n in names}
+            result["parity"] = {}
+            for n in names:
+                result["parity"][n] = parity(dirs[n], device, dtype, rows, min(new, 128))
+                save()
         if "logprobs" in args.only:
             result["logprobs"] = {
                 "rows": logprob_rows,
                 "tokens": logprob_len,
-                "runs": logprob_memory(dirs["qwen3-0.6b"], device, dtype, logprob_rows, logprob_len),
+                "shape": names[0],
+                "runs": logprob_memory(dirs[names[0]], device, dtype, logprob_rows, logprob_len),
             }
+            save()
         if "step" in args.only:
-            step_new, step_prompts = (8, 2) if device == "cpu" else (512, 32)
-            result["step"] = {
-                "new_tokens": step_new,
-                "prompts": step_prompts,
-                **{
-                    b: hacpo_step(list(dirs.values()), device, dtype, step_new, step_prompts, b, work)
-                    for b in ("hf", "static")
-                },
-            }
-    out = Path(args.out)
+            step_new, step_prompts = (8, 2) if device == "cpu" else (args.step_new, 32)
+            result["step"] = {"new_tokens": step_new, "prompts": step_prompts}
+            for b in ("static", "hf"):
+                result["step"][b] = hacpo_step(list(dirs.values()), device, dtype, step_new, step_prompts, b, work)
+                save()
+    save()
+    print(markdown(result))
+    return 0
+
+
+def merge(parts: list[Path], out: Path) -> int:
+    """One gpu.json + gpu.md from the parts that got as far as writing their results."""
+    result: dict = {}
+    for part in parts:
+        file = next((f for f in (part / "gpu.json", part / "gpu-cpu-dry-run.json") if f.is_file()), None)
+        if file is None:
+            continue
+        data = json.loads(file.read_text())
+        commands = result.get("command", "")
+        for key, value in data.items():  # parts may measure different models of one section
+            if isinstance(value, dict) and isinstance(result.get(key), dict):
+                result[key] = {**result[key], **value}
+            else:
+                result[key] = value
+        result["command"] = "; ".join(c for c in (commands, data["command"]) if c)
+    if not result:
+        print("no part wrote results")
+        return 1
     out.mkdir(parents=True, exist_ok=True)
-    stem = "gpu" if device == "cuda" else "gpu-cpu-dry-run"
+    stem = "gpu" if result["device"] == "cuda" else "gpu-cpu-dry-run"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
-    print(markdown(result))
     return 0
 
 
@@ -331,17 +411,22 @@ def markdown(r: dict) -> str:
     lines.append(f"Device: {machine} ({r['device']}, {r['dtype']}); torch {r['torch']}, transformers "
                  f"{r['transformers']}" + (f", driver {r['driver']}" if "driver" in r else "") + ".")  # fmt: skip
     lines += [f"Command: `{r['command']}`.", ""]
+    for note in r.get("notes", []):
+        lines += [note, ""]
     if "sampling" in r:
         lines += ["## Sampling (random weights: every row runs to the length limit)", ""]
-        lines += ["| model | rows x new | backend | tokens/s | ms per step |", "|---|---|---|---|---|"]
+        lines += ["| model | rows x new | backend | tokens/s | ms per step | first call s (compiles) "
+                  "| graphs compiled | CUDA-graph skips |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for model, s in r["sampling"].items():
             for b in s["backends"]:
                 lines.append(f"| {model} | {s['rows']} x {s['new_tokens']} | {b['backend']} | "
-                             f"{b['tokens_per_second']:,.0f} | {b['ms_per_step']:.1f} |")  # fmt: skip
+                             f"{b['tokens_per_second']:,.0f} | {b['ms_per_step']:.1f} | "
+                             f"{b.get('first_call_s', float('nan')):.1f} | {b.get('compiled_graphs', '-')} | "
+                             f"{b.get('cudagraph_skips', '-')} |")  # fmt: skip
             if s["roofline"]:
                 f = s["roofline"]
                 lines.append(f"| {model} | | HBM roofline ({f['hbm_tb_per_s']} TB/s) | {f['tokens_per_second']:,.0f} | "
-                             f"{f['ms_per_step']:.2f} |")  # fmt: skip
+                             f"{f['ms_per_step']:.2f} | | | |")  # fmt: skip
         lines.append("")
     if "parity" in r:
         lines += ["## Greedy parity, static vs hf", "", "| model | rows | identical | differ at a near-tie | differ |",
@@ -352,10 +437,13 @@ def markdown(r: dict) -> str:
         lines.append("")
     if "logprobs" in r:
         lp = r["logprobs"]
-        lines += [f"## Log-probs + backward, {lp['rows']} x {lp['tokens']} tokens (qwen3-0.6b shape)", "",
+        shape = lp.get("shape", "qwen3-0.6b")
+        lines += [f"## Log-probs + backward, {lp['rows']} x {lp['tokens']} tokens ({shape} shape)", "",
                   "| logits | extra peak |", "|---|---|"]  # fmt: skip
         for run in lp["runs"]:
             what = "full" if run["chunk_size"] is None else f"chunks of {run['chunk_size']}"
+            if run.get("checkpointing"):
+                what += " + gradient checkpointing"
             peak = (
                 "out of memory"
                 if not run["ok"]
@@ -366,13 +454,17 @@ def markdown(r: dict) -> str:
     if "step" in r:
         st = r["step"]
         lines += [f"## One 2-agent HACPO step ({st['prompts']} prompts x 8, {st['new_tokens']} new tokens)", "",
-                  "| sampler | step s | sampling s | scoring s | update s | sampling share | peak GiB |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| sampler | step s | sampling s | scoring s | update s | sampling share | peak GiB "
+                  "| warm-up step s |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for backend in ("hf", "static"):
+            if backend not in st:
+                continue
             t = st[backend]
             peak = f"{t['peak_gib']:.1f}" if "peak_gib" in t else "-"
+            warm = "-" if t.get("warm_up_step_s") is None else f"{t['warm_up_step_s']:.2f}"
             lines.append(f"| {backend} | {t['time/step']:.2f} | {t['time/sampling']:.2f} | {t['time/scoring']:.2f} | "
-                         f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} |")  # fmt: skip
+                         f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} | {warm} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

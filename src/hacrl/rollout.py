@@ -68,8 +68,11 @@ def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> tuple[list[int], bool
     return tokens, False
 
 
-def pad_left(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
+def pad_left(
+    rows: list[list[int]], pad_id: int, device: torch.device, width: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Rows left-padded to `width` (default: the longest row): ids and attention mask."""
+    width = max([len(r) for r in rows] + [width or 0])
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):

@@ -63,6 +63,29 @@ def test_static_greedy_equals_hf_generate_token_for_token(name, sync_every, live
     assert len(lengths) > 2 and any(s.finished for s in reference) and any(not s.finished for s in reference)
 
 
+def test_the_cuda_graph_layout_keeps_shapes_and_caches_and_still_equals_hf(lively, monkeypatch):
+    """The shape discipline that `cuda_graphs` turns on (prompts padded to a WIDTH_BUCKET multiple, one KV cache per
+    shape reset and reused), run eagerly on the CPU: outputs still equal `hf`'s token for token, and calls with
+    different prompt widths share one (rows, length) cache object."""
+    import hacrl.samplers.static as static_module
+
+    monkeypatch.setattr(static_module, "WIDTH_BUCKET", 16)
+    agent = _agent(lively["llama"])
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    sampler = StaticSampler(agent)
+    sampler.cuda_graphs = True  # the layout without torch.compile (which needs a GPU for its graphs)
+    short, long = prompts[:4], prompts[4:8]
+    widths = {max(len(p) for p in short), max(len(p) for p in long)}
+    assert len(widths) == 2 and len({-(-w // 16) for w in widths}) == 1  # two widths, one bucket
+    for rows in (short, long, short):
+        reference = agent.sampler.sample(rows, 1, greedy=True, batch_size=4)
+        static = sampler.sample(rows, 1, greedy=True, batch_size=4)
+        assert [s.response_ids for s in static] == [s.response_ids for s in reference]
+    assert len(sampler._caches) == 1
+    (cache,) = sampler._caches.values()
+    assert sampler._cache(type(cache), agent.model.config, *next(iter(sampler._caches))) is cache
+
+
 def test_static_sampler_honours_the_length_limit_and_batches(lively):
     agent = _agent(lively["qwen"], max_new_tokens=5)
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]

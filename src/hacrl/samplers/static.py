@@ -11,7 +11,10 @@ One call decodes a batch of rows (prompts left-padded to one length P) for up to
    most half, the running rows are gathered into the next power-of-two batch (cache, mask, positions, logits), so
    finished rows stop costing attention work and the decode step only ever sees a few shapes (one CUDA graph each).
 4. `cuda_graphs=True` (`rollout.cuda_graphs`) compiles the decode step with `torch.compile(mode="reduce-overhead")`,
-   which captures it as a CUDA graph per shape. Everything else is the same on CPU and GPU, and tested on CPU:
+   which captures it as a CUDA graph per shape. So that the shapes repeat from call to call, the prompts are then
+   left-padded to a multiple of `WIDTH_BUCKET` tokens and the KV cache of each (rows, length) shape is kept and
+   reset rather than reallocated (a captured graph reads and writes fixed addresses). Everything else is the same
+   on CPU and GPU, and tested on CPU:
    greedy outputs equal `hf`'s token for token, sampled ones follow the same distribution (same temperature and
    top-p rules as transformers' logits warpers), stops and length limits are handled the same way.
 """
@@ -26,6 +29,8 @@ from hacrl.samplers import Sampler
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
+WIDTH_BUCKET = 64
+"""With CUDA graphs: prompts are left-padded to a multiple of this many tokens, so few shapes are ever compiled."""
 
 
 class StaticSampler(Sampler):
@@ -34,6 +39,9 @@ class StaticSampler(Sampler):
     def __init__(self, agent, *, cuda_graphs: bool = False, sync_every: int = SYNC_EVERY) -> None:
         super().__init__(agent)
         self.sync_every = sync_every
+        self.cuda_graphs = cuda_graphs
+        self._caches: dict[tuple[int, int], object] = {}
+        """With CUDA graphs: one KV cache per (rows, length), reset and reused by every call of that shape."""
         self._step = self._decode_step
         if cuda_graphs:
             self._step = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
@@ -52,11 +60,13 @@ class StaticSampler(Sampler):
         agent, model = self.agent, self.agent.model
         device, pad, steps = agent.device, agent.pad_id, agent.max_new_tokens
         batch, width = len(rows), max(len(r) for r in rows)
-        input_ids, prompt_mask = pad_left(rows, pad, device)
+        if self.cuda_graphs:
+            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
+        input_ids, prompt_mask = pad_left(rows, pad, device, width)
         attention = torch.zeros((batch, width + steps), dtype=torch.long, device=device)
         attention[:, :width] = prompt_mask
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = StaticCache(config=model.config, max_cache_len=width + steps)
+        cache = self._cache(StaticCache, model.config, batch, width + steps)
         logits = model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -96,6 +106,18 @@ class StaticSampler(Sampler):
         last = out[:, steps - 1]
         done = (lengths < steps) | torch.isin(last, stops)
         return out.tolist(), lengths.tolist(), done.tolist()
+
+    def _cache(self, factory, config, batch: int, length: int):
+        """A fresh StaticCache, or with CUDA graphs the kept one of this shape, emptied (same tensors, same
+        addresses). Row compaction (`_select_rows`) replaces a layer's tensors, so a compacted cache is not kept."""
+        if not self.cuda_graphs:
+            return factory(config=config, max_cache_len=length)
+        cache = self._caches.get((batch, length))
+        if cache is None or any(getattr(layer, "batch_size", batch) != batch for layer in cache.layers):
+            cache = self._caches[(batch, length)] = factory(config=config, max_cache_len=length)
+        else:
+            cache.reset()
+        return cache
 
     def _decode_step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:
         """One token per row through the model; fixed shapes for a given batch size (a CUDA graph each)."""
