@@ -16,6 +16,10 @@ work per step (completions, generated tokens, optimizer steps: checked equal acr
     trl gspo         TRL GRPOTrainer(importance_sampling_level="sequence", loss_type="grpo", epsilon 3e-4 / 4e-4)
     hacrl hacpo x2   hacrl, algorithm hacpo, two agents (each trains on both agents' 256 completions)
     hacrl gspo G=16  GSPOx2: one agent, twice the completions (as many sequences trained as a HACPO learner)
+    hacrl hacpo x2 sampler-logprobs   hacpo x2 with `trainer.old_logprobs: sampler` (no pre-update pass)
+
+    python benchmarks/throughput.py --systems "hacrl gspo" "hacrl hacpo x2" "hacrl hacpo x2 sampler-logprobs" \
+        --rounds 2 --out DIR                         # some rows only (no TRL needed), order alternated per round
 
 Writes benchmarks/results/throughput.md and throughput.json.
 """
@@ -79,7 +83,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int) -> dict:
 
     torch.set_num_threads(2)
     model_dir = work / "llama-char"
-    agents = ["a", "b"] if system == "hacrl hacpo x2" else ["a"]
+    agents = ["a", "b"] if system.startswith("hacrl hacpo x2") else ["a"]
     group = 2 * G if system == "hacrl gspo G=16" else G
     per_agent = PER_STEP * group
     config = {
@@ -90,6 +94,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int) -> dict:
                  "reward_function": "throughput:contains_answer"},
         "trainer": {"steps": steps + warmup, "prompts_per_step": PER_STEP, "mini_batch_size": per_agent,
                     "micro_batch_size": 64, "logprob_batch_size": per_agent,
+                    "old_logprobs": "sampler" if system.endswith("sampler-logprobs") else "recompute",
                     "output_dir": str(work / f"run-{os.getpid()}")},
         "eval": {"at_start": False},
         "logging": {"console": False, "tensorboard": False, "jsonl": False},
@@ -246,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--resummarize", action="store_true", help="rebuild the tables from --out/throughput.json")
+    parser.add_argument("--systems", nargs="+", help="measure only these rows, every round (order alternated)")
     args = parser.parse_args(argv)
     if args.measure:
         measure(args.measure, args.steps, args.warmup)
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         plan = [["hacrl gspo", "hacrl hacpo x2"]]
         args.steps, args.warmup = 2, 0
+    elif args.systems:
+        plan = [list(args.systems) if r % 2 == 0 else list(reversed(args.systems)) for r in range(args.rounds)]
     else:
         try:
             import trl  # noqa: F401
@@ -331,6 +339,8 @@ def summarize(runs: list[dict], args) -> dict:
         "hacrl_over_trl": paired("hacrl gspo", "trl gspo"),
         "hacpo_over_gspo": paired("hacrl hacpo x2", "hacrl gspo"),
         "gspo_x2_over_gspo": paired("hacrl gspo G=16", "hacrl gspo"),
+        "hacpo_sampler_over_gspo": paired("hacrl hacpo x2 sampler-logprobs", "hacrl gspo"),
+        "hacpo_sampler_over_hacpo": paired("hacrl hacpo x2 sampler-logprobs", "hacrl hacpo x2"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl_version},
         "steps": args.steps,
@@ -368,11 +378,16 @@ def markdown(summary: dict, args, argv) -> str:
             f"hacrl / TRL, median of per-round ratios: **{r['median']:.3f}** (rounds: "
             + ", ".join(f"{x:.3f}" for x in r["per_round"]) + ")."
         )  # fmt: skip
-    for key, what in (("hacpo_over_gspo", "hacrl HACPO with 2 agents"), ("gspo_x2_over_gspo", "hacrl GSPOx2 (G = 16)")):
+    for key, what, base in (
+        ("hacpo_over_gspo", "hacrl HACPO with 2 agents", "one hacrl GSPO agent"),
+        ("gspo_x2_over_gspo", "hacrl GSPOx2 (G = 16)", "one hacrl GSPO agent"),
+        ("hacpo_sampler_over_gspo", "hacrl HACPO with 2 agents, sampler log-probs", "one hacrl GSPO agent"),
+        ("hacpo_sampler_over_hacpo", "hacrl HACPO with 2 agents, sampler log-probs", "the same, recomputed"),
+    ):
         if summary.get(key):
             r = summary[key]
             lines.append(
-                f"{what} / one hacrl GSPO agent, same rounds: **{r['median']:.2f}** (rounds: "
+                f"{what} / {base}, same rounds: **{r['median']:.2f}** (rounds: "
                 + ", ".join(f"{x:.2f}" for x in r["per_round"]) + ")."
             )  # fmt: skip
     lines.append(

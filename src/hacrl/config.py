@@ -178,6 +178,13 @@ class TrainerConfig:
     """None: log-probs from the model's full logits (rows x positions x vocabulary floats). An int: only response
     positions go through the output layer, this many at a time, recomputed in the backward pass, so memory no
     longer grows with vocabulary x positions (set it for large vocabularies and long responses, e.g. 1024)."""
+    old_logprobs: str = "recompute"
+    """Where the pre-update log-probs of an agent's own responses come from, when they are needed (rows trained
+    after the learner's first optimizer step, and the log-prob sums other learners read under sharing):
+    `recompute`: a teacher-forced no-grad pass over the responses after sampling (exact; what hacrl always did);
+    `sampler`: the log-probs the sampler computed while drawing each token (no extra pass; equal to the recomputed
+    ones up to float rounding: <= 2e-5 per token in float32 on the CPU, larger in bf16: measure before relying on
+    it). Rows of the first optimizer step always use the training forward's own (ratio exactly 1)."""
     seed: int = 0
     """Seeds sampling and prompt order (not the starting agents)."""
     output_dir: str = "runs/hacrl"
@@ -393,6 +400,14 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"trainer.logprob_batch_size must be >= 1, got {t.logprob_batch_size}")
     if t.logprob_chunk_size is not None and t.logprob_chunk_size < 1:
         raise ConfigError(f"trainer.logprob_chunk_size must be >= 1 or null, got {t.logprob_chunk_size}")
+    if t.old_logprobs not in ("recompute", "sampler"):
+        raise ConfigError(f"trainer.old_logprobs must be 'recompute' or 'sampler', got {t.old_logprobs!r}")
+    top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
+    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
+        raise ConfigError(
+            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
+            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
+        )
     if r.batch_size is not None and r.batch_size < 1:
         raise ConfigError(f"rollout.batch_size must be >= 1 or null, got {r.batch_size}")
     if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):

@@ -30,6 +30,9 @@ class Sample:
     text: str
     finished: bool
     """True: ended with a stop token (`eos`); False: cut at max_new_tokens (`length`)."""
+    logprobs: list[float] | None = None
+    """With `sample(..., logprobs=True)`: each response token's log-prob under the sampling policy at the sampling
+    temperature (log-softmax of logits / T, no top-p), as the sampler computed it while drawing."""
 
     @property
     def finish_reason(self) -> str:
@@ -38,7 +41,8 @@ class Sample:
 
 def generate(agent: Agent, prompts: list[list[int]], num_samples: int, **options) -> list[Sample]:
     """`num_samples` responses to each prompt (prompt-major: all of prompt 0's, then prompt 1's, ...) from the
-    agent's sampler (`rollout.backend`); options: greedy, batch_size, temperature (`hacrl.samplers.Sampler`)."""
+    agent's sampler (`rollout.backend`); options: greedy, batch_size, temperature, logprobs
+    (`hacrl.samplers.Sampler`)."""
     return agent.sampler.sample(prompts, num_samples, **options)
 
 

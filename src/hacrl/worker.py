@@ -109,12 +109,16 @@ class AgentWorker:
         began = time.time()
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
+        from_sampler = self.spec.trainer.old_logprobs == "sampler"
         with self._own_rng():
-            samples = generate(agent, prompt_ids, group_size, batch_size=batch_size)
+            samples = generate(agent, prompt_ids, group_size, batch_size=batch_size, logprobs=from_sampler)
         faults.hit("sampling")
         generated = time.perf_counter()
         needed = self._rows_needing_old_logprobs(len(samples))
-        computed = iter(self._old_logprobs([samples[i] for i in needed]))
+        if from_sampler:  # trainer.old_logprobs=sampler: what the sampler computed while drawing, no extra pass
+            computed = iter(torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in needed)
+        else:
+            computed = iter(self._old_logprobs([samples[i] for i in needed]))
         wanted = set(needed)
         old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
         done = time.perf_counter()

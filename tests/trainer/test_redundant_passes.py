@@ -101,3 +101,52 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
         assert shared != pytest.approx(after, abs=1e-5)  # llama did train in the step
     finally:
         trainer.close()
+
+
+def _records(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("backend", ["hf", "static"])
+def test_sampler_logprobs_replace_the_pass_within_float_rounding(backend, tiny_agents, tmp_path, monkeypatch):
+    """`trainer.old_logprobs: sampler`: no pre-update pass at all, not even for the sums other learners read or the
+    rows after the first optimizer step; the same responses are drawn (recording log-probs changes no score and
+    no random draw), so rewards are identical, and every loss-side metric equals the recomputing run's up to float
+    rounding."""
+    counted = _count_pass_rows(monkeypatch)
+    runs = {}
+    for mode in ("recompute", "sampler"):
+        runs[mode] = tmp_path / mode
+        cfg = write_config(
+            tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode], algorithm={"name": "hacpo"},
+            rollout={"backend": backend},
+            trainer={"steps": 1, "mini_batch_size": 4, "micro_batch_size": 2, "old_logprobs": mode},
+            data={"reward_function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+        )  # fmt: skip
+        assert main(["train", str(cfg)]) == 0
+    assert counted == [8, 8]  # the recomputing run's two agents; the sampler run adds none
+    exact, close = _records(runs["recompute"])[-1], _records(runs["sampler"])[-1]
+    compared = 0
+    for key, value in exact.items():
+        if any(w in key for w in ("time", "second", "rss", "memory")) or not isinstance(value, float):
+            continue
+        if "reward" in key or "capabilit" in key:
+            assert close[key] == value, key
+        else:
+            assert close[key] == pytest.approx(value, rel=1e-3, abs=1e-4), key
+        compared += 1
+    assert compared > 20
+
+
+def test_sampler_logprobs_refuse_top_p(tiny_agents, tmp_path):
+    """The sampler draws from the top-p-truncated distribution while the loss uses the full one: refused, with
+    the fix named."""
+    from hacrl.config import load_config
+    from hacrl.errors import ConfigError
+
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", rollout={"top_p": 0.9},
+        trainer={"old_logprobs": "sampler"}, data={"reward_function": "tests.reward_fixtures:digits"},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="old_logprobs=recompute"):
+        load_config(cfg)

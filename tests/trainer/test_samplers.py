@@ -86,6 +86,30 @@ def test_the_cuda_graph_layout_keeps_shapes_and_caches_and_still_equals_hf(livel
     assert sampler._cache(type(cache), agent.model.config, *next(iter(sampler._caches))) is cache
 
 
+@pytest.mark.parametrize("backend", ["hf", "static"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_equal_the_teacher_forced_ones(backend, temperature, lively):
+    """`sample(..., logprobs=True)` (what `trainer.old_logprobs: sampler` uses): each drawn token's log-prob at the
+    sampling temperature equals the teacher-forced pass's to float rounding, and asking for them changes no draw."""
+    agent = _agent(lively["qwen"], temperature=temperature, backend=backend)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    torch.manual_seed(3)
+    plain = agent.sampler.sample(prompts, 3, batch_size=16)
+    torch.manual_seed(3)
+    recorded = agent.sampler.sample(prompts, 3, batch_size=16, logprobs=True)
+    assert [s.response_ids for s in recorded] == [s.response_ids for s in plain]
+    assert all(s.logprobs is None for s in plain)
+    batch = TokenBatch.build([s.prompt_ids for s in recorded], [s.response_ids for s in recorded], agent.pad_id, "cpu")
+    with torch.no_grad():
+        teacher = token_logprobs(agent.model, batch, temperature)
+    gaps = []
+    for i, s in enumerate(recorded):
+        assert len(s.logprobs) == len(s.response_ids)
+        gaps.append((torch.tensor(s.logprobs) - teacher[i][batch.response_mask[i]]).abs().max())
+    assert sum(len(s.response_ids) for s in recorded) > 100
+    assert float(max(gaps)) < 1e-4
+
+
 def test_static_sampler_honours_the_length_limit_and_batches(lively):
     agent = _agent(lively["qwen"], max_new_tokens=5)
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]

@@ -43,8 +43,10 @@ class Sampler:
         greedy: bool = False,
         batch_size: int = 256,
         temperature: float | None = None,
+        logprobs: bool = False,
     ) -> list[Sample]:
-        """`num_samples` responses to each prompt (token ids), prompt-major, `batch_size` rows per call."""
+        """`num_samples` responses to each prompt (token ids), prompt-major, `batch_size` rows per call; with
+        `logprobs`, each Sample carries its tokens' log-probs as computed while sampling (`Sample.logprobs`)."""
         import torch
 
         model = self.agent.model
@@ -56,13 +58,16 @@ class Sampler:
         try:
             with torch.no_grad():
                 for start in range(0, len(rows), batch_size):
-                    samples.extend(self.sample_batch(rows[start : start + batch_size], greedy, temperature))
+                    batch = rows[start : start + batch_size]
+                    samples.extend(self.sample_batch(batch, greedy, temperature, logprobs=logprobs))
         finally:
             model.train(was_training)
         return samples
 
-    def sample_batch(self, rows: list[list[int]], greedy: bool, temperature: float) -> list[Sample]:
-        """One response per row, all rows decoded together."""
+    def sample_batch(
+        self, rows: list[list[int]], greedy: bool, temperature: float, *, logprobs: bool = False
+    ) -> list[Sample]:
+        """One response per row, all rows decoded together (with `logprobs`: and their tokens' log-probs)."""
         raise NotImplementedError
 
     def refresh(self) -> None:

@@ -46,15 +46,17 @@ class StaticSampler(Sampler):
         if cuda_graphs:
             self._step = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
 
-    def sample_batch(self, rows: list[list[int]], greedy: bool, temperature: float) -> list[Sample]:
-        tokens, lengths, finished = self._decode(rows, greedy, temperature)
+    def sample_batch(
+        self, rows: list[list[int]], greedy: bool, temperature: float, *, logprobs: bool = False
+    ) -> list[Sample]:
+        tokens, lengths, finished, token_logp = self._decode(rows, greedy, temperature, logprobs)
         decode = self.agent.decode
         return [
-            Sample(prompt_ids, row[:length], decode(row[:length]), done)
-            for prompt_ids, row, length, done in zip(rows, tokens, lengths, finished, strict=True)
+            Sample(prompt_ids, row[:length], decode(row[:length]), done, lp[:length] if logprobs else None)
+            for prompt_ids, row, length, done, lp in zip(rows, tokens, lengths, finished, token_logp, strict=True)
         ]
 
-    def _decode(self, rows: list[list[int]], greedy: bool, temperature: float):
+    def _decode(self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False):
         from transformers import StaticCache
 
         agent, model = self.agent, self.agent.model
@@ -78,6 +80,7 @@ class StaticSampler(Sampler):
         position = positions[:, -1:] + 1  # (rows, 1)
         stops = torch.tensor(agent.stop_ids, device=device)
         out = torch.full((batch, steps), pad, dtype=torch.long, device=device)
+        out_logp = torch.zeros((batch, steps), dtype=torch.float32, device=device) if logprobs else None
         lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
         live = torch.arange(batch, device=device)  # the output row of each decoding row (rows get compacted)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -85,6 +88,9 @@ class StaticSampler(Sampler):
             token = self._pick(logits, greedy, temperature)
             token = torch.where(finished, torch.full_like(token, pad), token)
             out[live, t] = token
+            if out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
+                scaled = logits.float() if greedy else logits.float() / temperature
+                out_logp[live, t] = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None])[:, 0]
             stopped = torch.isin(token, stops) & ~finished
             lengths[live] = torch.where(stopped, torch.full_like(token, t + 1), lengths[live])
             finished = finished | stopped
@@ -105,7 +111,8 @@ class StaticSampler(Sampler):
             position = position + 1
         last = out[:, steps - 1]
         done = (lengths < steps) | torch.isin(last, stops)
-        return out.tolist(), lengths.tolist(), done.tolist()
+        token_logp = out_logp.tolist() if out_logp is not None else [None] * batch
+        return out.tolist(), lengths.tolist(), done.tolist(), token_logp
 
     def _cache(self, factory, config, batch: int, length: int):
         """A fresh StaticCache, or with CUDA graphs the kept one of this shape, emptied (same tensors, same
