@@ -25,6 +25,7 @@ machines (one seed's whole row on one machine: differences are only taken within
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -288,6 +289,7 @@ def summarize(work: Path, config) -> dict:
                 skills.setdefault(skill, []).append([s, sum(hits) / len(hits)])
         summary["skill_curves"] = skills
         summary["train_seconds"] = [[s, elapsed[s]] for s in eval_steps]
+        summary["step_seconds"] = [round(r["time/step"], 4) for r in records if "time/step" in r]  # steps 1..N
     return out
 
 
@@ -314,9 +316,25 @@ def paired_ci(diffs: list[float]) -> dict:
     return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half, "diffs": diffs}
 
 
+PAUSE_FACTOR = 5.0
+"""A step that took more than this many times the run's median step was interrupted (the process paused, the
+machine lent to other work); `robust_seconds` counts it at the median instead."""
+
+
+def robust_seconds(run: dict) -> list[list[float]]:
+    """Cumulative training seconds at each evaluated step, each step's time capped at PAUSE_FACTOR x the run's
+    median step (an interruption is not training time); the raw clock where per-step times were not recorded."""
+    if not run.get("step_seconds"):
+        return run["train_seconds"]
+    steps = run["step_seconds"]
+    cap = PAUSE_FACTOR * statistics.median(steps)
+    clock = list(itertools.accumulate(min(t, cap) for t in steps))
+    return [[s, clock[s - 1] if s >= 1 else 0.0] for s, _ in run["train_seconds"]]
+
+
 def time_to_accuracy(run: dict, target: float) -> float | None:
-    """Training seconds until the run's evaluated accuracy first reaches `target` (None: never)."""
-    seconds = dict((s, t) for s, t in run["train_seconds"])
+    """Training seconds (`robust_seconds`) until the run's evaluated accuracy first reaches `target` (None: never)."""
+    seconds = dict((s, t) for s, t in robust_seconds(run))
     for step, accuracy in run["curve"]:
         if accuracy >= target - 1e-12:
             return seconds.get(step, 0.0)
@@ -394,7 +412,7 @@ def _time_to_accuracy(mine: dict, x2: dict) -> dict:
         target = x2[s]["final_accuracy"]
         per_seed[s] = {
             "hacpo_seconds": time_to_accuracy(mine[s], target),
-            "gspo_x2_seconds": x2[s]["train_seconds"][-1][1],
+            "gspo_x2_seconds": robust_seconds(x2[s])[-1][1],
         }
     reached = [v for v in per_seed.values() if v["hacpo_seconds"] is not None]
     ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0]
@@ -516,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "round2"), help="results directory")
     parser.add_argument("--calibrate", action="store_true", help="measure the ratio distributions, set the deltas")
     parser.add_argument("--aggregate-only", action="store_true")
+    parser.add_argument("--resummarize", action="store_true", help="rebuild every summary's per-agent part from its "
+                        "run directory (still on this machine), keeping its machine and seconds, then aggregate")
     parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
     args = parser.parse_args(argv)
 
@@ -529,7 +549,18 @@ def main(argv: list[str] | None = None) -> int:
         table = grid.calibrate(args.beds)
         print(json.dumps(table, indent=1))
         return 0
-    if not args.aggregate_only:
+    if args.resummarize:
+        for path in sorted((out / "summaries").glob("*/*.json")):
+            summary = json.loads(path.read_text())
+            work = out / ".runs" / summary["bed"] / path.stem
+            if not (work / "metrics.jsonl").is_file():
+                print(f"== {path}: no run directory here, kept as it is")
+                continue
+            from hacrl.config import load_config
+
+            summary["agents"] = summarize(work, load_config(work / "config.yaml"))
+            _write_json(path, summary)
+    elif not args.aggregate_only:
         for seed in args.seeds:  # seed-major: one seed's whole row (its warm-starts and every method) at a time
             for bed in args.beds:
                 for method in args.methods or methods(bed):

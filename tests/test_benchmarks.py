@@ -159,3 +159,19 @@ def test_paired_ci_hand_computed():
     assert bench.paired_ci([5.0])["lo"] is None and bench.paired_ci([])["mean"] is None
     run = {"curve": [[0, 0.1], [25, 0.3], [50, 0.5]], "train_seconds": [[0, 0.0], [25, 40.0], [50, 80.0]]}
     assert bench.time_to_accuracy(run, 0.3) == 40.0 and bench.time_to_accuracy(run, 0.6) is None
+
+
+def test_time_to_accuracy_does_not_count_an_interruption_as_training():
+    """A step that took more than PAUSE_FACTOR x the run's median (a paused process) counts at the median: steps of
+    1 s with one 100 s step -> the clock at step 5 reads 1+1+1+5+1 = 9 s, not 104 s (hand-computed); without
+    per-step times the raw clock is used."""
+    evidence = _load_evidence()
+    run = {
+        "train_seconds": [[0, 0.0], [3, 3.0], [5, 104.0]],
+        "step_seconds": [1.0, 1.0, 1.0, 100.0, 1.0],
+        "curve": [[0, 0.1], [3, 0.2], [5, 0.4]],
+    }
+    assert evidence.robust_seconds(run) == [[0, 0.0], [3, 3.0], [5, 9.0]]
+    assert evidence.time_to_accuracy(run, 0.4) == 9.0 and evidence.time_to_accuracy(run, 0.5) is None
+    raw = {k: v for k, v in run.items() if k != "step_seconds"}
+    assert evidence.time_to_accuracy(raw, 0.4) == 104.0
