@@ -534,8 +534,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "round2"), help="results directory")
     parser.add_argument("--calibrate", action="store_true", help="measure the ratio distributions, set the deltas")
     parser.add_argument("--aggregate-only", action="store_true")
-    parser.add_argument("--resummarize", action="store_true", help="rebuild every summary's per-agent part from its "
-                        "run directory (still on this machine), keeping its machine and seconds, then aggregate")
+    parser.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="rebuild every summary's per-agent part from its "
+        "run directory (still on this machine), keeping its machine and seconds, then aggregate",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
     args = parser.parse_args(argv)
 
