@@ -142,3 +142,15 @@ def test_generated_arithmetic_task(tmp_path):
         assert ex.prompt == f"Calculate {a} {op} {b}." and int(ex.columns["answer"]) == eval(f"{a}{op}{b}") >= 0
     with pytest.raises(ValueError, match="bootstrap directory"):
         data_config(TINY_COMPLEMENT)
+
+
+def test_demo_refuses_a_recipe_whose_task_is_not_the_configs(tmp_path, capsys):
+    """`hacrl demo --recipe complement` with the demo's config would warm-start the complementary agents and then
+    train them on additions only: refused before anything is built, naming the task and where the bed runs."""
+    out = tmp_path / "agents"
+    code = main(["demo", "configs/demo.yaml", f"agents.0.model={out}/llama-char", f"agents.1.model={out}/qwen-bpe",
+                 f"trainer.output_dir={tmp_path / 'run'}", "--recipe", "complement"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "another task" in err and "benchmarks/evidence.py --beds complement" in err
+    assert not out.exists()

@@ -472,6 +472,29 @@ def _warm_start_agent(
     return name, {"parameters": params, "vocab": len(tokenizer), "seconds": seconds, "eval_pass@1": accuracy}
 
 
+def _check_task(data, expected, config_path, recipe: BootstrapRecipe) -> None:
+    """The config trains on the task the recipe warm-starts its agents for; else a clear error before anything is
+    built (e.g. `hacrl demo --recipe complement` with the demo's config would train on additions only)."""
+    from hacrl.errors import ConfigError
+
+    if expected.source == "file":
+        same = data.source == "file" and Path(data.train_file or "").resolve() == Path(expected.train_file).resolve()
+        task = f"the files it generates ({expected.train_file})"
+    else:
+        same = data.source == expected.source and (data.task, dict(data.task_options)) == (
+            expected.task,
+            dict(expected.task_options),
+        )
+        task = f"reasoning-gym {expected.task} with {dict(expected.task_options)}"
+    if not same:
+        name = next((k for k, v in RECIPES.items() if v is recipe), "this recipe")
+        hint = " (the complementary bed runs with `python benchmarks/evidence.py --beds complement`)"
+        raise ConfigError(
+            f"{config_path} trains on another task than the {name!r} recipe's agents are warm-started for, "
+            f"{task}; give a config whose data section is that task" + (hint if "complement" in name else "")
+        )
+
+
 def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: BootstrapRecipe = DEMO) -> dict[str, Any]:
     """`hacrl demo`: bootstrap the agents if they are not cached, train them with the config, print a summary."""
     from hacrl.config import load_config
@@ -482,6 +505,7 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
     config = load_config(config_path, overrides)
     start = time.perf_counter()
     agents_dir = Path(config.agents[0].model).parent
+    _check_task(config.data, data_config(recipe, agents_dir), config_path, recipe)
     report = bootstrap(agents_dir, recipe, evaluate_agents=False)  # the run evaluates them at step 0
     missing = [a.model for a in config.agents if not (Path(a.model) / "config.json").is_file()]
     if missing:
