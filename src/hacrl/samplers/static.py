@@ -133,7 +133,8 @@ class StaticSampler(Sampler):
         ).logits[:, -1]
 
     def _pick(self, logits: Tensor, greedy: bool, temperature: float) -> Tensor:
-        """The next token of each row: argmax, or a draw after temperature and top-p (transformers' rules)."""
+        """The next token of each row: argmax, or a draw after temperature and top-p (transformers' rules; the
+        draw follows the same distribution as `hf`'s, not the same random numbers)."""
         scores = logits.float()
         if greedy:
             return scores.argmax(-1)
@@ -145,7 +146,12 @@ class StaticSampler(Sampler):
             remove = cumulative <= (1 - top_p)
             remove[..., -1:] = False  # keep at least one token
             scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-        return torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(-1)
+        # the exponential race: argmax of p_i / q_i with q_i ~ Exp(1) draws i with probability p_i, like
+        # torch.multinomial, but elementwise and an argmax: no host sync per token (multinomial waits on the device)
+        # and it can live inside a captured graph; q is kept above zero so a p_i of 0 is never drawn
+        probs = scores.softmax(dim=-1)
+        race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
+        return (probs / race).argmax(dim=-1)
 
 
 def _bucket(running: int) -> int:
