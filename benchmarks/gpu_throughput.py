@@ -122,7 +122,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def sampling(directory: Path, device: str, dtype: str, rows: int, new: int, backends: list[tuple[str, bool]]):
+def sampling(
+    directory: Path, device: str, dtype: str, rows: int, new: int, backends: list[tuple[str, bool]], profile: bool
+):
+    """Tokens per second of each backend; with `profile`, one more call per backend under torch.profiler: where a
+    decode step's time goes (device time per step against wall time per step, and the top operators)."""
     results = []
     for backend, graphs in backends:
         before = _compile_stats()
@@ -148,8 +152,35 @@ def sampling(directory: Path, device: str, dtype: str, rows: int, new: int, back
                 **{k: v - before.get(k, 0) for k, v in _compile_stats().items()},  # this sampler's own
             }
         )
+        if profile:
+            results[-1]["profile"] = _profile_call(agent, prompts, rows, new, device)
         del agent
     return results
+
+
+def _profile_call(agent, prompts, rows: int, new: int, device: str) -> dict:
+    """One sampling call under torch.profiler: per decode step, the wall time and the device's busy time, and the
+    operators that take the most time (self time: device time on a GPU, CPU time on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        agent.sampler.sample(prompts, 1, batch_size=rows)
+        _sync(device)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    busy = sum(getattr(e, key, 0.0) for e in events) / 1000  # microseconds -> ms
+    top = sorted(events, key=lambda e: getattr(e, key, 0.0), reverse=True)[:15]
+    return {
+        "wall_ms_per_step": 1000 * wall / new,
+        "busy_ms_per_step": busy / new,
+        "top": [
+            {"op": e.key[:60], "calls_per_step": e.count / new, "ms_per_step": getattr(e, key, 0.0) / 1000 / new}
+            for e in top
+        ],
+    }
 
 
 def _compile_stats() -> dict:
@@ -314,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["hf", "static", "static+graphs"],
         help="samplers to time (static+graphs: on a GPU only)",
     )
+    parser.add_argument("--profile", action="store_true", help="sampling: one more call per sampler, profiled")
     parser.add_argument("--step-new", type=int, default=512, help="new tokens per response in the HACPO step")
     parser.add_argument(
         "--merge",
@@ -353,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry = result["sampling"][n] = {"rows": rows, "new_tokens": new, "backends": [], "roofline": None}
                 entry["roofline"] = roofline(dirs[n], device, dtype, rows, new, 64)
                 for backend in backends:  # saved one by one: a part cut by its time limit keeps what it measured
-                    entry["backends"] += sampling(dirs[n], device, dtype, rows, new, [backend])
+                    entry["backends"] += sampling(dirs[n], device, dtype, rows, new, [backend], args.profile)
                     save()
                     print(json.dumps({n: entry["backends"][-1]}), flush=True)
         if "parity" in args.only:
@@ -428,6 +460,16 @@ def markdown(r: dict) -> str:
                 lines.append(f"| {model} | | HBM roofline ({f['hbm_tb_per_s']} TB/s) | {f['tokens_per_second']:,.0f} | "
                              f"{f['ms_per_step']:.2f} | | | |")  # fmt: skip
         lines.append("")
+    for model, s in r.get("sampling", {}).items():
+        for b in s["backends"]:
+            if "profile" not in b:
+                continue
+            pr = b["profile"]
+            lines += [f"### Profile: {model}, {b['backend']}: {pr['wall_ms_per_step']:.2f} ms per decode step, "
+                      f"the device busy {pr['busy_ms_per_step']:.2f} ms of it", "",
+                      "| operator | calls per step | ms per step |", "|---|---|---|"]  # fmt: skip
+            lines += [f"| `{t['op']}` | {t['calls_per_step']:.1f} | {t['ms_per_step']:.3f} |" for t in pr["top"]]
+            lines.append("")
     if "parity" in r:
         lines += ["## Greedy parity, static vs hf", "", "| model | rows | identical | differ at a near-tie | differ |",
                   "|---|---|---|---|---|"]  # fmt: skip
