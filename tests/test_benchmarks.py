@@ -66,12 +66,15 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert bench.main(["--tiny", "--out", str(tmp_path), "--profile"]) == 0
     result = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())
     for model in ("qwen3-0.6b", "llama-3.2-1b"):
         backends = [b["backend"] for b in result["sampling"][model]["backends"]]
         assert backends == ["hf", "static"]
         assert all(b["tokens_per_second"] > 0 for b in result["sampling"][model]["backends"])
+        assert all(
+            b["profile"]["top"] and b["profile"]["wall_ms_per_step"] > 0 for b in result["sampling"][model]["backends"]
+        )
         parity = result["parity"][model]
         assert parity["identical"] + parity["differ_at_near_tie"] == parity["rows"]  # float32: equal or near-tie
     assert [r["ok"] for r in result["logprobs"]["runs"]] == [True, True, True]
