@@ -554,14 +554,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(table, indent=1))
         return 0
     if args.resummarize:
+        from hacrl.config import load_config
+
         for path in sorted((out / "summaries").glob("*/*.json")):
             summary = json.loads(path.read_text())
             work = out / ".runs" / summary["bed"] / path.stem
             if not (work / "metrics.jsonl").is_file():
                 print(f"== {path}: no run directory here, kept as it is")
                 continue
-            from hacrl.config import load_config
-
             summary["agents"] = summarize(work, load_config(work / "config.yaml"))
             _write_json(path, summary)
     elif not args.aggregate_only:

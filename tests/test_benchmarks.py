@@ -123,6 +123,19 @@ def test_evidence_benchmark_smoke(tmp_path):
     assert [a["seed"] + 1000 for a in s0["agents"]] == [a["seed"] for a in s1["agents"]]
     hacpo = json.loads((tmp_path / "summaries" / "complement" / "hacpo_learner_length-s1.json").read_text())
     assert hacpo["overrides"][1] == f"algorithm.delta={deltas['learner_length']['delta']}"
+    assert len(hacpo["agents"]["llama-char"]["step_seconds"]) == hacpo["steps"]
+    # --resummarize rebuilds every summary from its run directory: the same summaries, a lost field restored
+    summaries = {p: json.loads(p.read_text()) for p in (tmp_path / "summaries" / "complement").glob("*.json")}
+    for path, summary in summaries.items():
+        del summary["agents"]["qwen-bpe"]["step_seconds"]
+        path.write_text(json.dumps(summary))
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--resummarize"]) == 0
+    for path, summary in summaries.items():
+        rebuilt = json.loads(path.read_text())
+        assert rebuilt["agents"]["qwen-bpe"]["step_seconds"] == rebuilt["agents"]["llama-char"]["step_seconds"]
+        assert {k: v for k, v in rebuilt.items() if k != "agents"} == {
+            k: v for k, v in summary.items() if k != "agents"
+        }
     assert hacpo["machine"]["cores"] >= 1
     qwen = hacpo["agents"]["qwen-bpe"]
     assert set(qwen["skill_curves"]) == {"+", "-"} and [s for s, _ in qwen["skill_curves"]["-"]] == [0, 1, 2]

@@ -152,5 +152,5 @@ def test_demo_refuses_a_recipe_whose_task_is_not_the_configs(tmp_path, capsys):
                  f"trainer.output_dir={tmp_path / 'run'}", "--recipe", "complement"])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "another task" in err and "benchmarks/evidence.py --beds complement" in err
+    assert "another task" in err and "data/train.jsonl" in err and "evidence.py --beds complement" in err
     assert not out.exists()

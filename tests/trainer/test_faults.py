@@ -27,25 +27,31 @@ def reference(reference_run):
     return reference_run
 
 
+MARK = ("HACRL_TEST_FAULTS", str(os.getpid()))
+"""In the environment of every trainer these tests start, so inherited by its scoring processes: scorers of other
+hacrl runs on the same machine (a benchmark beside the suite) are never taken for this test's orphans."""
+
+
 def _hacrl(args: list[str], faults_plan: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "HACRL_FAULTS": faults_plan, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HACRL_FAULTS": faults_plan, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT), MARK[0]: MARK[1]}
     return subprocess.run(
         [sys.executable, "-m", "hacrl", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
 
 
 def _orphaned_scorers() -> list[int]:
-    """Scoring processes whose trainer is gone (they must die with it, even on SIGKILL)."""
+    """Scoring processes of this test's trainers (they carry MARK) that outlived them (they must die with their
+    trainer, even on SIGKILL)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
             continue
-        if b"_worker_main" in cmdline and ppid != os.getpid():
+        if b"_worker_main" in cmdline and "=".join(MARK).encode() in environ:
             found.append(int(entry.name))
     return found
 

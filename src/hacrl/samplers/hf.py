@@ -35,10 +35,10 @@ class _TokenLogprobs:
         return scores
 
     def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        if self.previous is not None:
-            self.columns.append(self.previous.gather(1, last_tokens[:, None])[:, 0])
-            self.previous = None
-        return torch.stack(self.columns, dim=1) if self.columns else torch.zeros((last_tokens.shape[0], 0))
+        """(rows, generated tokens): the log-prob of every drawn token, the last step's included."""
+        self.columns.append(self.previous.gather(1, last_tokens[:, None])[:, 0])
+        self.previous = None
+        return torch.stack(self.columns, dim=1)
 
 
 class HFSampler(Sampler):
@@ -69,10 +69,10 @@ class HFSampler(Sampler):
             **({"logits_processor": LogitsProcessorList([recorder])} if recorder else {}),
         )
         generated = out[:, input_ids.shape[1] :]
-        token_logp = recorder.finish(generated[:, -1]).cpu().tolist() if recorder and generated.shape[1] else None
+        token_logp = recorder.finish(generated[:, -1]).tolist() if recorder else None
         samples = []
         for i, (prompt_ids, tokens) in enumerate(zip(rows, generated.tolist(), strict=True)):
             response, finished = cut_at_stop(tokens, agent.stop_ids)
-            row_logp = token_logp[i][: len(response)] if token_logp is not None else ([] if recorder else None)
+            row_logp = token_logp[i][: len(response)] if token_logp is not None else None
             samples.append(Sample(prompt_ids, response, agent.decode(response), finished, row_logp))
         return samples

@@ -488,10 +488,10 @@ def _check_task(data, expected, config_path, recipe: BootstrapRecipe) -> None:
         task = f"reasoning-gym {expected.task} with {dict(expected.task_options)}"
     if not same:
         name = next((k for k, v in RECIPES.items() if v is recipe), "this recipe")
-        hint = " (the complementary bed runs with `python benchmarks/evidence.py --beds complement`)"
+        hint = " (a generated-task bed runs with `python benchmarks/evidence.py --beds complement`)"
         raise ConfigError(
             f"{config_path} trains on another task than the {name!r} recipe's agents are warm-started for, "
-            f"{task}; give a config whose data section is that task" + (hint if "complement" in name else "")
+            f"{task}; give a config whose data section is that task" + (hint if expected.source == "file" else "")
         )
 
 
