@@ -264,6 +264,17 @@ class Grid:
         return summary
 
 
+def wait_while_held(out: Path, poll: float = 5.0) -> None:
+    """Between runs, wait as long as `<out>/HOLD` exists: `touch` it to have the machine quiet for other work
+    (a benchmark, the tests) without spoiling a run's wall time, remove it to go on. A run in progress finishes
+    first; a pause inside a run (SIGSTOP) would count in its seconds."""
+    hold = out / "HOLD"
+    if hold.exists():
+        print(f"== held: {hold} exists; the grid goes on when it is removed", flush=True)
+        while hold.exists():
+            time.sleep(poll)
+
+
 def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
@@ -574,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                     if target.exists():
                         print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
                         continue
+                    wait_while_held(out)
                     _write_json(target, grid.run(bed, method, seed))
     result = aggregate(out, command)
     print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")

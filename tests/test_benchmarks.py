@@ -191,3 +191,17 @@ def test_time_to_accuracy_does_not_count_an_interruption_as_training():
     assert evidence.time_to_accuracy(run, 0.4) == 9.0 and evidence.time_to_accuracy(run, 0.5) is None
     raw = {k: v for k, v in run.items() if k != "step_seconds"}
     assert evidence.time_to_accuracy(raw, 0.4) == 104.0
+
+
+def test_evidence_grid_waits_between_runs_while_held(tmp_path):
+    """`touch <out>/HOLD` holds the grid before its next run; removing the file lets it go on."""
+    import threading
+    import time
+
+    evidence = _load_evidence()
+    evidence.wait_while_held(tmp_path, poll=0.01)  # no file: returns at once
+    (tmp_path / "HOLD").touch()
+    threading.Timer(0.3, (tmp_path / "HOLD").unlink).start()
+    start = time.perf_counter()
+    evidence.wait_while_held(tmp_path, poll=0.01)
+    assert time.perf_counter() - start >= 0.25 and not (tmp_path / "HOLD").exists()
