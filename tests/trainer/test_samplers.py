@@ -86,6 +86,42 @@ def test_the_cuda_graph_layout_keeps_shapes_and_caches_and_still_equals_hf(livel
     assert sampler._cache(type(cache), agent.model.config, *next(iter(sampler._caches))) is cache
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen"])
+def test_the_compiled_decode_step_reads_grouped_heads_in_place(name, lively, monkeypatch, tmp_path):
+    """Under torch.compile, transformers' sdpa expands every key/value head of the whole cache (`repeat_kv`) in
+    every decode step. Simulated on the CPU (transformers told that it is compiling): the stock attention expands
+    the cache in the prefill and in every decode step; after `use_grouped_decode` only the prefill does (one call
+    per layer for keys and one for values), the greedy outputs still equal `hf`'s token for token, and the switch
+    never reaches a saved config.json (the agent still loads without hacrl)."""
+    import transformers.integrations.sdpa_attention as sdpa_module
+    from transformers import AutoModelForCausalLM
+
+    from hacrl.samplers.attention import NAME, use_grouped_decode
+
+    calls: list[int] = []
+    expand = sdpa_module.repeat_kv
+    monkeypatch.setattr(sdpa_module, "repeat_kv", lambda h, n: calls.append(n) or expand(h, n))
+    monkeypatch.setattr(sdpa_module, "is_torchdynamo_compiling", lambda: True)
+    agent = _agent(lively[name], max_new_tokens=6)
+    layers = agent.model.config.num_hidden_layers
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
+    sampler = StaticSampler(agent)
+    calls.clear()
+    stock = sampler.sample(prompts, 1, greedy=True, batch_size=10)
+    assert len(calls) == 2 * layers * 6  # the prefill and the 5 decode steps, keys and values of every layer
+    assert use_grouped_decode(agent.model) and agent.model.config._attn_implementation == NAME
+    calls.clear()
+    grouped = sampler.sample(prompts, 1, greedy=True, batch_size=10)
+    assert len(calls) == 2 * layers  # the prefill only
+    assert [s.response_ids for s in grouped] == [s.response_ids for s in stock] == [
+        s.response_ids for s in reference
+    ]
+    agent.model.save_pretrained(tmp_path)
+    assert NAME not in (tmp_path / "config.json").read_text()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+
+
 @pytest.mark.parametrize("backend", ["hf", "static"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_logprobs_equal_the_teacher_forced_ones(backend, temperature, lively):

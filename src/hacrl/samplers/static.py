@@ -13,7 +13,9 @@ One call decodes a batch of rows (prompts left-padded to one length P) for up to
 4. `cuda_graphs=True` (`rollout.cuda_graphs`) compiles the decode step with `torch.compile(mode="reduce-overhead")`,
    which captures it as a CUDA graph per shape. So that the shapes repeat from call to call, the prompts are then
    left-padded to a multiple of `WIDTH_BUCKET` tokens and the KV cache of each (rows, length) shape is kept and
-   reset rather than reallocated (a captured graph reads and writes fixed addresses). Everything else is the same
+   reset rather than reallocated (a captured graph reads and writes fixed addresses), and a model with grouped
+   key/value heads attends through `hacrl.samplers.attention` (the cache read in place, not expanded per query
+   head as transformers' sdpa does under compile). Everything else is the same
    on CPU and GPU, and tested on CPU:
    greedy outputs equal `hf`'s token for token, sampled ones follow the same distribution (same temperature and
    top-p rules as transformers' logits warpers), stops and length limits are handled the same way.
@@ -26,6 +28,7 @@ from torch import Tensor
 
 from hacrl.rollout import Sample, pad_left
 from hacrl.samplers import Sampler
+from hacrl.samplers.attention import use_grouped_decode
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
@@ -44,6 +47,8 @@ class StaticSampler(Sampler):
         """With CUDA graphs: one KV cache per (rows, length), reset and reused by every call of that shape."""
         self._step = self._decode_step
         if cuda_graphs:
+            # compiled, transformers' sdpa would expand the whole cache per key/value group every token: read in place
+            use_grouped_decode(agent.model)
             self._step = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
 
     def sample_batch(
