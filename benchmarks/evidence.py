@@ -48,6 +48,12 @@ ABLATIONS = {
     "no_foreign_clip": ["algorithm.foreign_clip=false"],
 }
 SEEDS = [0, 1, 2, 3, 4]
+PRIMARY = ("complement", f"hacpo_{ABLATION_MODE}", "gspo_x2")
+"""The pre-registered primary comparison: (bed, method, baseline), final accuracy, paired over the seeds."""
+GOAL_POINTS = 3.0
+"""The project's goal on the primary comparison: at least this many points for every agent, interval above zero."""
+SPECIALTY = {"complement": {"llama-char": "+", "qwen-bpe": "-"}}
+"""Each agent's own sub-skill on a bed (its warm-start's majority); the other one is its partner's."""
 CALIBRATION_STEPS = 10
 DIAGNOSTICS = [
     "capability",
@@ -398,11 +404,85 @@ def aggregate(out: Path, command: str) -> dict:
                 for method in (f"hacpo_{mode}" for mode in MODES if f"hacpo_{mode}" in by_method):
                     tta[method] = _time_to_accuracy(by_method[method], by_method["gspo_x2"])
             bed_out[agent] = {"methods": rows, "comparisons": comparisons, "time_to_accuracy": tta}
+    result["primary"] = _primary(cells)
+    result["partner_skill"] = _partner_skill(cells)
+    result["warm_start"] = _warm_start(cells)
     _write_json(out / "evidence.json", result)
     (out / "evidence.md").write_text(_markdown(result))
     if runs:
         _plot(cells, out / "evidence.png")
     return result
+
+
+def _primary(cells: dict) -> dict:
+    """The pre-registered primary comparison per agent, and whether the goal is met: every agent's difference at
+    least GOAL_POINTS with its interval above zero, over all of SEEDS (fewer seeds: no verdict yet)."""
+    bed, method, baseline = PRIMARY
+    agents = {}
+    for agent, by_method in cells.get(bed, {}).items():
+        if method in by_method and baseline in by_method:
+            agents[agent] = _compare(by_method[method], by_method[baseline])["overall"]
+    complete = bool(agents) and all(c["n"] == len(SEEDS) for c in agents.values())
+    met = complete and all(c["mean"] >= GOAL_POINTS and c["lo"] > 0 for c in agents.values())
+    verdict = ("met" if met else "not met") if complete else "no verdict yet"
+    return {"bed": bed, "comparison": f"{method} - {baseline}", "agents": agents, "verdict": verdict}
+
+
+def _partner_skill(cells: dict) -> dict:
+    """Per agent with a specialty: per seed, (gain over GSPOx2 on the partner's sub-skill) - (gain on its own), for
+    the primary method; above zero means sharing helps most where the partner is strong."""
+    bed, method, baseline = PRIMARY
+    out = {}
+    for agent, own in SPECIALTY.get(bed, {}).items():
+        by_method = cells.get(bed, {}).get(agent, {})
+        if method not in by_method or baseline not in by_method:
+            continue
+        mine, theirs = by_method[method], by_method[baseline]
+        diffs = []
+        for s in sorted(mine.keys() & theirs.keys()):
+            gain = {
+                k: 100 * (mine[s]["skill_curves"][k][-1][1] - theirs[s]["skill_curves"][k][-1][1])
+                for k in mine[s]["skill_curves"]
+            }
+            partner = [k for k in gain if k != own]
+            if own in gain and len(partner) == 1:
+                diffs.append(gain[partner[0]] - gain[own])
+        out[agent] = {"own": own, **paired_ci(diffs)}
+    return out
+
+
+def _warm_start(cells: dict) -> dict:
+    """Per bed and agent: the warm-start accuracy (step 0, before RL) of each seed, overall and per sub-skill, with
+    mean, sd, min and max over seeds (the spread the warm-start's chaos causes). Every method of a seed starts from
+    the same agents; a seed whose methods disagree at step 0 is a bug and stops the aggregation."""
+    out = {}
+    for bed, agents in cells.items():
+        for agent, by_method in agents.items():
+            per_seed: dict[int, dict[str, float]] = {}
+            for method, seeds in by_method.items():
+                for s, r in seeds.items():
+                    values = {"all": 100 * r["initial_accuracy"]}
+                    values |= {k: 100 * c[0][1] for k, c in r["skill_curves"].items()}
+                    if per_seed.setdefault(s, values) != values:
+                        raise SystemExit(
+                            f"{bed} {agent} seed {s}: {method} starts from other accuracies than the "
+                            "seed's other methods (the seed's agents changed between runs?)"
+                        )
+            keys = sorted({k for v in per_seed.values() for k in v}, key=lambda k: (k != "all", k))
+            if len(keys) == 2:  # one sub-skill (the demo bed): the same numbers as "all"
+                keys = ["all"]
+            stats = {}
+            for key in keys:
+                values = [per_seed[s][key] for s in sorted(per_seed)]
+                stats[key] = {
+                    "per_seed": values,
+                    "mean": statistics.mean(values),
+                    "sd": statistics.stdev(values) if len(values) > 1 else None,
+                    "min": min(values),
+                    "max": max(values),
+                }
+            out.setdefault(bed, {})[agent] = {"seeds": sorted(per_seed), "accuracy": stats}
+    return out
 
 
 def _compare(mine: dict, theirs: dict) -> dict:
@@ -451,6 +531,50 @@ def _markdown(result: dict) -> str:
         "excludes 0. Curves: `evidence.png`.",
         "",
     ]
+    primary = result.get("primary")
+    if primary and primary["agents"]:
+        lines += [
+            f"## Pre-registered primary comparison: `{primary['comparison']}` on `{primary['bed']}`",
+            "",
+            f"Goal: >= {GOAL_POINTS:g} points for every agent with the 95 % interval above zero, over seeds "
+            f"{SEEDS[0]}-{SEEDS[-1]}. **Verdict: {primary['verdict']}.**",
+            "",
+            "| agent | seeds | Δ final accuracy [95 % CI] | per seed |",
+            "|---|---|---|---|",
+        ]
+        for agent, c in primary["agents"].items():
+            per = ", ".join(f"{d:+.1f}" for d in c.get("diffs", [c["mean"]] if c["mean"] is not None else []))
+            lines.append(f"| {agent} | {c['n']} | {_fmt_ci(c)} | {per} |")
+        if result.get("partner_skill"):
+            lines += [
+                "",
+                "Does an agent gain most on the sub-skill its partner is good at? Per seed, (gain over "
+                f"`{PRIMARY[2]}` on the partner's sub-skill) - (gain on its own sub-skill):",
+                "",
+                "| agent | own sub-skill | partner's minus own [95 % CI] |",
+                "|---|---|---|",
+            ]
+            for agent, c in result["partner_skill"].items():
+                lines.append(f"| {agent} | `{c['own']}` | {_fmt_ci(c)} |")
+        lines.append("")
+    if result.get("warm_start"):
+        lines += [
+            "## Warm-start accuracy over seeds (before RL; the spread the warm-start itself causes)",
+            "",
+            "| bed | agent | sub-skill | seeds | mean ± sd | min - max | per seed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for bed, agents in result["warm_start"].items():
+            for agent, w in agents.items():
+                for key, st in w["accuracy"].items():
+                    sd = "" if st["sd"] is None else f" ± {st['sd']:.1f}"
+                    per = ", ".join(f"{v:.1f}" for v in st["per_seed"])
+                    name = "all" if key == "all" else f"`{key}`"
+                    lines.append(
+                        f"| {bed} | {agent} | {name} | {len(w['seeds'])} | {st['mean']:.1f}{sd} "
+                        f"| {st['min']:.1f} - {st['max']:.1f} | {per} |"
+                    )
+        lines.append("")
     for bed, agents in result["beds"].items():
         lines += [f"## Bed `{bed}`", ""]
         for agent, data in agents.items():

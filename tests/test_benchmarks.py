@@ -153,6 +153,12 @@ def test_evidence_benchmark_smoke(tmp_path):
     }
     diffs = [100 * (mine[s]["final_accuracy"] - x2[s]["final_accuracy"]) for s in (0, 1)]
     assert comparison["diffs"] == pytest.approx(diffs)
+    # the pre-registered primary comparison is that one; two of five seeds give no verdict
+    assert result["primary"]["agents"]["qwen-bpe"]["diffs"] == pytest.approx(diffs)
+    assert result["primary"]["verdict"] == "no verdict yet"
+    warm = result["warm_start"]["complement"]["qwen-bpe"]["accuracy"]
+    assert warm["all"]["per_seed"] == pytest.approx([100 * x2[s]["initial_accuracy"] for s in (0, 1)])
+    assert warm["-"]["per_seed"] == pytest.approx([100 * x2[s]["skill_curves"]["-"][0][1] for s in (0, 1)])
     assert (
         "hacpo_learner_length - hacpo_learner_length_alpha0" in result["beds"]["complement"]["qwen-bpe"]["comparisons"]
     )
@@ -205,3 +211,48 @@ def test_evidence_grid_waits_between_runs_while_held(tmp_path):
     start = time.perf_counter()
     evidence.wait_while_held(tmp_path, poll=0.01)
     assert time.perf_counter() - start >= 0.25 and not (tmp_path / "HOLD").exists()
+
+
+def _cell(final: float, plus: float, minus: float, initial: float = 0.2) -> dict:
+    return {
+        "final_accuracy": final,
+        "initial_accuracy": initial,
+        "skill_curves": {"+": [[0, 0.3], [150, plus]], "-": [[0, 0.1], [150, minus]]},
+    }
+
+
+def test_primary_verdict_partner_skill_and_warm_start_spread_by_hand():
+    """The pre-registered verdict: >= 3 points for every agent with the interval above zero, over all five seeds;
+    the partner-skill difference; the warm-start spread (hand-computed)."""
+    bench = _load_evidence()
+    bed, method, baseline = bench.PRIMARY
+
+    def cells(llama_diffs, qwen_diffs):
+        out = {}
+        for agent, diffs in (("llama-char", llama_diffs), ("qwen-bpe", qwen_diffs)):
+            out[agent] = {
+                baseline: {s: _cell(0.30, 0.40, 0.20) for s in range(len(diffs))},
+                # the gain all on `-`: the Llama's partner's sub-skill, the Qwen2's own
+                method: {s: _cell(0.30 + d / 100, 0.40, 0.20 + 2 * d / 100) for s, d in enumerate(diffs)},
+            }
+        return {bed: out}
+
+    met = bench._primary(cells([4, 5, 3, 4, 4], [3, 3, 3, 3, 4]))
+    llama = met["agents"]["llama-char"]
+    # diffs 4, 5, 3, 4, 4: mean 4, sd sqrt(0.5), t(0.975, 4) = 2.776 -> half-width 2.776 * 0.7071 / sqrt(5) = 0.878
+    assert llama["mean"] == pytest.approx(4.0) and llama["lo"] == pytest.approx(4 - 0.8778, abs=1e-3)
+    assert met["verdict"] == "met"
+    assert bench._primary(cells([4, 5, 3, 4, 4], [3, 3, 3, 3, 2]))["verdict"] == "not met"  # Qwen2 mean 2.8
+    assert bench._primary(cells([9, -5, 9, 9, 9], [9, 9, 9, 9, 9]))["verdict"] == "not met"  # interval reaches 0
+    assert bench._primary(cells([4, 5, 3, 4], [3, 3, 3, 3]))["verdict"] == "no verdict yet"  # 4 of 5 seeds
+    partner = bench._partner_skill(cells([4, 5, 3, 4, 4], [3, 3, 3, 3, 4]))
+    # Llama (own `+`): gain on `-` (2 d) minus gain on `+` (0) = 2 d; Qwen2 (own `-`): 0 - 2 d
+    assert partner["llama-char"]["diffs"] == pytest.approx([8, 10, 6, 8, 8])
+    assert partner["qwen-bpe"]["diffs"] == pytest.approx([-6, -6, -6, -6, -8])
+    warm = bench._warm_start(cells([4, 5], [3, 3]))[bed]["llama-char"]["accuracy"]
+    assert warm["all"]["per_seed"] == pytest.approx([20.0, 20.0]) and warm["all"]["sd"] == 0.0
+    assert warm["+"]["mean"] == pytest.approx(30.0) and warm["-"]["max"] == pytest.approx(10.0)
+    bad = cells([4, 5], [3, 3])
+    bad[bed]["qwen-bpe"][method][1]["initial_accuracy"] = 0.25  # seed 1's methods disagree before RL
+    with pytest.raises(SystemExit, match="seed 1"):
+        bench._warm_start(bad)
