@@ -335,7 +335,7 @@ def paired_ci(diffs: list[float]) -> dict:
 
 PAUSE_FACTOR = 5.0
 """A step that took more than this many times the run's median step was interrupted (the process paused, the
-machine lent to other work); `robust_seconds` counts it at the median instead."""
+machine lent to other work); `robust_seconds` caps it at this many times the median."""
 
 
 def robust_seconds(run: dict) -> list[list[float]]:
@@ -505,10 +505,23 @@ def _time_to_accuracy(mine: dict, x2: dict) -> dict:
             "hacpo_seconds": time_to_accuracy(mine[s], target),
             "gspo_x2_seconds": robust_seconds(x2[s])[-1][1],
         }
+        # the same question in rollouts generated (deterministic per machine, unlike wall time): HACPO's rollouts
+        # until the first evaluation at or above the target, over all of GSPOx2's
+        step = next((st for st, acc in mine[s]["curve"] if acc >= target - 1e-12), None)
+        per_seed[s]["hacpo_step"] = step
+        if step is not None:
+            per_step = mine[s]["rollouts_generated"] / mine[s]["curve"][-1][0]
+            per_seed[s]["rollout_ratio"] = step * per_step / x2[s]["rollouts_generated"]
     reached = [v for v in per_seed.values() if v["hacpo_seconds"] is not None]
     ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0]
     median = statistics.median(ratios) if ratios else None
-    return {"per_seed": per_seed, "reached": len(reached), "ratio_median": median}
+    rollouts = [v["rollout_ratio"] for v in per_seed.values() if "rollout_ratio" in v]
+    return {
+        "per_seed": per_seed,
+        "reached": len(reached),
+        "ratio_median": median,
+        "rollout_ratio_median": statistics.median(rollouts) if rollouts else None,
+    }
 
 
 def _fmt_ci(c: dict) -> str:
@@ -605,11 +618,21 @@ def _markdown(result: dict) -> str:
                 sk = " | ".join(_fmt_ci(c["skills"][k]) if k in c["skills"] else "-" for k in skills)
                 lines.append(f"| {name} | {_fmt_ci(c['overall'])} | {sk} |")
             if data["time_to_accuracy"]:
-                lines += ["", "| time to GSPOx2's final accuracy | seeds reaching it | median time ratio vs GSPOx2 |"]
-                lines.append("|---|---|---|")
+                lines += [
+                    "",
+                    "| time to GSPOx2's final accuracy | seeds reaching it | median time ratio vs GSPOx2 "
+                    "| median rollout ratio vs GSPOx2 | step reached, per seed |",
+                    "|---|---|---|---|---|",
+                ]
                 for method, t in data["time_to_accuracy"].items():
                     ratio = "-" if t["ratio_median"] is None else f"{t['ratio_median']:.2f}"
-                    lines.append(f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} |")
+                    rollouts = "-" if t["rollout_ratio_median"] is None else f"{t['rollout_ratio_median']:.2f}"
+                    steps = ", ".join(
+                        "-" if v["hacpo_step"] is None else str(v["hacpo_step"]) for v in t["per_seed"].values()
+                    )
+                    lines.append(
+                        f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} | {rollouts} | {steps} |"
+                    )
             diag = ["foreign_ratio_p10", "foreign_ratio_p50", "foreign_ratio_p90", "foreign_clip_frac", "capability"]
             lines += ["", "| method | " + " | ".join(diag) + " |", "|---|" + "---|" * len(diag)]
             for method, r in rows.items():

@@ -184,7 +184,7 @@ def test_paired_ci_hand_computed():
 
 
 def test_time_to_accuracy_does_not_count_an_interruption_as_training():
-    """A step that took more than PAUSE_FACTOR x the run's median (a paused process) counts at the median: steps of
+    """A step that took more than PAUSE_FACTOR (5) x the run's median (a paused process) is capped there: steps of
     1 s with one 100 s step -> the clock at step 5 reads 1+1+1+5+1 = 9 s, not 104 s (hand-computed); without
     per-step times the raw clock is used."""
     evidence = _load_evidence()
@@ -256,3 +256,23 @@ def test_primary_verdict_partner_skill_and_warm_start_spread_by_hand():
     bad[bed]["qwen-bpe"][method][1]["initial_accuracy"] = 0.25  # seed 1's methods disagree before RL
     with pytest.raises(SystemExit, match="seed 1"):
         bench._warm_start(bad)
+
+
+def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
+    """HACPO first reaches GSPOx2's final accuracy (0.3) at step 25 of 50, after 40 of its seconds; GSPOx2 trained
+    80 s. Rollouts: HACPO generates 16 per step (400 by step 25) against GSPOx2's 1,600 in all -> ratio 0.25."""
+    bench = _load_evidence()
+    mine = {
+        "curve": [[0, 0.1], [25, 0.3], [50, 0.5]],
+        "train_seconds": [[0, 0.0], [25, 40.0], [50, 80.0]],
+        "rollouts_generated": 800,
+    }
+    x2 = {"final_accuracy": 0.3, "curve": [[0, 0.1], [50, 0.3]], "train_seconds": [[0, 0.0], [50, 80.0]],
+          "rollouts_generated": 1600}  # fmt: skip
+    never = {**x2, "final_accuracy": 0.9}
+    result = bench._time_to_accuracy({0: mine, 1: mine}, {0: x2, 1: never})
+    assert result["per_seed"][0] == {
+        "hacpo_seconds": 40.0, "gspo_x2_seconds": 80.0, "hacpo_step": 25, "rollout_ratio": 0.25
+    }  # fmt: skip
+    assert result["per_seed"][1]["hacpo_step"] is None and "rollout_ratio" not in result["per_seed"][1]
+    assert result["reached"] == 1 and result["ratio_median"] == 0.5 and result["rollout_ratio_median"] == 0.25
