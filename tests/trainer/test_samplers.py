@@ -92,7 +92,8 @@ def test_the_compiled_decode_step_reads_grouped_heads_in_place(name, lively, mon
     every decode step. Simulated on the CPU (transformers told that it is compiling): the stock attention expands
     the cache in the prefill and in every decode step; after `use_grouped_decode` only the prefill does (one call
     per layer for keys and one for values), the greedy outputs still equal `hf`'s token for token, and the switch
-    never reaches a saved config.json (the agent still loads without hacrl)."""
+    never reaches a saved config.json (the agent still loads without hacrl). A sampler built with `cuda_graphs`
+    makes the switch."""
     import transformers.integrations.sdpa_attention as sdpa_module
     from transformers import AutoModelForCausalLM
 
@@ -110,13 +111,14 @@ def test_the_compiled_decode_step_reads_grouped_heads_in_place(name, lively, mon
     calls.clear()
     stock = sampler.sample(prompts, 1, greedy=True, batch_size=10)
     assert len(calls) == 2 * layers * 6  # the prefill and the 5 decode steps, keys and values of every layer
-    assert use_grouped_decode(agent.model) and agent.model.config._attn_implementation == NAME
+    # what switches it: a sampler built for CUDA graphs (torch.compile is lazy, so this builds on the CPU too)
+    StaticSampler(agent, cuda_graphs=True)
+    assert agent.model.config._attn_implementation == NAME
+    assert not use_grouped_decode(agent.model)  # only from sdpa: a second call leaves it as it is
     calls.clear()
     grouped = sampler.sample(prompts, 1, greedy=True, batch_size=10)
     assert len(calls) == 2 * layers  # the prefill only
-    assert [s.response_ids for s in grouped] == [s.response_ids for s in stock] == [
-        s.response_ids for s in reference
-    ]
+    assert [s.response_ids for s in grouped] == [s.response_ids for s in stock] == [s.response_ids for s in reference]
     agent.model.save_pretrained(tmp_path)
     assert NAME not in (tmp_path / "config.json").read_text()
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
