@@ -403,7 +403,12 @@ def aggregate(out: Path, command: str) -> dict:
             if "gspo_x2" in by_method:
                 for method in (f"hacpo_{mode}" for mode in MODES if f"hacpo_{mode}" in by_method):
                     tta[method] = _time_to_accuracy(by_method[method], by_method["gspo_x2"])
-            bed_out[agent] = {"methods": rows, "comparisons": comparisons, "time_to_accuracy": tta}
+            bed_out[agent] = {
+                "methods": rows,
+                "comparisons": comparisons,
+                "time_to_accuracy": tta,
+                "late_fall": _late_fall(by_method),
+            }
     result["primary"] = _primary(cells)
     result["partner_skill"] = _partner_skill(cells)
     result["warm_start"] = _warm_start(cells)
@@ -483,6 +488,33 @@ def _warm_start(cells: dict) -> dict:
                 }
             out.setdefault(bed, {})[agent] = {"seeds": sorted(per_seed), "accuracy": stats}
     return out
+
+
+CLIP_ABLATIONS = ("static_clip", "no_foreign_clip")
+"""The ablations the paper says destabilise training (its stronger agent's accuracy falls late): `_late_fall`."""
+
+
+def _late_fall(by_method: dict) -> dict:
+    """How far each run's accuracy ends below its best evaluation (points; 0 if the last is the best), per method,
+    and for each clipping ablation the paired difference (ablation's fall - the full method's fall: above zero
+    means the ablation falls further). Added while the grid ran, not pre-registered: it tests the paper's claim
+    that static or no clipping lets accuracy fall late in training, from the same evaluation curves."""
+    falls = {
+        method: {s: 100 * (max(a for _, a in r["curve"]) - r["curve"][-1][1]) for s, r in seeds.items()}
+        for method, seeds in by_method.items()
+    }
+    methods_out = {
+        m: {"per_seed": [f[s] for s in sorted(f)], "mean": statistics.mean(f.values()), "max": max(f.values())}
+        for m, f in falls.items()
+    }
+    full = f"hacpo_{ABLATION_MODE}"
+    comparisons = {}
+    for name in CLIP_ABLATIONS:
+        ablation = f"{full}_{name}"
+        if ablation in falls and full in falls:
+            common = sorted(falls[ablation].keys() & falls[full].keys())
+            comparisons[f"{ablation} - {full}"] = paired_ci([falls[ablation][s] - falls[full][s] for s in common])
+    return {"methods": methods_out, "comparisons": comparisons}
 
 
 def _compare(mine: dict, theirs: dict) -> dict:
@@ -633,6 +665,19 @@ def _markdown(result: dict) -> str:
                     lines.append(
                         f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} | {rollouts} | {steps} |"
                     )
+            fall = data.get("late_fall")
+            if fall and fall["methods"]:
+                lines += [
+                    "",
+                    "| fall from the best evaluation to the final one (points; not pre-registered) "
+                    "| mean | max | per seed |",
+                    "|---|---|---|---|",
+                ]
+                for method, f in fall["methods"].items():
+                    per = ", ".join(f"{v:.1f}" for v in f["per_seed"])
+                    lines.append(f"| {method} | {f['mean']:.1f} | {f['max']:.1f} | {per} |")
+                for name, c in fall["comparisons"].items():
+                    lines.append(f"| {name} (paired, ablation falls further if > 0) | {_fmt_ci(c)} | | |")
             diag = ["foreign_ratio_p10", "foreign_ratio_p50", "foreign_ratio_p90", "foreign_clip_frac", "capability"]
             lines += ["", "| method | " + " | ".join(diag) + " |", "|---|" + "---|" * len(diag)]
             for method, r in rows.items():

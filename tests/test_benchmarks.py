@@ -276,3 +276,26 @@ def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
     }  # fmt: skip
     assert result["per_seed"][1]["hacpo_step"] is None and "rollout_ratio" not in result["per_seed"][1]
     assert result["reached"] == 1 and result["ratio_median"] == 0.5 and result["rollout_ratio_median"] == 0.25
+
+
+def test_late_fall_from_the_best_evaluation_by_hand():
+    """The paper's claim that static or no clipping lets accuracy fall late: per run, best evaluation minus the last
+    (points); per clipping ablation, the paired difference of falls over seeds (hand-computed)."""
+    bench = _load_evidence()
+    full = f"hacpo_{bench.ABLATION_MODE}"
+
+    def run(*accuracies):
+        return {"curve": [[25 * i, a] for i, a in enumerate(accuracies)]}
+
+    by_method = {
+        full: {0: run(0.1, 0.3, 0.3), 1: run(0.1, 0.4, 0.35)},  # falls 0 and 5 points
+        f"{full}_static_clip": {0: run(0.1, 0.3, 0.2), 1: run(0.1, 0.4, 0.25)},  # falls 10 and 15
+        "gspo": {0: run(0.2, 0.1, 0.15)},  # never above the warm-start: 20 - 15 = 5
+    }
+    fall = bench._late_fall(by_method)
+    assert fall["methods"][full]["per_seed"] == pytest.approx([0.0, 5.0])
+    assert fall["methods"]["gspo"]["mean"] == pytest.approx(5.0)
+    assert fall["methods"][f"{full}_static_clip"]["max"] == pytest.approx(15.0)
+    c = fall["comparisons"][f"{full}_static_clip - {full}"]
+    assert c["diffs"] == pytest.approx([10.0, 10.0]) and c["lo"] == pytest.approx(10.0)  # sd 0
+    assert list(fall["comparisons"]) == [f"{full}_static_clip - {full}"]  # no_foreign_clip did not run
