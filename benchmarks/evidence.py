@@ -443,7 +443,7 @@ def _partner_skill(cells: dict) -> dict:
         if method not in by_method or baseline not in by_method:
             continue
         mine, theirs = by_method[method], by_method[baseline]
-        diffs = []
+        diffs, per_seed = [], {}
         for s in sorted(mine.keys() & theirs.keys()):
             gain = {
                 k: 100 * (mine[s]["skill_curves"][k][-1][1] - theirs[s]["skill_curves"][k][-1][1])
@@ -452,7 +452,12 @@ def _partner_skill(cells: dict) -> dict:
             partner = [k for k in gain if k != own]
             if own in gain and len(partner) == 1:
                 diffs.append(gain[partner[0]] - gain[own])
-        out[agent] = {"own": own, **paired_ci(diffs)}
+                per_seed[s] = {
+                    "partner_skill_before": 100 * mine[s]["skill_curves"][partner[0]][0][1],
+                    "partner_skill_gain": gain[partner[0]],
+                    "own_skill_gain": gain[own],
+                }
+        out[agent] = {"own": own, **paired_ci(diffs), "per_seed": per_seed}
     return out
 
 
@@ -601,6 +606,21 @@ def _markdown(result: dict) -> str:
             ]
             for agent, c in result["partner_skill"].items():
                 lines.append(f"| {agent} | `{c['own']}` | {_fmt_ci(c)} |")
+            lines += [
+                "",
+                "Per seed (not pre-registered: does the gain on the partner's sub-skill depend on how much of it the "
+                "agent knew before RL?):",
+                "",
+                "| agent | seed | partner's sub-skill before RL | gain over "
+                f"`{PRIMARY[2]}` on it | gain on its own sub-skill |",
+                "|---|---|---|---|---|",
+            ]
+            for agent, c in result["partner_skill"].items():
+                for s, v in c.get("per_seed", {}).items():
+                    lines.append(
+                        f"| {agent} | {s} | {v['partner_skill_before']:.1f} | {v['partner_skill_gain']:+.1f} "
+                        f"| {v['own_skill_gain']:+.1f} |"
+                    )
         lines.append("")
     if result.get("warm_start"):
         lines += [

@@ -249,6 +249,11 @@ def test_primary_verdict_partner_skill_and_warm_start_spread_by_hand():
     # Llama (own `+`): gain on `-` (2 d) minus gain on `+` (0) = 2 d; Qwen2 (own `-`): 0 - 2 d
     assert partner["llama-char"]["diffs"] == pytest.approx([8, 10, 6, 8, 8])
     assert partner["qwen-bpe"]["diffs"] == pytest.approx([-6, -6, -6, -6, -8])
+    # per seed: the partner's sub-skill before RL (step 0 of the curve: `-` 10 %, `+` 30 %) and both gains
+    assert partner["llama-char"]["per_seed"][1] == pytest.approx(
+        {"partner_skill_before": 10.0, "partner_skill_gain": 10.0, "own_skill_gain": 0.0}
+    )
+    assert partner["qwen-bpe"]["per_seed"][4]["partner_skill_before"] == pytest.approx(30.0)
     warm = bench._warm_start(cells([4, 5], [3, 3]))[bed]["llama-char"]["accuracy"]
     assert warm["all"]["per_seed"] == pytest.approx([20.0, 20.0]) and warm["all"]["sd"] == 0.0
     assert warm["+"]["mean"] == pytest.approx(30.0) and warm["-"]["max"] == pytest.approx(10.0)
