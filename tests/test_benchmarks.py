@@ -162,6 +162,16 @@ def test_evidence_benchmark_smoke(tmp_path):
     assert (
         "hacpo_learner_length - hacpo_learner_length_alpha0" in result["beds"]["complement"]["qwen-bpe"]["comparisons"]
     )
+    # the exploratory tables come from the same summaries: fall from the best evaluation, partner skill per seed
+    fall = result["beds"]["complement"]["qwen-bpe"]["late_fall"]["methods"]["hacpo_learner_length"]["per_seed"]
+    curves = [[a for _, a in mine[s]["curve"]] for s in (0, 1)]
+    assert fall == pytest.approx([100 * (max(c) - c[-1]) for c in curves])
+    partner = result["partner_skill"]["qwen-bpe"]["per_seed"]
+    assert [partner[str(s)]["partner_skill_before"] for s in (0, 1)] == pytest.approx(
+        [100 * mine[s]["skill_curves"]["+"][0][1] for s in (0, 1)]
+    )
+    markdown = (tmp_path / "evidence.md").read_text()
+    assert "fall from the best evaluation" in markdown and "partner's sub-skill before RL" in markdown
     assert (tmp_path / "evidence.png").read_bytes()[:4] == b"\x89PNG"
     # a cached warm-start never lacks its generated data: bootstrap rewrites the files, byte for byte
     from hacrl.testbed.demo import TINY_COMPLEMENT, bootstrap
