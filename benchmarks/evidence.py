@@ -616,7 +616,7 @@ def _markdown(result: dict) -> str:
                 "|---|---|---|---|---|",
             ]
             for agent, c in result["partner_skill"].items():
-                for s, v in c.get("per_seed", {}).items():
+                for s, v in c["per_seed"].items():
                     lines.append(
                         f"| {agent} | {s} | {v['partner_skill_before']:.1f} | {v['partner_skill_gain']:+.1f} "
                         f"| {v['own_skill_gain']:+.1f} |"
@@ -685,8 +685,8 @@ def _markdown(result: dict) -> str:
                     lines.append(
                         f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} | {rollouts} | {steps} |"
                     )
-            fall = data.get("late_fall")
-            if fall and fall["methods"]:
+            fall = data["late_fall"]
+            if fall["methods"]:
                 lines += [
                     "",
                     "| fall from the best evaluation to the final one (points; not pre-registered) "
