@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -334,6 +335,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return config
 
 
+MAX_AGENT_NAME = 64
+"""Agent names are path components (checkpoints/step_N/agents/<name>, <name>.tmp files): far below any file
+system's 255-byte limit, so a long name fails at validation, not at the first checkpoint."""
+_AGENT_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_AGENT_NAME - 1}}}")
+
+
 def validate(config: TrainConfig) -> None:
     if not config.agents:
         raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
@@ -341,8 +348,13 @@ def validate(config: TrainConfig) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")
     for i, agent in enumerate(config.agents):
-        if not agent.name or "/" in agent.name or agent.name.startswith("."):
-            raise ConfigError(f"agents.{i}.name={agent.name!r} must be a non-empty folder-safe name")
+        if not isinstance(agent.name, str) or not _AGENT_NAME.fullmatch(agent.name):
+            shown = agent.name if len(str(agent.name)) <= 80 else f"{str(agent.name)[:77]}..."
+            raise ConfigError(
+                f"agents.{i}.name={shown!r} ({len(str(agent.name))} characters) is not a folder-safe name: it names "
+                f"the agent's checkpoint folder and metrics, so it must be 1-{MAX_AGENT_NAME} characters of letters, "
+                "digits, '.', '_', '+' or '-', starting with a letter or digit (e.g. qwen3-1.7b)"
+            )
         if not agent.lr > 0:
             raise ConfigError(f"agents.{i}.lr must be positive, got {agent.lr}")
         if len(agent.betas) != 2 or not all(0 <= b < 1 for b in agent.betas):

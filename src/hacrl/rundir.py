@@ -5,7 +5,11 @@
    file whose flock can be taken is stale: it is taken over with a notice. A second process on the same directory
    finds the flock held and refuses at once, naming the owner. (On network file systems without working `flock`
    the pid/host check is all there is.)
-2. `trim_metrics`: on resume, `metrics.jsonl` keeps the lines up to the checkpoint's step; a last line cut off by a
+2. `claim_run_dir`: hacrl writes only into an empty (or new) directory or one of its own runs, which it marks with
+   `RUN_DIR/.hacrl-run` when it first claims it. A non-empty directory without the mark is refused before anything
+   is written, read or deleted there (a user's files would otherwise be overwritten: config.yaml, eval records).
+   Runs written before the mark existed are recognised by hacrl's own files (metrics.jsonl, checkpoints/step_N).
+3. `trim_metrics`: on resume, `metrics.jsonl` keeps the lines up to the checkpoint's step; a last line cut off by a
    crash is dropped with a notice; a damaged line anywhere else stops the run, naming the file and line.
 """
 
@@ -23,6 +27,48 @@ from typing import Any
 from hacrl.errors import RunDirError
 
 LOCK_NAME = ".hacrl.lock"
+RUN_MARKER = ".hacrl-run"
+"""Present in every directory hacrl has claimed as a run directory."""
+
+
+def claim_run_dir(run_dir: str | Path) -> None:
+    """Refuse a `trainer.output_dir` that is a file or a non-empty directory hacrl did not create; otherwise
+    create it if needed and mark it as a hacrl run directory (before the lock, so a refused directory is left as
+    it was: nothing created in it)."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(
+            f"trainer.output_dir={str(run_dir)!r} is a file, not a directory; choose a directory path (it is "
+            "created if missing)"
+        )
+    if run_dir.is_dir() and not (run_dir / RUN_MARKER).exists():
+        try:
+            entries = sorted(e for e in os.listdir(run_dir) if e != LOCK_NAME)
+        except OSError as e:
+            raise RunDirError(f"trainer.output_dir={str(run_dir)!r} cannot be read: {e.strerror or e}") from e
+        if entries and not _legacy_run(run_dir):
+            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+            raise RunDirError(
+                f"trainer.output_dir={str(run_dir)!r} already holds files that hacrl did not write ({shown}). hacrl "
+                "writes a run only into a new or empty directory, or one of its own runs, so that it never "
+                "overwrites or deletes your files: choose another trainer.output_dir (e.g. a subdirectory) or move "
+                "those files away"
+            )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_MARKER).touch()
+    except OSError as e:
+        raise RunDirError(f"trainer.output_dir={str(run_dir)!r} cannot be created or written: {e}") from e
+
+
+def _legacy_run(run_dir: Path) -> bool:
+    """A run directory of a hacrl from before `RUN_MARKER`: its metrics log or its checkpoints."""
+    import re
+
+    if (run_dir / "metrics.jsonl").is_file() and (run_dir / "config.yaml").is_file():
+        return True
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any(re.match(r"step_\d{6,}$", p.name) for p in checkpoints.iterdir())
 
 
 class RunLock:

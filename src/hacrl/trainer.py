@@ -48,7 +48,7 @@ from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
 from hacrl.evaluation import completion_metrics, write_eval_records
 from hacrl.exchange import Trajectory, learner_pool
 from hacrl.logger import MetricsLogger
-from hacrl.rundir import RunLock, last_logged_step, trim_metrics
+from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
 from hacrl.scoring import ScoreResult, scorer_for
 from hacrl.worker import WorkerSpec
 
@@ -62,6 +62,7 @@ class Trainer:
         self.run_dir = Path(config.trainer.output_dir)
         self._logger: MetricsLogger | None = None
         self.workers: Workers | None = None
+        claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
         self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
         self._release = weakref.finalize(self, self.lock.release)  # also when a Trainer is dropped without close()
         try:

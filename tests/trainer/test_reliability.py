@@ -350,3 +350,59 @@ def test_the_config_reference_says_that_a_reward_function_is_code_that_runs():
     from hacrl.config import describe
 
     assert "runs that module's code with your permissions" in " ".join(describe().split())
+
+
+# -- never touch files hacrl did not write ---------------------------------------------------------------------------
+
+
+def test_a_directory_hacrl_did_not_write_is_refused_untouched(tiny_agents, tmp_path, capsys):
+    """A user's own files in trainer.output_dir (a commented config.yaml, eval records, a folder that looks like a
+    crashed checkpoint) are neither overwritten nor deleted: the run is refused before it writes anything."""
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001.tmp-1-ab").mkdir(parents=True)
+    files = {run / "config.yaml": "# my notes\nlr: 1\n", run / "eval" / "step_000000.jsonl": '{"mine": 1}\n',
+             run / "checkpoints" / "step_000001.tmp-1-ab" / "w.bin": "weights"}  # fmt: skip
+    for path, text in files.items():
+        path.write_text(text)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    cfg = _config(tiny_agents, tmp_path)
+    for args in ([], ["--resume"]):
+        assert main(["train", str(cfg), *args]) == 2
+        err = capsys.readouterr().err
+        assert "already holds files that hacrl did not write (checkpoints, config.yaml, eval)" in err, err
+        assert "Traceback" not in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing created, nothing deleted
+    assert all(path.read_text() == text for path, text in files.items())
+
+
+def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp_path):
+    from hacrl.rundir import RUN_MARKER
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 1}, checkpoint={"every": 0})
+    assert main(["train", str(cfg)]) == 0
+    assert (run / RUN_MARKER).is_file() and (run / "metrics.jsonl").is_file()
+    assert main(["train", str(cfg), "trainer.steps=2", "--resume"]) == 0  # its own run: resumed
+
+
+def test_output_dir_naming_a_file_is_a_clear_error(tiny_agents, tmp_path, capsys):
+    (tmp_path / "run").write_text("not a directory")
+    assert main(["train", str(_config(tiny_agents, tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a directory" in err and "Traceback" not in err
+    assert (tmp_path / "run").read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "a/b", ".hidden", "has space", ""])
+def test_agent_names_that_cannot_be_folders_fail_at_validation(tiny_agents, tmp_path, capsys, name):
+    """A 300-character name used to pass validation and fail with ENAMETOOLONG at the first checkpoint, after the
+    training it would have saved."""
+    cfg = _config(tiny_agents, tmp_path)
+    text = cfg.read_text().replace("name: llama", f"name: '{name}'", 1)
+    cfg.write_text(text)
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "agents.0.name=" in err and "folder-safe name" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
