@@ -122,39 +122,93 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+MODES = ("no-stop", "varied")
+"""Sampling modes. `no-stop`: no stop token, every row decodes `new` tokens (random weights never emit EOS).
+`varied`: rows end at different lengths with a long tail, as real answers do: a fixed random set of vocabulary ids
+(`VARIED_MEAN_FRACTION`) acts as stop tokens, so with the near-uniform next-token distribution of random weights a
+row stops at each step with probability ~ |stops| / vocabulary: lengths are ~geometric with mean ~new / 4 (most
+short, ~2 % at the limit). Each row's measured length distribution is reported, and tokens/s counts real tokens."""
+VARIED_MEAN_FRACTION = 0.25
+
+
+def stop_set(vocab: int, new: int) -> list[int]:
+    """The varied mode's stop tokens: vocab / (new * VARIED_MEAN_FRACTION) ids drawn with a fixed seed."""
+    count = max(1, round(vocab / (new * VARIED_MEAN_FRACTION)))
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:count].sort().values.tolist()
+
+
 def sampling(
-    directory: Path, device: str, dtype: str, rows: int, new: int, backends: list[tuple[str, bool]], profile: bool
+    directory: Path,
+    device: str,
+    dtype: str,
+    rows: int,
+    new: int,
+    backends: list[tuple[str, bool]],
+    profile: bool,
+    modes: tuple[str, ...] = MODES,
+    on_result=None,
 ):
-    """Tokens per second of each backend; with `profile`, one more call per backend under torch.profiler: where a
-    decode step's time goes (device time per step against wall time per step, and the top operators)."""
+    """Tokens per second of each backend in each of `modes` (MODES), one agent per backend for all modes. Per
+    mode: a warm-up call (with CUDA graphs the same rows as the timed one: the first mode's compiles, and each
+    captures the graphs its row counts need), then the timed call; for each call, seconds, graphs compiled and
+    CUDA-graph skips (torch's counters: a compilation after the warm-up is a recompilation), the peak device memory
+    and the lengths. With `profile`, one more call per backend and mode under torch.profiler."""
     results = []
-    for backend, graphs in backends:
-        before = _compile_stats()
-        agent = _agent(directory, device, dtype, new, backend, graphs)
-        agent.stop_ids = [-1]  # never stop: every row decodes `new` tokens, a fixed amount of work
+    for (backend, graphs), mode in ((b, m) for b in backends for m in modes):
+        if mode == modes[0]:
+            agent = _agent(directory, device, dtype, new, backend, graphs)
+        vocab = agent.model.config.vocab_size
+        agent.stop_ids = [-1] if mode == "no-stop" else stop_set(vocab, new)
         prompts = _prompts(agent, rows)
-        start = time.perf_counter()
-        # warm-up; with CUDA graphs the same call as the timed one (the same shapes: compiles, captures the graphs)
-        agent.sampler.sample(prompts if graphs else prompts[: min(rows, 8)], 1, batch_size=rows)
-        _sync(device)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        samples = agent.sampler.sample(prompts, 1, batch_size=rows)
-        _sync(device)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(s.response_ids) for s in samples)
+        calls = {}
+        for call in ("warm_up", "timed"):
+            torch.manual_seed(1)
+            before = _compile_stats()
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            batch = prompts if graphs or call == "timed" else prompts[: min(rows, 8)]
+            samples = agent.sampler.sample(batch, 1, batch_size=rows)
+            _sync(device)
+            seconds = time.perf_counter() - start
+            lengths = sorted(len(s.response_ids) for s in samples)
+            calls[call] = {
+                "seconds": seconds,
+                "tokens": sum(lengths),
+                **{k: v - before.get(k, 0) for k, v in _compile_stats().items()},
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None,
+                "lengths": {
+                    "mean": sum(lengths) / len(lengths),
+                    "p10": lengths[len(lengths) // 10],
+                    "p50": lengths[len(lengths) // 2],
+                    "p90": lengths[(9 * len(lengths)) // 10],
+                    "max": lengths[-1],
+                    "at_limit": sum(n == new for n in lengths) / len(lengths),
+                },
+            }
+        timed = calls["timed"]
         results.append(
             {
                 "backend": backend + (" + CUDA graphs" if graphs else ""),
-                "tokens_per_second": tokens / seconds,
-                "ms_per_step": 1000 * seconds / new,
-                "first_call_s": first,
-                **{k: v - before.get(k, 0) for k, v in _compile_stats().items()},  # this sampler's own
+                "mode": mode,
+                "tokens_per_second": timed["tokens"] / timed["seconds"],
+                "ms_per_step": 1000 * timed["seconds"] / max(timed["lengths"]["max"], 1),  # the steps the batch ran
+                "first_call_s": calls["warm_up"]["seconds"],
+                "compiled_graphs": calls["warm_up"].get("compiled_graphs", 0),
+                "cudagraph_skips": calls["warm_up"].get("cudagraph_skips", 0),
+                "recompiles_after_warm_up": timed.get("compiled_graphs", 0),
+                "cudagraph_skips_after_warm_up": timed.get("cudagraph_skips", 0),
+                "calls": calls,
             }
         )
         if profile:
             results[-1]["profile"] = _profile_call(agent, prompts, rows, new, device)
-        del agent
+        if on_result is not None:  # e.g. save: a run cut by its time limit keeps what it measured
+            on_result(results[-1])
+        if mode == modes[-1]:
+            del agent
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
     return results
 
 
@@ -184,7 +238,8 @@ def _profile_call(agent, prompts, rows: int, new: int, device: str) -> dict:
 
 
 def _compile_stats() -> dict:
-    """What torch.compile did so far in this process: graphs compiled, and whether CUDA graphs were skipped."""
+    """What torch.compile did so far in this process: graphs compiled (a compilation after the warm-up is a
+    recompilation), CUDA graphs skipped."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:
@@ -346,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         help="samplers to time (static+graphs: on a GPU only)",
     )
     parser.add_argument("--profile", action="store_true", help="sampling: one more call per sampler, profiled")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="sampling modes")
     parser.add_argument("--step-new", type=int, default=512, help="new tokens per response in the HACPO step")
     parser.add_argument(
         "--merge",
@@ -382,12 +438,16 @@ def main(argv: list[str] | None = None) -> int:
         if "sampling" in args.only:
             result["sampling"] = {}
             for n in names:
-                entry = result["sampling"][n] = {"rows": rows, "new_tokens": new, "backends": [], "roofline": None}
+                key = n if (rows, new) == (256, 512) or device == "cpu" else f"{n} ({rows} x {new})"
+                entry = result["sampling"][key] = {"rows": rows, "new_tokens": new, "backends": [], "roofline": None}
                 entry["roofline"] = roofline(dirs[n], device, dtype, rows, new, 64)
-                for backend in backends:  # saved one by one: a part cut by its time limit keeps what it measured
-                    entry["backends"] += sampling(dirs[n], device, dtype, rows, new, [backend], args.profile)
+
+                def keep(measured: dict, entry=entry, n=n) -> None:  # saved one by one
+                    entry["backends"].append(measured)
                     save()
-                    print(json.dumps({n: entry["backends"][-1]}), flush=True)
+                    print(json.dumps({n: {k: v for k, v in measured.items() if k != "profile"}}), flush=True)
+
+                sampling(dirs[n], device, dtype, rows, new, backends, args.profile, tuple(args.modes), keep)
         if "parity" in args.only:
             result["parity"] = {}
             for n in names:
@@ -422,7 +482,14 @@ def merge(parts: list[Path], out: Path) -> int:
         data = json.loads(file.read_text())
         commands = result.get("command", "")
         for key, value in data.items():  # parts may measure different models of one section
-            if isinstance(value, dict) and isinstance(result.get(key), dict):
+            if key == "sampling" and isinstance(result.get(key), dict):
+                for model, entry in value.items():  # parts may measure other samplers of one model
+                    if model in result[key]:
+                        result[key][model]["backends"] += entry["backends"]
+                        result[key][model]["roofline"] = result[key][model]["roofline"] or entry["roofline"]
+                    else:
+                        result[key][model] = entry
+            elif isinstance(value, dict) and isinstance(result.get(key), dict):
                 result[key] = {**result[key], **value}
             else:
                 result[key] = value
@@ -446,19 +513,31 @@ def markdown(r: dict) -> str:
     for note in r.get("notes", []):
         lines += [note, ""]
     if "sampling" in r:
-        lines += ["## Sampling (random weights: every row runs to the length limit)", ""]
-        lines += ["| model | rows x new | backend | tokens/s | ms per step | first call s (compiles) "
-                  "| graphs compiled | CUDA-graph skips |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["## Sampling", "",
+                  "Random weights. `no-stop`: every row runs to the length limit. `varied`: a fixed random set of "
+                  f"vocabulary ids stops rows (~geometric lengths, mean ~{VARIED_MEAN_FRACTION:g} x new tokens): "
+                  "tokens/s counts real tokens. Warm-up: the first call (compiles, captures); recompiles and skips "
+                  "after it: in the timed call.", "",
+                  "| model | rows x new | mode | backend | tokens/s | ms per step | warm-up s | graphs compiled "
+                  "| recompiles after warm-up | CUDA-graph skips (warm-up / after) | peak GiB "
+                  "| length mean / p50 / p90 / at limit |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for model, s in r["sampling"].items():
             for b in s["backends"]:
-                lines.append(f"| {model} | {s['rows']} x {s['new_tokens']} | {b['backend']} | "
-                             f"{b['tokens_per_second']:,.0f} | {b['ms_per_step']:.1f} | "
+                timed = b.get("calls", {}).get("timed", {})
+                n = timed.get("lengths")
+                lengths = f"{n['mean']:.0f} / {n['p50']} / {n['p90']} / {100 * n['at_limit']:.0f} %" if n else "-"
+                peak = timed.get("peak_gib")
+                lines.append(f"| {model} | {s['rows']} x {s['new_tokens']} | {b.get('mode', 'no-stop')} | "
+                             f"{b['backend']} | {b['tokens_per_second']:,.0f} | {b['ms_per_step']:.1f} | "
                              f"{b.get('first_call_s', float('nan')):.1f} | {b.get('compiled_graphs', '-')} | "
-                             f"{b.get('cudagraph_skips', '-')} |")  # fmt: skip
+                             f"{b.get('recompiles_after_warm_up', '-')} | {b.get('cudagraph_skips', '-')} / "
+                             f"{b.get('cudagraph_skips_after_warm_up', '-')} | "
+                             f"{'-' if peak is None else f'{peak:.1f}'} | {lengths} |")  # fmt: skip
             if s["roofline"]:
                 f = s["roofline"]
-                lines.append(f"| {model} | | HBM roofline ({f['hbm_tb_per_s']} TB/s) | {f['tokens_per_second']:,.0f} | "
-                             f"{f['ms_per_step']:.2f} | | | |")  # fmt: skip
+                lines.append(f"| {model} | | no-stop | HBM roofline ({f['hbm_tb_per_s']} TB/s) | "
+                             f"{f['tokens_per_second']:,.0f} | {f['ms_per_step']:.2f} | | | | | | |")  # fmt: skip
         lines.append("")
     for model, s in r.get("sampling", {}).items():
         for b in s["backends"]:

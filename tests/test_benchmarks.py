@@ -69,8 +69,15 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     assert bench.main(["--tiny", "--out", str(tmp_path), "--profile"]) == 0
     result = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())
     for model in ("qwen3-0.6b", "llama-3.2-1b"):
-        backends = [b["backend"] for b in result["sampling"][model]["backends"]]
-        assert backends == ["hf", "static"]
+        runs = [(b["backend"], b["mode"]) for b in result["sampling"][model]["backends"]]
+        assert runs == [("hf", "no-stop"), ("hf", "varied"), ("static", "no-stop"), ("static", "varied")]
+        for b in result["sampling"][model]["backends"]:
+            lengths = b["calls"]["timed"]["lengths"]
+            if b["mode"] == "no-stop":
+                assert lengths["p10"] == lengths["max"] == 16
+            else:  # rows end at different lengths, most before the limit
+                assert lengths["p10"] < lengths["p90"] and lengths["at_limit"] < 0.5
+            assert b["calls"]["timed"]["tokens"] == round(lengths["mean"] * 8)
         assert all(b["tokens_per_second"] > 0 for b in result["sampling"][model]["backends"])
         assert all(
             b["profile"]["top"] and b["profile"]["wall_ms_per_step"] > 0 for b in result["sampling"][model]["backends"]

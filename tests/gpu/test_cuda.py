@@ -142,3 +142,72 @@ def test_agents_on_different_devices_share_rollouts(tiny_agents, tmp_path):
     for name in ("llama", "qwen"):
         assert last[f"{name}/optimizer_steps"] == 4  # own and foreign mini-batches
         assert math.isfinite(last[f"{name}/loss"]) and math.isfinite(last[f"{name}/foreign_clip_frac"])
+
+
+def _lively(tmp_path, name: str):
+    """A tiny agent initialised with std 0.3 (its greedy outputs depend on the prompt), as in test_samplers."""
+    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from tests.conftest import ALPHABET, sum_corpus
+
+    if name == "llama":
+        char = char_tokenizer(ALPHABET)
+        model = tiny_model("llama", char, hidden=32, heads=2, kv_heads=1, seed=1, init_std=0.3)
+        return save_agent(model, char, tmp_path / name)
+    bpe = bpe_tokenizer(sum_corpus(), 80)
+    return save_agent(tiny_model("qwen2", bpe, hidden=48, heads=4, kv_heads=2, seed=2, init_std=0.3), bpe,
+                      tmp_path / name)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_decode_kernel_equals_the_reference(dtype):
+    """The compiled kernel (what the static sampler's decode step runs on CUDA) against the plain-torch reference:
+    rows of length 1 and of the full pool, grouped heads, head dims 64 and 128, one split and several."""
+    import hacrl.samplers.attention as attention
+
+    if not DEVICE.startswith("cuda") or attention._triton_kernel() is None:
+        pytest.skip("needs CUDA and Triton")
+    torch.manual_seed(0)
+    for batch, heads, kv_heads, length, dim in [(256, 16, 8, 576, 128), (3, 32, 8, 5120, 64), (17, 8, 2, 1000, 128)]:
+        query = torch.randn(batch, heads, dim, device=DEVICE, dtype=dtype)
+        key = torch.randn(batch + 5, kv_heads, length, dim, device=DEVICE, dtype=dtype)[:batch]
+        value = torch.randn(batch + 5, kv_heads, length, dim, device=DEVICE, dtype=dtype)[:batch]
+        lengths = torch.randint(1, length + 1, (batch,), device=DEVICE)
+        lengths[0], lengths[-1] = 1, length
+        expected = attention.reference_decode_attention(query.float(), key.float(), value.float(), lengths, 0.088)
+        out = attention.decode_attention(query, key, value, lengths, 0.088)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+        torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+def test_the_cuda_graph_sampler_keeps_its_graphs_when_rows_stop_at_different_steps(tmp_path):
+    """After one warm-up, calls whose rows stop at different steps (and so compact into other row counts) cause
+    no recompilation and no CUDA-graph skip (torch's own counters), two agents in one process each compile once,
+    and greedy outputs equal `hf`'s on the same device."""
+    from torch._dynamo.utils import counters
+
+    from hacrl.agents import Agent
+    from hacrl.config import AgentConfig, RolloutConfig
+    from hacrl.samplers.static import StaticSampler
+
+    def counts():
+        skips = sum(v for k, v in counters["inductor"].items() if "cudagraph_skip" in k)
+        return int(counters["stats"].get("unique_graphs", 0)), skips  # a recompilation is another unique graph
+
+    questions = [f"{a} + {b} =" for a in range(6) for b in range(6)]
+    for name in ("llama", "qwen"):
+        cfg = AgentConfig(name=name, model=str(_lively(tmp_path, name)), device=DEVICE, rollout_backend="hf")
+        agent = Agent(0, cfg, RolloutConfig(max_new_tokens=40))
+        prompts = [agent.render_prompt([{"role": "user", "content": q}])[0] for q in questions]
+        plain = agent.sampler.sample(prompts, 1, greedy=True, batch_size=36)
+        agent.stop_ids = sorted({agent.eos_id, *(plain[i].response_ids[2 + i % 5] for i in range(6))})
+        reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=36)
+        assert len({len(s.response_ids) for s in reference}) > 3
+        sampler = StaticSampler(agent, cuda_graphs=True, sync_every=4)
+        sampler.sample(prompts, 1, greedy=True, batch_size=36)  # warm-up: compiles, captures graphs as met
+        sampler.sample(prompts, 2, batch_size=36)
+        before = counts()
+        for rows in (36, 30, 11):
+            out = sampler.sample(prompts[:rows], 1, greedy=True, batch_size=36)
+            assert [s.response_ids for s in out] == [s.response_ids for s in reference[:rows]]
+        sampler.sample(prompts, 3, batch_size=36, temperature=0.7)
+        assert counts() == before, (name, before, counts())

@@ -50,11 +50,7 @@ def _agent(path, *, max_new_tokens=12, temperature=1.0, top_p=1.0, backend="hf")
 def test_static_greedy_equals_hf_generate_token_for_token(name, sync_every, lively):
     agent = _agent(lively[name])
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS] * 2
-    # extra stop tokens taken from the greedy outputs, so rows stop at different steps (and the static sampler
-    # compacts its batch) while others run to the limit
-    plain = agent.sampler.sample(prompts, 1, greedy=True, batch_size=20)
-    agent.stop_ids = sorted({agent.eos_id, plain[0].response_ids[5], plain[1].response_ids[2]})
-    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=20)
+    reference = _stopping_at_different_steps(agent, prompts)
     static = StaticSampler(agent, sync_every=sync_every).sample(prompts, 1, greedy=True, batch_size=20)
     assert [(s.response_ids, s.finished, s.text) for s in static] == [
         (s.response_ids, s.finished, s.text) for s in reference
@@ -63,62 +59,138 @@ def test_static_greedy_equals_hf_generate_token_for_token(name, sync_every, live
     assert len(lengths) > 2 and any(s.finished for s in reference) and any(not s.finished for s in reference)
 
 
-def test_the_cuda_graph_layout_keeps_shapes_and_caches_and_still_equals_hf(lively, monkeypatch):
-    """The shape discipline that `cuda_graphs` turns on (prompts padded to a WIDTH_BUCKET multiple, one KV cache per
-    shape reset and reused), run eagerly on the CPU: outputs still equal `hf`'s token for token, and calls with
-    different prompt widths share one (rows, length) cache object."""
-    import hacrl.samplers.static as static_module
+def _stopping_at_different_steps(agent, prompts, *, rows: int = 2):
+    """Extra stop tokens taken from the greedy outputs of the first `rows` rows, so rows stop at different steps
+    (and the static sampler compacts its batch) while others run to the limit; the `hf` reference outputs under
+    those stops."""
+    plain = agent.sampler.sample(prompts, 1, greedy=True, batch_size=len(prompts))
+    extra = [plain[0].response_ids[5]] + [plain[i].response_ids[2 + i % 3] for i in range(1, rows)]
+    agent.stop_ids = sorted({agent.eos_id, *extra})
+    return agent.sampler.sample(prompts, 1, greedy=True, batch_size=len(prompts))
 
-    monkeypatch.setattr(static_module, "WIDTH_BUCKET", 16)
-    agent = _agent(lively["llama"])
-    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
-    sampler = StaticSampler(agent)
-    sampler.cuda_graphs = True  # the layout without torch.compile (which needs a GPU for its graphs)
-    short, long = prompts[:4], prompts[4:8]
-    widths = {max(len(p) for p in short), max(len(p) for p in long)}
-    assert len(widths) == 2 and len({-(-w // 16) for w in widths}) == 1  # two widths, one bucket
-    for rows in (short, long, short):
-        reference = agent.sampler.sample(rows, 1, greedy=True, batch_size=4)
-        static = sampler.sample(rows, 1, greedy=True, batch_size=4)
-        assert [s.response_ids for s in static] == [s.response_ids for s in reference]
-    assert len(sampler._caches) == 1
-    (cache,) = sampler._caches.values()
-    assert sampler._cache(type(cache), agent.model.config, *next(iter(sampler._caches))) is cache
+
+def _compile_counts():
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0)), sum(counters["graph_break"].values())
+
+
+@pytest.mark.parametrize(("name", "backend"), [("llama", "eager"), ("qwen", "eager"), ("qwen", "inductor")])
+def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, backend, lively, monkeypatch):
+    """The decode step compiled as the GPU compiles it (`inductor`; `eager` traces the same graph without code
+    generation): calls whose rows stop at different steps, with different row counts, greedy and sampled, run on
+    ONE compilation (torch's own counters: one graph, no recompile, no graph break), the batch really compacts
+    (the step sees several row counts), and the greedy outputs equal `hf`'s token for token. (torch counts no
+    recompilations as such: each one is another unique graph.)"""
+    agent = _agent(lively[name], max_new_tokens=24)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS] * 2
+    reference = _stopping_at_different_steps(agent, prompts, rows=6)
+    assert len({len(s.response_ids) for s in reference}) > 3
+    sampler = StaticSampler(agent, sync_every=2, compile_backend=backend)
+    row_counts = []
+    step = sampler._run_step
+    monkeypatch.setattr(sampler, "_run_step", lambda pool, token, pos: row_counts.append(len(token)) or step(
+        pool, token, pos))  # fmt: skip
+    graphs, breaks = _compile_counts()
+    for rows in (20, 17, 9, 20):
+        out = sampler.sample(prompts[:rows], 1, greedy=True, batch_size=20)
+        assert [s.response_ids for s in out] == [s.response_ids for s in reference[:rows]]
+    torch.manual_seed(0)
+    sampled = sampler.sample(prompts, 2, batch_size=20, temperature=0.8)
+    assert len({len(s.response_ids) for s in sampled}) > 3
+    assert _compile_counts() == (graphs + 1, breaks)  # a recompilation would be a second graph
+    assert {20, 17, 9} < set(row_counts)  # the call sizes, and compacted power-of-two buckets below them
+    assert {c for c in row_counts if c < 9} <= {8, 4, 2}
+    assert sampler.pool.rows == 32  # one pool, sized once for the largest call (rounded up to a power of two)
+
+
+def test_agents_in_one_process_never_share_a_compile_cache(lively, monkeypatch):
+    """torch keeps compilations per code object, with a limit (8 by default) past which it silently runs eagerly.
+    Each sampler compiles its own copy of the step: with the limit at 1, three samplers (two of them for one model
+    class) each still get their own compilation."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    graphs, _ = _compile_counts()
+    for name in ("llama", "qwen", "llama"):
+        agent = _agent(lively[name], max_new_tokens=6)
+        prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+        reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
+        out = StaticSampler(agent, compile_backend="eager").sample(prompts, 1, greedy=True, batch_size=10)
+        assert [s.response_ids for s in out] == [s.response_ids for s in reference]
+    assert _compile_counts()[0] == graphs + 3  # shared, the third would exceed the limit and run uncompiled
+
+
+def test_decode_attention_reads_each_rows_filled_positions_only():
+    """The decode attention (the reference that runs on the CPU; tests/gpu checks the Triton kernel against it):
+    each row attends to its own first `length` positions, whatever lies past them (here huge values), with query
+    head h reading key/value head h // groups."""
+    from hacrl.samplers.attention import decode_attention
+
+    torch.manual_seed(0)
+    batch, heads, kv_heads, length, dim = 5, 6, 2, 40, 8
+    query = torch.randn(batch, heads, dim)
+    key, value = torch.randn(batch, kv_heads, length, dim), torch.randn(batch, kv_heads, length, dim)
+    lengths = torch.tensor([1, 7, 40, 23, 2])
+    for b, n in enumerate(lengths.tolist()):
+        key[b, :, n:], value[b, :, n:] = 1e4, -1e4  # never read
+    out = decode_attention(query, key, value, lengths, 0.5)
+    for b, n in enumerate(lengths.tolist()):
+        for h in range(heads):
+            k, v = key[b, h // 3, :n], value[b, h // 3, :n]
+            expected = torch.softmax(query[b, h] @ k.T * 0.5, dim=-1) @ v
+            torch.testing.assert_close(out[b, h], expected, rtol=1e-5, atol=1e-5)
+
+
+_INTERPRETED_KERNEL_CHECK = """
+import torch
+import hacrl.samplers.attention as attention
+attention._KERNEL = attention._build_kernel()
+torch.manual_seed(0)
+for batch, heads, kv_heads, length, dim in [(3, 4, 2, 300, 16), (2, 6, 2, 700, 32), (9, 4, 4, 70, 12)]:
+    query = torch.randn(batch, heads, dim)
+    key, value = torch.randn(batch + 2, kv_heads, length, dim)[:batch], torch.randn(batch, kv_heads, length, dim)
+    lengths = torch.randint(1, length + 1, (batch,))
+    lengths[0], lengths[-1] = 1, length
+    expected = attention.reference_decode_attention(query, key, value, lengths, 0.3)
+    torch.testing.assert_close(attention._triton_decode(query, key, value, lengths, 0.3), expected)
+assert attention.split_plan(2, 2, 700)[0] == 3  # several splits per row were exercised
+print("kernel ok")
+"""
+
+
+def test_the_triton_kernel_equals_the_reference_in_the_interpreter():
+    """The CUDA kernel's logic, run by Triton's interpreter on the CPU where Triton is installed (CI has no Triton:
+    skipped there; tests/gpu runs the compiled kernel): splits past a row's length, a length of 1, a full row,
+    grouped heads, several splits per row, a head dim that is no power of two. A subprocess: Triton reads
+    TRITON_INTERPRET when it is imported."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (CPU builds of torch do not bring it)")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_KERNEL_CHECK], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "kernel ok" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen"])
-def test_the_compiled_decode_step_reads_grouped_heads_in_place(name, lively, monkeypatch, tmp_path):
-    """Under torch.compile, transformers' sdpa expands every key/value head of the whole cache (`repeat_kv`) in
-    every decode step. Simulated on the CPU (transformers told that it is compiling): the stock attention expands
-    the cache in the prefill and in every decode step; after `use_grouped_decode` only the prefill does (one call
-    per layer for keys and one for values), the greedy outputs still equal `hf`'s token for token, and the switch
-    never reaches a saved config.json (the agent still loads without hacrl). A sampler built with `cuda_graphs`
-    makes the switch."""
-    import transformers.integrations.sdpa_attention as sdpa_module
+def test_the_static_attention_switch_never_reaches_a_saved_model(name, lively, tmp_path):
+    """The static sampler routes the model's attention through its own function (prefill and training keep the
+    original one, with its masks: the training log-probs do not move); a saved agent still loads without hacrl."""
     from transformers import AutoModelForCausalLM
 
-    from hacrl.samplers.attention import NAME, use_grouped_decode
+    from hacrl.samplers.attention import NAME
 
-    calls: list[int] = []
-    expand = sdpa_module.repeat_kv
-    monkeypatch.setattr(sdpa_module, "repeat_kv", lambda h, n: calls.append(n) or expand(h, n))
-    monkeypatch.setattr(sdpa_module, "is_torchdynamo_compiling", lambda: True)
     agent = _agent(lively[name], max_new_tokens=6)
-    layers = agent.model.config.num_hidden_layers
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
-    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
-    sampler = StaticSampler(agent)
-    calls.clear()
-    stock = sampler.sample(prompts, 1, greedy=True, batch_size=10)
-    assert len(calls) == 2 * layers * 6  # the prefill and the 5 decode steps, keys and values of every layer
-    # what switches it: a sampler built for CUDA graphs (torch.compile is lazy, so this builds on the CPU too)
-    StaticSampler(agent, cuda_graphs=True)
-    assert agent.model.config._attn_implementation == NAME
-    assert not use_grouped_decode(agent.model)  # only from sdpa: a second call leaves it as it is
-    calls.clear()
-    grouped = sampler.sample(prompts, 1, greedy=True, batch_size=10)
-    assert len(calls) == 2 * layers  # the prefill only
-    assert [s.response_ids for s in grouped] == [s.response_ids for s in stock] == [s.response_ids for s in reference]
+    batch = TokenBatch.build(prompts, [p[:3] for p in prompts], agent.pad_id, "cpu")
+    with torch.no_grad():
+        before = token_logprobs(agent.model, batch, 1.0)
+    StaticSampler(agent)
+    assert agent.model.config._attn_implementation == f"{NAME}_sdpa"
+    with torch.no_grad():
+        assert torch.equal(token_logprobs(agent.model, batch, 1.0), before)
+    StaticSampler(agent)  # a second sampler keeps the same switch
+    assert agent.model.config._attn_implementation == f"{NAME}_sdpa"
     agent.model.save_pretrained(tmp_path)
     assert NAME not in (tmp_path / "config.json").read_text()
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"

@@ -1,56 +1,247 @@
-"""Attention for the compiled decode step: grouped key/value heads read in place.
+"""Decode attention over the filled part of the static sampler's KV pool.
 
-transformers' `sdpa` attention handles a one-token decode step with grouped-query attention (fewer key/value heads
-than query heads) by folding the query heads of each group into the query-length axis (`pack_gqa`), so that
-attention reads the cache as it is - but only eagerly: under `torch.compile` it takes the general path, which
-expands every key and value head of the whole cache (`repeat_kv`) before attention, every layer, every token. On a
-GPU that copy was most of a static decode step (benchmarks/results/gpu-h100.md: 17 of 32 ms per step on a Qwen3-0.6B
-shape). `grouped_decode_sdpa` does the eager fold in the compiled step too, and hands everything else (prefill,
-training, masks that differ per head, dropout) to transformers' own function unchanged.
+In a decode step every row adds one token at its own position and attends to its own filled positions
+`0 .. position` of the pool (prompts are stored left-aligned: no left padding, no unfilled tail). The lengths live
+in a device tensor (the step's `position_ids`), so the captured CUDA graph stays the same while rows grow at
+different speeds.
 
-`use_grouped_decode(model)` switches a model that runs on `sdpa` to it. The choice lives in the model's config only
-in memory (transformers never writes it into a saved config.json), so a saved agent loads without hacrl.
+`decode_attention` is a custom op (`hacrl::decode_attention`), opaque to torch.compile (its shapes are declared
+by a fake implementation), with two implementations of one contract:
+
+- on a CUDA device, a Triton kernel in the split-K "flash decoding" pattern: one program per (row, key/value head,
+  split of the positions) loads the query heads of its group once, walks only the blocks below the row's length
+  (a split past it exits at once), keeps a running max and sum; the splits are combined after. The number of splits
+  grows as rows get few, so a small batch of long rows still fills the GPU.
+- everywhere else (and as the reference the kernel is tested against): plain torch, masked scaled-dot-product
+  attention over the pool (reads every position, which on a CPU costs little).
+
+`use_static_decode(model)` switches the model's attention to `static_decode_attention`: when called with
+`hacrl_static_decode=True` (the static sampler's decode step), the decode path above; otherwise (prefill,
+training, evaluation) the model's own attention function, unchanged, with its own masks. The choice lives in the
+model's config only in memory (transformers never writes it into config.json), so a saved agent loads without
+hacrl.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from torch import Tensor
 
-NAME = "hacrl_grouped_decode_sdpa"
+NAME = "hacrl_static"
+"""The attention implementation's name prefix (one per original implementation: `hacrl_static_sdpa`, ...)."""
+FLAG = "hacrl_static_decode"
+"""The keyword the decode step passes through the model to its attention layers and its cache."""
 
 
-def grouped_decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' attention-function signature: query (B, H, Q, D), key/value (B, Hkv, L, D) -> (B, Q, H, D)."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    shared_mask = attention_mask is None or attention_mask.shape[1] == 1
-    plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None and not dropout
-    if query.shape[2] != 1 or groups == 1 or not shared_mask or not plain:
-        return sdpa_attention_forward(
+def reference_decode_attention(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, scale: float) -> Tensor:
+    """query (B, H, D), key/value (B, Hkv, L, D), lengths (B,) -> (B, H, D): each row attends to positions
+    `0 .. lengths[b] - 1` of its keys; query head h reads key/value head h // (H / Hkv) (transformers' repeat_kv
+    order)."""
+    batch, heads, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    valid = torch.arange(length, device=key.device)[None, :] < lengths[:, None]  # (B, L)
+    out = F.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, groups, dim),
+        key,
+        value,
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+    )
+    return out.reshape(batch, heads, value.shape[-1])
+
+
+@torch.library.custom_op("hacrl::decode_attention", mutates_args=())
+def decode_attention(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, scale: float) -> Tensor:
+    """See `reference_decode_attention`; on CUDA with Triton, the kernel that reads only the filled positions."""
+    if query.is_cuda and _triton_kernel() is not None:
+        return _triton_decode(query, key, value, lengths, scale)
+    return reference_decode_attention(query, key, value, lengths, scale)
+
+
+@decode_attention.register_fake
+def _(query, key, value, lengths, scale):
+    return query.new_empty(query.shape[0], query.shape[1], value.shape[-1])
+
+
+# -- the Triton kernel ------------------------------------------------------------------------------------------------
+
+BLOCK_N = 64
+"""Positions per inner block of the kernel."""
+TARGET_PROGRAMS = 1024
+"""Splits are added until rows x key/value heads x splits reaches about this many programs (several per SM)."""
+MIN_SPLIT = 256
+"""A split covers at least this many positions (fewer would cost more in the combine than they save)."""
+
+_KERNEL: object = False  # False: not tried yet; None: Triton unavailable
+
+
+def _triton_kernel():
+    global _KERNEL
+    if _KERNEL is False:
+        try:
+            _KERNEL = _build_kernel()
+        except Exception:  # noqa: BLE001 - no Triton (CPU builds of torch): the reference path
+            _KERNEL = None
+    return _KERNEL
+
+
+def split_plan(batch: int, kv_heads: int, length: int) -> tuple[int, int]:
+    """(splits, positions per split) for a call: enough programs to fill the GPU, each split a multiple of
+    BLOCK_N and at least MIN_SPLIT positions."""
+    splits = max(1, min(-(-TARGET_PROGRAMS // (batch * kv_heads)), -(-length // MIN_SPLIT)))
+    per_split = -(-length // splits)
+    per_split = -(-per_split // BLOCK_N) * BLOCK_N
+    return -(-length // per_split), per_split
+
+
+def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, scale: float) -> Tensor:
+    batch, heads, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    assert key.stride(-1) == 1 and value.stride(-1) == 1, "the pool's head dimension must be contiguous"
+    query = query.contiguous()
+    splits, per_split = split_plan(batch, kv_heads, length)
+    acc = torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
+    stats = torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
+    block_g = max(16, triton_next_power_of_2(groups))
+    _KERNEL[(batch, kv_heads, splits)](
+        query, key, value, lengths, acc, stats[0], stats[1], scale, groups, per_split,
+        query.stride(0), query.stride(1),
+        key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
+        stats.stride(1), stats.stride(2), stats.stride(3),
+        dim, D=max(16, triton_next_power_of_2(dim)), BLOCK_G=block_g, BLOCK_N=BLOCK_N,
+        IEEE=query.dtype == torch.float32,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    top, total = stats[0], stats[1]  # per split: running max and sum of exp(score - max)
+    best = top.amax(dim=2, keepdim=True)
+    weight = torch.exp(top - best)  # a split past the row's length has max -inf: weight 0
+    out = (acc * weight[..., None]).sum(2) / (total * weight).sum(2)[..., None]
+    return out.reshape(batch, heads, dim).to(query.dtype)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _build_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(
+        Q, K, V, Lengths, Acc, Max, Sum, scale, groups, per_split,
+        sqb, sqh, skb, skh, skn, svb, svh, svn, sab, sah, sas, sag, smb, smh, sms, dim,
+        D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        split = tl.program_id(2)
+        length = tl.load(Lengths + row)
+        start = split * per_split
+        end = tl.minimum(start + per_split, length)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, D)  # D: the head dim padded to a power of two
+        n = tl.arange(0, BLOCK_N)
+        in_group = g < groups
+        in_dim = d < dim
+        q = tl.load(Q + row * sqb + (head * groups + g)[:, None] * sqh + d[None, :],
+                    mask=in_group[:, None] & in_dim[None, :], other=0.0)  # fmt: skip
+        top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
+        k_base = K + row * skb + head * skh
+        v_base = V + row * svb + head * svh
+        for first in range(start, end, BLOCK_N):
+            pos = first + n
+            inside = pos < end
+            k = tl.load(k_base + pos[:, None] * skn + d[None, :], mask=inside[:, None] & in_dim[None, :], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(inside[None, :], scores * scale, float("-inf"))
+            new_top = tl.maximum(top, tl.max(scores, 1))
+            alpha = tl.exp(top - new_top)
+            p = tl.exp(scores - new_top[:, None])
+            total = total * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + pos[:, None] * svn + d[None, :], mask=inside[:, None] & in_dim[None, :], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            top = new_top
+        tl.store(Acc + row * sab + head * sah + split * sas + g[:, None] * sag + d[None, :], acc,
+                 mask=in_group[:, None] & in_dim[None, :])  # fmt: skip
+        stat = row * smb + head * smh + split * sms + g
+        tl.store(Max + stat, top, mask=in_group)
+        tl.store(Sum + stat, total, mask=in_group)
+
+    return kernel
+
+
+# -- wiring into transformers' attention interface --------------------------------------------------------------------
+
+
+def static_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention-function signature. With `hacrl_static_decode=True`: query (B, H, 1, D) attends to
+    the pool slices `key`/`value` (B, Hkv, L, D) up to each row's `position_ids` + 1 -> (B, 1, H, D). Otherwise the
+    model's own attention function."""
+    if not kwargs.get(FLAG):
+        original = module.config._attn_implementation.removeprefix(f"{NAME}_")
+        return _interface(original)(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    batch, heads, _, dim = query.shape
-    # query head h = kv_head * groups + r (repeat_kv's order): fold r into the query axis of its key/value head
-    out = F.scaled_dot_product_attention(
-        query.reshape(batch, heads // groups, groups, dim), key, value, attn_mask=attention_mask, scale=scaling
-    )
-    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+    lengths = kwargs["position_ids"][:, 0] + 1
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    out = decode_attention(query[:, :, 0, :], key, value, lengths, float(scale))
+    return out[:, None], None
 
 
-def use_grouped_decode(model: torch.nn.Module) -> bool:
-    """Run `model`'s attention through `grouped_decode_sdpa` if it runs on `sdpa` and has grouped key/value heads;
-    whether it was switched."""
+def _interface(name: str):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    if name == "sdpa":
+        return sdpa_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get(name, eager_attention_forward) if name != "eager" else eager_attention_forward
+
+
+def unsupported_reason(config) -> str | None:
+    """Why the static sampler cannot decode this model (None: it can): it needs full causal attention over every
+    earlier position, with no sliding window, soft-capping or attention sinks."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return f"its layers mix attention types ({sorted(set(layer_types))})"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "it uses sliding-window attention"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "it soft-caps attention logits"
+    if not getattr(config, "num_attention_heads", None):
+        return "its config names no num_attention_heads"
+    return None
+
+
+def use_static_decode(model: torch.nn.Module) -> str:
+    """Route `model`'s attention through `static_decode_attention`; returns the implementation's name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     config = model.config
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if config._attn_implementation != "sdpa" or not heads or kv_heads == heads:
-        return False
-    if NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(NAME, grouped_decode_sdpa)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the same masks as sdpa
-    model.set_attn_implementation(NAME)
-    return config._attn_implementation == NAME
+    original = (config._attn_implementation or "eager").removeprefix(f"{NAME}_")
+    name = f"{NAME}_{original}"  # the original stays readable from the name: nothing else is stored on the config
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, static_decode_attention)
+        mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(original)
+        if mask is not None:  # prefill and training build the same masks as the original implementation
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
+    if config._attn_implementation != name:
+        model.set_attn_implementation(name)
+    return name

@@ -1,88 +1,222 @@
-"""`rollout.backend: static`: fixed-shape decoding with a preallocated KV cache, built for CUDA graphs.
+"""`rollout.backend: static`: fixed-address decoding into a preallocated KV pool, built for CUDA graphs.
 
-One call decodes a batch of rows (prompts left-padded to one length P) for up to N = `max_new_tokens` steps:
+One call decodes a batch of rows for up to N = `max_new_tokens` steps:
 
-1. Prefill: the prompts through the model into a `StaticCache` of P + N positions (transformers' preallocated
-   cache); the attention mask is one (rows, P + N) buffer whose column P + t is switched on before step t.
-2. Decode step (fixed shapes: one token per row): logits of the last position, temperature and top-p applied and
-   the next token drawn on the device (greedy: argmax), written into a (rows, N) buffer; a row that has produced a
-   stop token is finished and feeds padding from then on. No value goes to the host inside the loop.
-3. Every `sync_every` steps the host reads how many rows are still running: when none, the batch stops; when at
-   most half, the running rows are gathered into the next power-of-two batch (cache, mask, positions, logits), so
-   finished rows stop costing attention work and the decode step only ever sees a few shapes (one CUDA graph each).
-4. `cuda_graphs=True` (`rollout.cuda_graphs`) compiles the decode step with `torch.compile(mode="reduce-overhead")`,
-   which captures it as a CUDA graph per shape. So that the shapes repeat from call to call, the prompts are then
-   left-padded to a multiple of `WIDTH_BUCKET` tokens and the KV cache of each (rows, length) shape is kept and
-   reset rather than reallocated (a captured graph reads and writes fixed addresses), and a model with grouped
-   key/value heads attends through `hacrl.samplers.attention` (the cache read in place, not expanded per query
-   head as transformers' sdpa does under compile). Everything else is the same
-   on CPU and GPU, and tested on CPU:
-   greedy outputs equal `hf`'s token for token, sampled ones follow the same distribution (same temperature and
-   top-p rules as transformers' logits warpers), stops and length limits are handled the same way.
+1. The pool: per layer, keys and values of shape (R rows, key/value heads, L positions, head dim), allocated once
+   per sampler (R: the most rows a call has asked for, a power of two; L: the agent's prompt limit + N) and only
+   ever written in place, so their addresses never change. A larger call replaces it (the old one is freed first):
+   one pool is held at a time.
+2. Prefill: the left-padded prompts through the model with an ordinary cache, a few rows at a time, and each row's
+   keys and values copied into the pool *left-aligned* (a row's token j sits at position j, its rotary position):
+   no left padding in the pool.
+3. Decode step (one token per row, rows 0 .. B-1 of the pool): the model with `hacrl_static_decode=True`, which
+   makes each attention layer write the new key and value at the row's own position and attend to positions
+   `0 .. position` of that row only (`hacrl.samplers.attention`: a Triton kernel on CUDA that reads only the
+   filled blocks, plain torch elsewhere). Positions and lengths are device tensors, so nothing in the step changes
+   as rows grow. The next token is drawn on the device (greedy: argmax; else temperature, top-p and an
+   exponential race); a row that produced a stop token feeds padding from then on. No host sync per token.
+4. Every `sync_every` steps the host reads how many rows still run: none, the batch stops; at most half, the
+   running rows are copied *within the pool* to its first rows (a power-of-two bucket, at least 2), in place: the
+   pool keeps its addresses, the next steps run on fewer rows.
+5. `cuda_graphs=True` compiles the decode step once with a dynamic row dimension (`mark_dynamic`, 2 .. R) and
+   `mode="reduce-overhead"`, which captures one CUDA graph per row count it meets (a bucket): capturing is cheap,
+   compiling is not, so a call whose rows stop at different steps adds graphs, never compilations. The pool's
+   tensors are marked as static addresses (mutated in place inside the graph without a copy and without the
+   "mutated inputs" skip). Each sampler compiles its own copy of the step function, so agents in one process
+   never share (or exhaust) one compile cache.
+
+Why this design rather than a compilation per bucket: one compilation of a 0.6B model took ~50 s on an H100 and
+torch allows 8 per code object; a pool whose buckets are its first B rows needs none of them, and the graphs read
+fixed addresses. Why rows are moved rather than indexed: a step over B rows then reads B rows' cache, contiguous.
+
+Everything but the Triton kernel and the graph capture runs the same on the CPU, where it is tested: greedy
+outputs equal `hf`'s token for token, samples follow the same distribution (the same temperature and top-p rules as
+transformers' logits warpers), stops and length limits behave the same, and torch's own counters show no
+recompilation across calls whose rows stop at different steps.
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 from torch import Tensor
 
 from hacrl.rollout import Sample, pad_left
 from hacrl.samplers import Sampler
-from hacrl.samplers.attention import use_grouped_decode
+from hacrl.samplers.attention import FLAG, unsupported_reason, use_static_decode
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
-WIDTH_BUCKET = 64
-"""With CUDA graphs: prompts are left-padded to a multiple of this many tokens, so few shapes are ever compiled."""
+MIN_ROWS = 2
+"""The smallest row bucket: torch specialises a dimension of size 1, which would cost a compilation."""
+PREFILL_TOKENS = 16384
+"""Prompt tokens per prefill forward (rows x padded width): bounds the prefill's activations."""
+
+
+class KVPool:
+    """Keys and values of every layer at fixed addresses, with the one method transformers' attention layers call
+    on a cache (`update`). In the decode step (`hacrl_static_decode=True`) `update` writes the new key and value of
+    row b at `position_ids[b]` and returns the layer's first B rows."""
+
+    is_compileable = True
+
+    def __init__(self, config, rows: int, length: int, device, dtype: torch.dtype) -> None:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        shape = (rows, kv_heads, length, head_dim)
+        self.rows, self.length = rows, length
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        for tensor in (*self.keys, *self.values):
+            torch._dynamo.mark_static_address(tensor)
+        self.no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+        """Passed as the 4-D attention mask of the decode step: transformers then builds none (the decode
+        attention masks by length)."""
+
+    @staticmethod
+    def bytes_per_token(config, dtype: torch.dtype) -> int:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, kwargs=None, **_) -> tuple[Tensor, Tensor]:
+        batch = key.shape[0]
+        position = kwargs["position_ids"][:, 0]
+        rows = torch.arange(batch, device=key.device)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[rows, :, position] = key[:, :, 0]  # index_put_ on the pool tensor itself: in place, same address
+        values[rows, :, position] = value[:, :, 0]
+        return keys[:batch], values[:batch]
+
+    def load_prompt(self, layer: int, first: int, keys: Tensor, values: Tensor, pads: Tensor) -> None:
+        """Rows `first ..` of the pool from a left-padded prefill cache (B, Hkv, P, D): row b's prompt starts at
+        column pads[b] there and at position 0 here."""
+        batch, heads, width, dim = keys.shape
+        index = (torch.arange(width, device=keys.device)[None, :] + pads[:, None]).clamp(max=width - 1)
+        index = index[:, None, :, None].expand(batch, heads, width, dim)
+        self.keys[layer][first : first + batch, :, :width] = keys.gather(2, index)
+        self.values[layer][first : first + batch, :, :width] = values.gather(2, index)
+
+    def keep_rows(self, keep: Tensor, filled: int) -> None:
+        """Rows `keep` (in that order) become rows 0 .. len(keep) - 1, positions below `filled`; in place."""
+        size = keep.shape[0]
+        for tensor in (*self.keys, *self.values):
+            tensor[:size, :, :filled] = tensor[keep, :, :filled]  # the gather copies first: overlap is safe
+
+
+def _decode_step(model, pool: KVPool, token: Tensor, position: Tensor) -> Tensor:
+    """One token per row through the model, into and out of the pool: logits (B, vocabulary)."""
+    out = model(
+        input_ids=token,
+        attention_mask=pool.no_mask,
+        position_ids=position,
+        cache=pool,
+        use_cache=True,
+        **{FLAG: True},
+    )
+    return out.logits[:, -1]
+
+
+def own_copy(fn, tag: str):
+    """`fn` with its own code object: torch.compile keeps its compilations (and its recompile limit) per code
+    object, so each sampler compiling its own copy never evicts another agent's graphs."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 class StaticSampler(Sampler):
     name = "static"
 
-    def __init__(self, agent, *, cuda_graphs: bool = False, sync_every: int = SYNC_EVERY) -> None:
+    def __init__(
+        self, agent, *, cuda_graphs: bool = False, sync_every: int = SYNC_EVERY, compile_backend: str | None = None
+    ) -> None:
+        """`compile_backend`: compile the decode step with this torch.compile backend (tests count compilations
+        on the CPU with "eager"); `cuda_graphs` compiles with inductor and captures CUDA graphs."""
         super().__init__(agent)
+        reason = unsupported_reason(agent.model.config)
+        if reason is not None:
+            from hacrl.errors import ConfigError
+
+            raise ConfigError(
+                f"agent {agent.name!r}: rollout.backend=static cannot decode this model: {reason}. Use "
+                "rollout.backend=hf for it (agents.<i>.rollout_backend: hf)."
+            )
         self.sync_every = sync_every
         self.cuda_graphs = cuda_graphs
-        self._caches: dict[tuple[int, int], object] = {}
-        """With CUDA graphs: one KV cache per (rows, length), reset and reused by every call of that shape."""
-        self._step = self._decode_step
-        if cuda_graphs:
-            # compiled, transformers' sdpa would expand the whole cache per key/value group every token: read in place
-            use_grouped_decode(agent.model)
-            self._step = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
+        self.pool: KVPool | None = None
+        use_static_decode(agent.model)
+        self._step = _decode_step
+        self.compiled = cuda_graphs or compile_backend is not None
+        if self.compiled:
+            step = own_copy(_decode_step, f"agent{agent.index}_{id(self):x}")
+            if cuda_graphs:
+                self._step = torch.compile(step, mode="reduce-overhead", dynamic=False)
+            else:
+                self._step = torch.compile(step, backend=compile_backend, dynamic=False)
 
     def sample_batch(
         self, rows: list[list[int]], greedy: bool, temperature: float, *, logprobs: bool = False
     ) -> list[Sample]:
-        tokens, lengths, finished, token_logp = self._decode(rows, greedy, temperature, logprobs)
+        padded = rows if len(rows) >= MIN_ROWS else rows + [rows[0]] * (MIN_ROWS - len(rows))
+        tokens, lengths, finished, token_logp = self._decode(padded, greedy, temperature, logprobs)
         decode = self.agent.decode
         return [
             Sample(prompt_ids, row[:length], decode(row[:length]), done, lp[:length] if logprobs else None)
-            for prompt_ids, row, length, done, lp in zip(rows, tokens, lengths, finished, token_logp, strict=True)
+            for prompt_ids, row, length, done, lp in zip(rows, tokens, lengths, finished, token_logp, strict=False)
         ]
 
-    def _decode(self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False):
-        from transformers import StaticCache
+    def _pool(self, rows: int, length: int) -> KVPool:
+        """The pool, replaced (the old one freed first) only when a call needs more rows or positions."""
+        agent = self.agent
+        pool = self.pool
+        if pool is None or pool.rows < rows or pool.length < length:
+            rows = max(rows, pool.rows if pool else 0)
+            length = max(length, agent.max_prompt_tokens + agent.max_new_tokens, pool.length if pool else 0)
+            self.pool = pool = None
+            if agent.device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows = 1 << max(0, rows - 1).bit_length()
+            dtype = next(agent.model.parameters()).dtype
+            self.pool = KVPool(agent.model.config, rows, length, agent.device, dtype)
+        return self.pool
+
+    def _prefill(self, pool: KVPool, rows: list[list[int]]) -> Tensor:
+        """The prompts into rows 0 .. len(rows) - 1 of the pool; the logits of each prompt's last token."""
+        from transformers import DynamicCache
 
         agent, model = self.agent, self.agent.model
+        width = max(len(r) for r in rows)
+        chunk = max(1, PREFILL_TOKENS // width)
+        logits = []
+        for first in range(0, len(rows), chunk):
+            part = rows[first : first + chunk]
+            input_ids, mask = pad_left(part, agent.pad_id, agent.device, width)
+            cache = DynamicCache(config=model.config)
+            out = model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            pads = width - mask.sum(-1)
+            for layer, (keys, values) in enumerate(_layers(cache)):
+                pool.load_prompt(layer, first, keys, values, pads)
+            logits.append(out.logits[:, -1])
+            del out, cache
+        return torch.cat(logits)
+
+    def _decode(self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False):
+        agent = self.agent
         device, pad, steps = agent.device, agent.pad_id, agent.max_new_tokens
         batch, width = len(rows), max(len(r) for r in rows)
-        if self.cuda_graphs:
-            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
-        input_ids, prompt_mask = pad_left(rows, pad, device, width)
-        attention = torch.zeros((batch, width + steps), dtype=torch.long, device=device)
-        attention[:, :width] = prompt_mask
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self._cache(StaticCache, model.config, batch, width + steps)
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
-        position = positions[:, -1:] + 1  # (rows, 1)
+        pool = self._pool(batch, width + steps)
+        logits = self._prefill(pool, rows)
+        position = torch.tensor([[len(r)] for r in rows], dtype=torch.long, device=device)  # next write, per row
         stops = torch.tensor(agent.stop_ids, device=device)
         out = torch.full((batch, steps), pad, dtype=torch.long, device=device)
         out_logp = torch.zeros((batch, steps), dtype=torch.float32, device=device) if logprobs else None
@@ -105,37 +239,25 @@ class StaticSampler(Sampler):
                 running = int((~finished).sum())  # the loop's only host sync, once per `sync_every` steps
                 if running == 0:
                     break
-                size = _bucket(running)
+                size = max(MIN_ROWS, 1 << max(0, running - 1).bit_length())
                 if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with finished ones
                     keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
-                    _select_rows(cache, keep)
-                    live, finished, token = live[keep], finished[keep], token[keep]
-                    attention, position = attention[keep], position[keep]
-            attention[:, width + t] = 1
-            logits = self._step(token.unsqueeze(-1), attention, position, cache)
+                    pool.keep_rows(keep, width + t + 1)
+                    live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
+            logits = self._run_step(pool, token.unsqueeze(-1), position)
             position = position + 1
         last = out[:, steps - 1]
         done = (lengths < steps) | torch.isin(last, stops)
         token_logp = out_logp.tolist() if out_logp is not None else [None] * batch
         return out.tolist(), lengths.tolist(), done.tolist(), token_logp
 
-    def _cache(self, factory, config, batch: int, length: int):
-        """A fresh StaticCache, or with CUDA graphs the kept one of this shape, emptied (same tensors, same
-        addresses). Row compaction (`_select_rows`) replaces a layer's tensors, so a compacted cache is not kept."""
-        if not self.cuda_graphs:
-            return factory(config=config, max_cache_len=length)
-        cache = self._caches.get((batch, length))
-        if cache is None or any(getattr(layer, "batch_size", batch) != batch for layer in cache.layers):
-            cache = self._caches[(batch, length)] = factory(config=config, max_cache_len=length)
-        else:
-            cache.reset()
-        return cache
-
-    def _decode_step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:
-        """One token per row through the model; fixed shapes for a given batch size (a CUDA graph each)."""
-        return self.agent.model(
-            input_ids=token, attention_mask=attention, position_ids=position, cache=cache, use_cache=True
-        ).logits[:, -1]
+    def _run_step(self, pool: KVPool, token: Tensor, position: Tensor) -> Tensor:
+        if self.compiled:
+            for tensor in (token, position):  # one compilation for every row count 2 .. pool.rows
+                torch._dynamo.mark_dynamic(tensor, 0, min=MIN_ROWS, max=pool.rows)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
+        return self._step(self.agent.model, pool, token, position)
 
     def _pick(self, logits: Tensor, greedy: bool, temperature: float) -> Tensor:
         """The next token of each row: argmax, or a draw after temperature and top-p (transformers' rules; the
@@ -159,15 +281,7 @@ class StaticSampler(Sampler):
         return (probs / race).argmax(dim=-1)
 
 
-def _bucket(running: int) -> int:
-    """The smallest power of two that holds `running` rows."""
-    return 1 << max(0, running - 1).bit_length()
-
-
-def _select_rows(cache, keep: Tensor) -> None:
-    """Keep rows `keep` of a StaticCache, in that order (transformers' static layers cannot do it themselves)."""
+def _layers(cache):
+    """(keys, values) of each layer of a transformers DynamicCache."""
     for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            layer.keys = layer.keys[keep]
-            layer.values = layer.values[keep]
-            layer.batch_size = keep.shape[0]
+        yield layer.keys, layer.values
