@@ -48,3 +48,16 @@ def raises_on_x(prompts, completions, **columns):
 def batch_position(prompts, completions, **columns):
     """Depends on the position in the call: must only ever be used to show that slicing is contiguous."""
     return [min(1.0, i / 100) for i in range(len(completions))]
+
+
+def sleeps_forever(prompts, completions, **columns):
+    """A hung reward function: never returns, whatever the text."""
+    time.sleep(10**6)
+
+
+def hangs_with_a_child(prompts, completions, **columns):
+    """Starts a subprocess of its own (a marker `sleep` its test can find), then hangs."""
+    import subprocess
+
+    subprocess.Popen(["sleep", columns.get("marker", ["4242.5"])[0]])
+    time.sleep(10**6)

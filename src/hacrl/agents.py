@@ -57,6 +57,17 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     return tokenizer
 
 
+def first_nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding NaN or inf (None: all finite); one host sync for the whole model."""
+    named = list(model.named_parameters())
+    if not named:
+        return None
+    finite = torch.stack([p.detach().isfinite().all().to("cpu", non_blocking=True) for _, p in named])
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0, 0])][0]
+
+
 def _load_model(path: str | Path, cfg: AgentConfig, index: int):
     from transformers import AutoModelForCausalLM
 
@@ -73,6 +84,14 @@ def _load_model(path: str | Path, cfg: AgentConfig, index: int):
             f"agents.{index}.model: cannot load the model in {str(model_dir)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300] if str(e) else ''}"
         ) from e
+    bad = first_nonfinite(model)
+    if bad is not None:
+        from hacrl.errors import NonFiniteError
+
+        raise NonFiniteError(
+            f"agents.{index}.model: the weights in {str(model_dir)!r} hold NaN or inf (first: {bad}); they cannot "
+            "be trained or sampled from. Point the agent at an undamaged copy of the model."
+        )
     return model.to(torch.device(cfg.device))
 
 
@@ -112,6 +131,8 @@ class Agent:
         self.top_p = cfg.top_p if cfg.top_p is not None else rollout.top_p
         self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
         self.max_prompt_tokens = cfg.max_prompt_tokens or rollout.max_prompt_tokens
+        self.kv_cache_margin = rollout.kv_cache_margin
+        self.rollout_batch_size = rollout.batch_size
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
         extra = self.model.generation_config.eos_token_id

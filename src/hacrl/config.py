@@ -99,8 +99,14 @@ class RolloutConfig:
     backend: Literal["hf", "static"] = "hf"
     """Sampler: `hf` (transformers' generate, the CPU default) or `static` (preallocated KV cache, fixed-shape
     decode step, sampling on the device, finished rows dropped; the fast path on a GPU)."""
-    batch_size: int | None = None
-    """Rows per generation call; None: `trainer.logprob_batch_size` (as before this key existed)."""
+    batch_size: int | str | None = None
+    """Rows per generation call. `auto`: the `static` sampler sizes its KV pool to the device (on a GPU: the rows,
+    a power of two, whose pool fits in the free memory after the model, its optimizer state and gradients, and
+    `kv_cache_margin` of the card; `hacrl.samplers.static.auto_rows`), 64 elsewhere. None (default):
+    `auto` with the `static` sampler, `trainer.logprob_batch_size` with `hf`."""
+    kv_cache_margin: float = 0.35
+    """`batch_size: auto`: the fraction of the device's total memory left free beside the KV pool (the update's
+    activations, log-prob chunks, the allocator's slack)."""
     cuda_graphs: bool = False
     """`static` sampler: capture the decode step as a CUDA graph (torch.compile, mode reduce-overhead); GPU only."""
 
@@ -148,6 +154,11 @@ class DataConfig:
     """Reward of a completion whose scoring ran past `reward_timeout` (counted in `<agent>/reward_timeouts`)."""
     stop_on_reward_timeout: bool = False
     """Stop the run with an error at the first scoring timeout instead of scoring it `reward_on_timeout`."""
+    reward_on_hung: Literal["stop", "continue"] = "stop"
+    """A `reward_function` that is hung (past its limit on a whole slice, then on each of the first 3 completions
+    retried alone, never returning): `stop` the run with a message (within about a minute at the defaults), or
+    `continue`, scoring each such completion `reward_on_timeout` (each costs its timeout). Built-in scorers always
+    go on: a text that hangs them scores 0."""
     reward_workers: int = 1
     """Scoring processes; each scores a contiguous slice of a step's completions (the rewards do not depend on it)."""
     reward_isolation: Literal["process", "inline"] = "process"
@@ -175,10 +186,12 @@ class TrainerConfig:
     """Responses per forward/backward; gradients accumulate up to the mini-batch (bounds memory)."""
     logprob_batch_size: int = 64
     """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
-    logprob_chunk_size: int | None = None
-    """None: log-probs from the model's full logits (rows x positions x vocabulary floats). An int: only response
-    positions go through the output layer, this many at a time, recomputed in the backward pass, so memory no
-    longer grows with vocabulary x positions (set it for large vocabularies and long responses, e.g. 1024)."""
+    logprob_chunk_size: int | str | None = "auto"
+    """`auto`: the full logits while a batch's (rows x positions x vocabulary) float32 logits stay within 256 MiB
+    (tiny vocabularies: the faster path), else chunks of 256 MiB / (vocabulary x 4 bytes) positions (441 for a
+    152k vocabulary). An int: only response positions go through the output layer, this many at a time,
+    recomputed in the backward pass, so memory no longer grows with vocabulary x positions. null: always the full
+    logits."""
     old_logprobs: str = "recompute"
     """Where the pre-update log-probs of an agent's own responses come from, when they are needed (rows trained
     after the learner's first optimizer step, and the log-prob sums other learners read under sharing):
@@ -410,8 +423,9 @@ def validate(config: TrainConfig) -> None:
         )
     if t.logprob_batch_size < 1:
         raise ConfigError(f"trainer.logprob_batch_size must be >= 1, got {t.logprob_batch_size}")
-    if t.logprob_chunk_size is not None and t.logprob_chunk_size < 1:
-        raise ConfigError(f"trainer.logprob_chunk_size must be >= 1 or null, got {t.logprob_chunk_size}")
+    chunk = t.logprob_chunk_size
+    if chunk is not None and chunk != "auto" and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise ConfigError(f"trainer.logprob_chunk_size must be auto, an integer >= 1 or null, got {chunk!r}")
     if t.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"trainer.old_logprobs must be 'recompute' or 'sampler', got {t.old_logprobs!r}")
     top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
@@ -420,8 +434,11 @@ def validate(config: TrainConfig) -> None:
             f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
             "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
         )
-    if r.batch_size is not None and r.batch_size < 1:
-        raise ConfigError(f"rollout.batch_size must be >= 1 or null, got {r.batch_size}")
+    rows = r.batch_size
+    if rows is not None and rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+        raise ConfigError(f"rollout.batch_size must be auto, an integer >= 1 or null, got {rows!r}")
+    if not 0 <= r.kv_cache_margin < 1:
+        raise ConfigError(f"rollout.kv_cache_margin must be in [0, 1), got {r.kv_cache_margin}")
     if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
         raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
     d = config.data
@@ -580,6 +597,7 @@ RESUME_SAFE = (
     "data.reward_timeout",
     "data.reward_on_timeout",
     "data.stop_on_reward_timeout",
+    "data.reward_on_hung",
     "data.reward_workers",
     "data.reward_isolation",
     "data.reward_memory_mb",

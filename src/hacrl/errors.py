@@ -47,6 +47,15 @@ class WorkerError(HacrlError, RuntimeError):
     was doing. The latest checkpoint is intact."""
 
 
+class OutOfMemory(HacrlError, MemoryError):
+    """A device ran out of memory in one phase of a step; names the agent, the phase, the peak and the knobs to
+    turn. The latest checkpoint is intact and the run resumes with the smaller setting."""
+
+
+class NonFiniteError(HacrlError, FloatingPointError):
+    """NaN or inf in a model's weights or outputs; names the agent and where. Never written into a checkpoint."""
+
+
 class TrainingInterrupted(HacrlError):
     """Training stopped on SIGTERM / SIGINT after finishing its step and writing a checkpoint."""
 

@@ -5,7 +5,7 @@
 variable (always, outside tests) `hit` is a dictionary lookup. The places:
 
     sampling             after an agent sampled its responses
-    scoring              after an agent's responses were scored
+    scoring              after every agent's responses were scored (one call per step)
     update.micro_batch   after a micro-batch's backward pass
     update.optimizer     after an optimizer step
     checkpoint.agent     after an agent's part of a checkpoint was written

@@ -108,13 +108,30 @@ class TokenBatch:
         return cls(ids.to(device), attn.to(device), resp[:, 1:].to(device))
 
 
-def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | None = None) -> Tensor:
+AUTO_LOGITS_BYTES = 256 * 2**20
+"""`chunk_size="auto"`: the full logits while they stay within this many bytes (float32), else chunks of this size."""
+
+
+def auto_chunk_size(rows: int, positions: int, vocab: int) -> int | None:
+    """The `auto` rule: None (the full logits, faster for small vocabularies) while rows x positions x vocabulary
+    float32 logits fit in AUTO_LOGITS_BYTES, else the positions per chunk whose logits fit in it (at least 16)."""
+    if rows * positions * vocab * 4 <= AUTO_LOGITS_BYTES:
+        return None
+    return max(16, AUTO_LOGITS_BYTES // (vocab * 4))
+
+
+def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | str | None = None) -> Tensor:
     """(B, L - 1) log pi(token_{t+1} | tokens_<=t) at temperature T; read it where `batch.response_mask` is set.
 
     `chunk_size=None`: the model's logits over every position (B x L x vocabulary floats). An int: only the response
     positions go through the output layer, `chunk_size` positions at a time, and each chunk's logits are recomputed
     in the backward pass instead of kept: memory O(chunk_size x vocabulary); positions outside the response read 0.
+    `"auto"`: `auto_chunk_size` decides from the batch's shape and the model's vocabulary.
     """
+    if chunk_size == "auto":
+        head = model.get_output_embeddings()
+        vocab = getattr(head, "out_features", None) or model.config.vocab_size
+        chunk_size = auto_chunk_size(*batch.input_ids.shape, vocab)
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     if chunk_size is None or not _plain_output_layer(model):
         logits = model(

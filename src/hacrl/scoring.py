@@ -5,8 +5,13 @@ never in the training process. The trainer sends a step's completions, waits, an
 
 - Built-in scorers (math-verify, reasoning-gym) are called one completion at a time, and each completion gets
   `data.reward_timeout` seconds. A user's `data.reward_function` is called once per worker on its slice of the
-  batch, with `reward_timeout` seconds per completion in it; when that runs out, the slice is scored again one
-  completion at a time, so only the completions that really hang are affected.
+  batch, with `reward_timeout` seconds per completion in it, at most SLICE_LIMIT (30 s) in all; when that runs out,
+  the slice is scored again one completion at a time, so only the completions that really hang are affected, each
+  costing its timeout once (the slice's attempt before is bounded by SLICE_LIMIT).
+- A user function that is hung (past its limit on the whole slice, then on each of the first HUNG_AFTER
+  completions retried alone, without returning once) stops the run with a message naming the function, the
+  timeout and the knobs, within about a minute at the defaults; `data.reward_on_hung: continue` scores those
+  completions `reward_on_timeout` and goes on instead.
 - A completion whose scoring runs past its limit gets `data.reward_on_timeout` (or stops the run with
   `data.stop_on_reward_timeout`); the process is killed and a fresh one takes over (its start-up is not counted
   against any deadline). Timeouts are counted in the metrics, and a function that keeps timing out is named in a
@@ -15,7 +20,9 @@ never in the training process. The trainer sends a step's completions, waits, an
   is counted as `reward_errors`). A user function that raises, returns the wrong count or a value that is not a
   finite number in [0, r_max] stops the run with a message naming the function and the sample.
 - Each scoring process has an address-space limit (`data.reward_memory_mb`), ignores SIGINT / SIGTERM (the
-  trainer decides when it ends) and dies with the trainer, even on `kill -9`.
+  trainer decides when it ends), dies with the trainer, even on `kill -9`, and runs in a process group of its own
+  that is killed whole (a reward function's own subprocesses go with it). A process that died while idle is
+  replaced before the next job is sent to it.
 
 Results do not depend on the number of workers (each scores a contiguous slice, and the slices are put back in
 order), and they are what calling the function in-process would give, except for completions that time out.
@@ -45,6 +52,10 @@ from hacrl.rewards import RewardFn, _short, import_reward_function, reward_name,
 
 STARTUP_TIMEOUT = 300.0
 """Seconds a scoring process may take to start (import its reward function); it is not a scoring deadline."""
+SLICE_LIMIT = 30.0
+"""Seconds a user function's call on a whole slice may take at most (else `reward_timeout` x the slice's size)."""
+HUNG_AFTER = 3
+"""A user function past its limit on a slice and then on this many completions retried alone is hung."""
 
 
 @dataclass
@@ -72,6 +83,8 @@ class ScoringSettings:
     """Address-space limit of a scoring process in MiB; None: no limit."""
     r_max: float = 1.0
     """Largest valid reward."""
+    on_hung: str = "stop"
+    """`stop`: a hung user function stops the run; `continue`: its completions score `on_timeout`."""
 
 
 class Scorer:
@@ -192,11 +205,16 @@ class Scorer:
                         )
                     if job.mode == "batch":  # find the completions that hang, one at a time
                         self._restart(w)
-                        job.mode = "each"
+                        job.mode, job.retried = "each", True
+                        job.slice_seconds = min(
+                            self.settings.timeout * len(job.indexes), max(self.settings.timeout, SLICE_LIMIT)
+                        )
                         self._send(w, job, prompts, completions, columns)
                         continue
                     index = job.indexes[job.next]
-                    self._timeout(index, result, completions)
+                    job.timeouts_in_a_row += 1
+                    self._timeout(index, result, completions)  # stops first with data.stop_on_reward_timeout
+                    self._stop_if_hung(job)
                     self._restart(w)
                     job.next += 1
                     if job.next == len(job.indexes):
@@ -208,11 +226,16 @@ class Scorer:
         if job.phase == "starting":
             return job.since + STARTUP_TIMEOUT
         per = self.settings.timeout
-        return job.since + (per * (len(job.indexes) - job.next) if job.mode == "batch" else per)
+        if job.mode == "batch":
+            return job.since + min(per * (len(job.indexes) - job.next), max(per, SLICE_LIMIT))
+        return job.since + per
 
     def _send(self, w: int, job: _Job, prompts, completions, columns) -> None:
         """Send the rest of `job` to worker `w` (the deadline starts once the worker is ready)."""
         worker = self._workers[w]
+        if worker.process.poll() is not None:  # died while idle (killed, out of memory): a fresh one takes over
+            self._restart(w)
+            worker = self._workers[w]
         todo = job.indexes[job.next :]
         job.phase = "scoring" if worker.ready else "starting"
         job.since = time.monotonic()
@@ -223,7 +246,11 @@ class Scorer:
             {k: [v[i] for i in todo] for k, v in columns.items()},
         )
         if worker.ready:
-            worker.conn.send(job.pending)
+            try:
+                worker.conn.send(job.pending)
+            except OSError:  # it died between the check and the send: restart and queue the job for it
+                self._restart(w)
+                job.phase = "starting"
 
     def _handle(self, w, job, message, prompts, completions, columns, result) -> bool:
         """Process one message of worker `w`; True when its job is complete."""
@@ -276,6 +303,8 @@ class Scorer:
                 self._send(w, job, prompts, completions, columns)
             return job.next == len(job.indexes)
         job.next += 1
+        job.scored += 1
+        job.timeouts_in_a_row = 0
         job.since = time.monotonic()
         return job.next == len(job.indexes)
 
@@ -283,6 +312,20 @@ class Scorer:
         if isinstance(raw, _Unusable):  # not a list: say what it was
             raise RewardError(f"reward function {self.name} must return a list of {len(texts)} floats, got {raw}")
         return validate_rewards(self.name, raw, texts, r_max=self.settings.r_max, offset=offset)
+
+    def _stop_if_hung(self, job: _Job) -> None:
+        s = self.settings
+        hung_after = min(HUNG_AFTER, len(job.indexes))
+        if self.builtin or s.on_hung != "stop" or not job.retried or job.scored or job.timeouts_in_a_row < hung_after:
+            return
+        raise RewardError(
+            f"reward function {self.name} is hung: its call on a slice of {len(job.indexes)} completion(s) ran past "
+            f"{job.slice_seconds:g}s, then it ran past data.reward_timeout={s.timeout:g}s on each of the first "
+            f"{hung_after} completion(s) retried alone without returning once. The run stops instead of training on "
+            f"data.reward_on_timeout={s.on_timeout:g} rewards. If the function is only slow, raise data.reward_timeout "
+            "or data.reward_workers; to score such completions data.reward_on_timeout and go on, set "
+            "data.reward_on_hung=continue."
+        )
 
     def _restart(self, w: int) -> None:
         self._workers[w].stop()
@@ -326,6 +369,11 @@ class _Job:
     phase: str = "starting"
     since: float = 0.0
     pending: tuple | None = None
+    retried: bool = False
+    """One completion at a time after the slice's call ran past its limit."""
+    slice_seconds: float = 0.0
+    scored: int = 0
+    timeouts_in_a_row: int = 0
 
 
 class _Worker:
@@ -343,6 +391,7 @@ class _Worker:
             pass_fds=[child.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killed whole, with whatever the function started
         )
         child.close()
         self.conn = Connection(parent.detach())
@@ -361,6 +410,10 @@ class _Worker:
 
     def stop(self) -> None:
         _LIVE.discard(self)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the group: the function's own children too
+        except (ProcessLookupError, PermissionError):
+            pass
         if self.process.poll() is None:
             self.process.kill()
         try:
@@ -509,5 +562,6 @@ def scorer_for(task, data, *, r_max: float) -> Scorer:
         isolation=data.reward_isolation,
         memory_mb=data.reward_memory_mb,
         r_max=r_max,
+        on_hung=data.reward_on_hung,
     )
     return shared_scorer(task.reward_source, settings, builtin=task.builtin)

@@ -266,11 +266,9 @@ class Trainer:
             sampled = self.workers.call(
                 "sample", [(step, prompts, cfg.rollout.group_size)] * n, what=f"sampling at step {step}"
             )
-        with timer("scoring"):  # 3. rewards on decoded text, time-limited
-            scored = []
-            for j in range(n):
-                scored.append(self._score(batch, sampled[j]["trajectories"], cfg.rollout.group_size))
-                faults.hit("scoring")
+        with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
+            scored = self._score_all(batch, [s["trajectories"] for s in sampled], cfg.rollout.group_size)
+            faults.hit("scoring")
         pool = [
             replace(t, reward=reward)
             for j in range(n)
@@ -310,10 +308,23 @@ class Trainer:
 
     # -- phases ----------------------------------------------------------------------------------------------------
 
-    def _score(self, batch: list[Example], trajectories: list[Trajectory], group_size: int) -> ScoreResult:
-        examples = [batch[i // group_size] for i in range(len(trajectories))]
+    def _score_all(self, batch: list[Example], per_agent: list[list[Trajectory]], group_size: int) -> list[ScoreResult]:
+        """Every agent's completions in one scoring call (the scoring processes take slices of them side by side),
+        split back per agent."""
+        examples = [batch[i // group_size] for trajectories in per_agent for i in range(len(trajectories))]
         columns = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
-        return self.scorer.score([ex.prompt for ex in examples], [t.text for t in trajectories], columns)
+        texts = [t.text for trajectories in per_agent for t in trajectories]
+        whole = self.scorer.score([ex.prompt for ex in examples], texts, columns)
+        out, start = [], 0
+        for trajectories in per_agent:
+            end = start + len(trajectories)
+            out.append(ScoreResult(
+                whole.rewards[start:end],
+                [i - start for i in whole.timeouts if start <= i < end],
+                [i - start for i in whole.errors if start <= i < end],
+            ))  # fmt: skip
+            start = end
+        return out
 
     def _rollout_metrics(self, j: int, own: list[Trajectory], capabilities) -> dict[str, float]:
         g = self.config.rollout.group_size

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from hacrl import faults
-from hacrl.agents import Agent
+from hacrl.agents import Agent, first_nonfinite
 from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
 from hacrl.core import LossInputs, get_algorithm
 from hacrl.core.metrics import MetricReducer
 from hacrl.core.ratios import foreign_terms
-from hacrl.errors import CheckpointError
+from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory
 from hacrl.exchange import LearnerRow, Trajectory, learner_view
 from hacrl.rollout import Completion, Sample, TokenBatch, generate, generate_completions, token_logprobs
 
@@ -105,12 +105,14 @@ class AgentWorker:
         Returns {"trajectories": [...] (reward NaN until the driver scores them), "seconds": {"generate",
         "logprobs"}, "span": (wall-clock start, end)}."""
         agent = self.agent
-        batch_size = self.spec.rollout.batch_size or self.spec.trainer.logprob_batch_size
+        batch_size = self.spec.rollout.batch_size
+        if batch_size is None:  # as before `auto` existed for `hf`; `static` sizes its pool to the device
+            batch_size = "auto" if agent.sampler.name == "static" else self.spec.trainer.logprob_batch_size
         began = time.time()
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
-        with self._own_rng():
+        with self._own_rng(), self._guarded("sampling", step):
             samples = generate(agent, prompt_ids, group_size, batch_size=batch_size, logprobs=from_sampler)
         faults.hit("sampling")
         generated = time.perf_counter()
@@ -118,7 +120,8 @@ class AgentWorker:
         if from_sampler:  # trainer.old_logprobs=sampler: what the sampler computed while drawing, no extra pass
             computed = iter(torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in needed)
         else:
-            computed = iter(self._old_logprobs([samples[i] for i in needed]))
+            with self._guarded("old log-probs", step):
+                computed = iter(self._old_logprobs([samples[i] for i in needed]))
         wanted = set(needed)
         old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
         done = time.perf_counter()
@@ -156,7 +159,8 @@ class AgentWorker:
             self.agent, pool, rollout.prompt_ids, [s.response_ids for s in rollout.samples], rollout.old_logp
         )
         caps = torch.tensor(capabilities, dtype=torch.float64)
-        metrics = self._update(rows, caps)
+        with self._guarded("the update", step):
+            metrics = self._update(rows, caps)
         self._rollout = None
         return {"metrics": metrics, "seconds": {"update": time.perf_counter() - start}}
 
@@ -167,13 +171,22 @@ class AgentWorker:
         with torch.random.fork_rng(devices=self._cuda_devices):
             if seed is not None:
                 torch.manual_seed(seed)
-            return generate_completions(
-                self.agent, prompts, num_samples, greedy=greedy, batch_size=self.spec.eval_batch_size
-            )
+            with self._guarded("evaluation", None):
+                return generate_completions(
+                    self.agent, prompts, num_samples, greedy=greedy, batch_size=self.spec.eval_batch_size
+                )
 
     def save(self, directory: str) -> None:
         """Write this agent's part of a checkpoint under `directory`: `agents/<name>/` (a plain Hugging Face model
         directory), `optimizer/<name>.pt`, `rng/<name>.pt`."""
+        bad = first_nonfinite(self.agent.model)
+        if bad is not None:  # never a checkpoint from a non-finite state: the previous one stays the newest
+            raise NonFiniteError(
+                f"agent {self.name!r}: its weights hold NaN or inf after {self.optimizer_steps} optimizer steps "
+                f"(first: {bad}), so no checkpoint is written from them; the newest checkpoint in the run directory "
+                f"is the last good state. Lower agents.{self.index}.lr or agents.{self.index}.grad_clip and resume "
+                "from it (`hacrl train CONFIG --resume`)."
+            )
         root = Path(directory)
         agent_dir = root / "agents" / self.name
         self.agent.model.save_pretrained(agent_dir, safe_serialization=True)
@@ -259,6 +272,44 @@ class AgentWorker:
             logp = token_logprobs(agent.model, tb, agent.temperature, chunk_size=self.spec.trainer.logprob_chunk_size)
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
+
+    @contextlib.contextmanager
+    def _guarded(self, phase: str, step: int | None):
+        """Out of device memory, or NaN / inf met while sampling, in `phase`: a clear stop naming the agent, the
+        phase, the peak and the knobs (the run's newest checkpoint is intact: resume with the smaller setting)."""
+        try:
+            yield
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(self._oom_message(phase, step, e)) from None
+        except RuntimeError as e:
+            if "inf" in str(e) and "nan" in str(e):  # torch.multinomial on non-finite probabilities
+                raise NonFiniteError(
+                    f"agent {self.name!r}: its model produced NaN or inf during {phase}"
+                    f"{f' at step {step}' if step else ''} ({str(e).splitlines()[0][:200]}). Its weights or "
+                    f"activations overflowed: lower agents.{self.index}.lr, or use dtype float32 / bfloat16 instead "
+                    "of float16, and resume from the newest checkpoint (checkpoints never hold non-finite weights)."
+                ) from None
+            raise
+
+    def _oom_message(self, phase: str, step: int | None, error: BaseException) -> str:
+        i, device = self.index, self.agent.device
+        knobs = {
+            "sampling": "rollout.batch_size (with `auto`: a larger rollout.kv_cache_margin), rollout.max_new_tokens",
+            "old log-probs": "trainer.logprob_batch_size, trainer.logprob_chunk_size",
+            "the update": f"trainer.micro_batch_size, agents.{i}.gradient_checkpointing=true, "
+            "trainer.logprob_chunk_size",
+            "evaluation": "eval.batch_size, eval.max_prompts",
+        }[phase]
+        peak = ""
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
+        first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        return (
+            f"agent {self.name!r} ran out of memory on {device} during {phase}{f' at step {step}' if step else ''}"
+            f"{peak}: {first}. Lower {knobs} (`hacrl plan CONFIG` shows where the memory goes), then continue with "
+            "`hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the newest checkpoint is intact."
+        )
 
     def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:
         """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""

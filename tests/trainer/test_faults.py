@@ -59,7 +59,7 @@ def _orphaned_scorers() -> list[int]:
 # (failpoint plan, where the process dies); each resumes from the newest checkpoint the one before left
 KILL_CHAIN = [
     ("sampling:3", "step 2: after the first agent sampled"),
-    ("scoring:2", "step 2: after both agents were scored"),
+    ("scoring:1", "step 2: after both agents were scored (one call)"),
     ("update.micro_batch:5", "step 2: half-way through the first learner's update"),
     ("checkpoint.agent:2", "step 2 logged; its checkpoint half-written"),
     ("metrics.write:1", "step 2: half of its metrics line written"),

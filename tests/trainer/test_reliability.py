@@ -406,3 +406,140 @@ def test_agent_names_that_cannot_be_folders_fail_at_validation(tiny_agents, tmp_
     err = capsys.readouterr().err
     assert "agents.0.name=" in err and "folder-safe name" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hung_reward_function_stops_the_run_with_one_message(tiny_agents, tmp_path, capsys):
+    """Through the CLI: a reward function that never returns stops the run (exit 2, the function, its timeout and
+    the knobs named) instead of training on timeout rewards; with the default 5 s timeout this takes ~45 s (the
+    slice's call capped at 30 s, then 3 completions x 5 s), here 0.5 s per completion."""
+    import time
+
+    fixture = "tests.reward_fixtures:sleeps_forever"
+    cfg = _config(tiny_agents, tmp_path, data={"reward_function": fixture, "reward_timeout": 0.5})
+    start = time.perf_counter()
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"reward function {fixture} is hung" in err and "data.reward_timeout=0.5s" in err, err
+    assert "data.reward_on_hung=continue" in err and "Traceback" not in err
+    assert time.perf_counter() - start < 60
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained on made-up rewards
+
+
+# -- out of memory and non-finite numbers ----------------------------------------------------------------------------
+
+
+def _poison_weights(source, target):
+    """A copy of agent directory `source` with one NaN in its weights."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    weights = load_file(target / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name].view(-1)[3] = float("nan")
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    return name
+
+
+def test_weights_holding_nan_are_refused_at_load(tiny_agents, tmp_path, capsys):
+    """Used to give a raw torch.multinomial traceback at the first sampling call."""
+    name = _poison_weights(tiny_agents["llama"], tmp_path / "nan-llama")
+    cfg = _config({**tiny_agents, "llama": tmp_path / "nan-llama"}, tmp_path)
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"agents.0.model: the weights in {str(tmp_path / 'nan-llama')!r} hold NaN or inf (first: {name})" in err
+    assert "Traceback" not in err
+
+
+def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_finite(tiny_agents, tmp_path, monkeypatch):
+    from hacrl.worker import AgentWorker as Worker
+
+    real = Worker._micro_batch_loss
+
+    def nan_loss(self, *args, **kwargs):
+        from dataclasses import replace
+
+        out = real(self, *args, **kwargs)
+        return replace(out, loss=out.loss * float("nan")) if self.name == "qwen" else out
+
+    monkeypatch.setattr(Worker, "_micro_batch_loss", nan_loss)
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 1})
+    assert main(["train", str(cfg)]) == 0
+    last = _records(tmp_path / "run")[-1]
+    # every mini-batch whose loss reaches the weights is skipped (one without a gradient path takes no step anyway)
+    assert last["qwen/skipped_steps"] >= 2 and last["llama/skipped_steps"] == 0
+    saved = load_file(tmp_path / "run" / "checkpoints" / "step_000001" / "agents" / "qwen" / "model.safetensors")
+    before = load_file(tiny_agents["qwen"] / "model.safetensors")
+    assert all(torch.equal(saved[k], before[k]) for k in before)  # no step taken, nothing non-finite written
+
+
+def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, monkeypatch, capsys):
+    """An update that leaves NaN in the weights (here injected after step 2's optimizer steps): the run stops at
+    the checkpoint with one message; the newest checkpoint is step 1's, finite, and the run resumes from it."""
+    from hacrl.worker import AgentWorker as Worker
+
+    real = Worker._update
+
+    def poisoning(self, rows, capabilities):
+        metrics = real(self, rows, capabilities)
+        if self.optimizer_steps >= 8 and self.name == "llama":
+            with torch.no_grad():
+                next(self.agent.model.parameters()).view(-1)[0] = float("nan")
+        return metrics
+
+    monkeypatch.setattr(Worker, "_update", poisoning)
+    cfg = _config(tiny_agents, tmp_path)
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "agent 'llama': its weights hold NaN or inf after 8 optimizer steps" in err and "Traceback" not in err
+    run = tmp_path / "run"
+    assert latest_checkpoint(run).name == "step_000001" and checkpoint_problems(latest_checkpoint(run)) == []
+    monkeypatch.setattr(Worker, "_update", real)
+    assert main(["train", str(cfg), "--resume"]) == 0
+    assert latest_checkpoint(run).name == "step_000003"
+
+
+@pytest.mark.parametrize(
+    ("target", "phase", "knob"),
+    [
+        ("hacrl.worker.generate", "sampling", "rollout.batch_size"),
+        ("hacrl.worker.AgentWorker._old_logprobs", "old log-probs", "trainer.logprob_batch_size"),
+        ("hacrl.worker.AgentWorker._update", "the update", "trainer.micro_batch_size, agents.1.gradient_checkpointing"),
+        ("hacrl.worker.generate_completions", "evaluation", "eval.batch_size"),
+    ],
+)
+def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
+    target, phase, knob, tiny_agents, tmp_path, monkeypatch, capsys
+):
+    """torch.OutOfMemoryError injected at the second call of a phase (step 2, or the final evaluation) for the
+    second agent: exit 2, one message with the agent, the phase and the knob; the step-1 checkpoint is intact and
+    the run resumes with a smaller setting."""
+    import importlib
+
+    module_name, _, attr = target.rpartition(".")
+    owner = importlib.import_module(module_name) if module_name == "hacrl.worker" else None
+    if owner is None:
+        owner = getattr(importlib.import_module("hacrl.worker"), module_name.rsplit(".", 1)[1])
+    real = getattr(owner, attr)
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        worker_or_agent = args[0]
+        name = getattr(worker_or_agent, "name", None)
+        if name == "qwen":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, failing)
+    sections = {"eval": {"at_start": True}} if phase == "evaluation" else {}
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 2}, **sections)
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"agent 'qwen' ran out of memory on cpu during {phase}" in err and knob in err, err
+    assert "--resume KEY=VALUE" in err and "Traceback" not in err
+    run = tmp_path / "run"
+    assert latest_checkpoint(run) is not None and checkpoint_problems(latest_checkpoint(run)) == []
+    monkeypatch.setattr(owner, attr, real)
+    assert main(["train", str(cfg), "--resume", "trainer.micro_batch_size=1", "trainer.logprob_batch_size=2"]) == 0
+    assert latest_checkpoint(run).name == "step_000002"

@@ -355,7 +355,8 @@ import json, resource, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from hacrl.rollout import TokenBatch, token_logprobs
 torch.manual_seed(0); torch.set_num_threads(1)
-vocab, positions, chunk = 150_000, int(sys.argv[1]), (None if sys.argv[2] == "full" else int(sys.argv[2]))
+vocab, positions, chunk = 150_000, int(sys.argv[1]), {"full": None, "auto": "auto"}.get(sys.argv[2], sys.argv[2])
+chunk = int(chunk) if chunk not in (None, "auto") else chunk
 model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
 rows = 4
@@ -385,3 +386,59 @@ def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions()
     assert full_large - full_small > 2 * logits_growth, (full_small, full_large)  # logits, their grad, ...: ~4x
     assert lean_large - lean_small < 0.15 * logits_growth, (lean_small, lean_large)  # flat, up to allocator noise
     assert lean_large < full_large / 5
+    # the default, `auto`: chunked at this size (chunks of 447 positions), so 3x the positions (2.2 GiB of float32
+    # logits on the full path) stay below half of the full path's peak at 320
+    auto_larger = _peak_mib(960, "auto")
+    assert auto_larger < full_large / 2, (auto_larger, full_large)
+
+
+def test_auto_log_prob_chunks_only_where_the_full_logits_are_large():
+    """`trainer.logprob_chunk_size: auto` (the default): the full path for small vocabularies (the demo's numbers
+    do not move), chunks once rows x positions x vocabulary float32 logits pass 256 MiB."""
+    from hacrl.config import TrainConfig
+    from hacrl.rollout import auto_chunk_size
+
+    assert TrainConfig().trainer.logprob_chunk_size == "auto"
+    assert auto_chunk_size(64, 300, 80) is None  # a demo-sized batch
+    assert auto_chunk_size(1, 400, 151_936) is None  # 232 MiB
+    assert auto_chunk_size(4, 2048, 151_936) == 441  # 4.6 GiB of logits: chunks of 441 positions (256 MiB)
+    assert auto_chunk_size(64, 5120, 10**7) == 16  # at least 16 positions per chunk
+
+
+def test_auto_rows_fit_the_pool_beside_the_update():
+    """`rollout.batch_size: auto` on a GPU (the arithmetic, by hand): 80 GiB free of 80, 3 GiB the update will
+    still allocate, a 0.35 margin (28 GiB) leave 49 GiB; at 0.5 GiB per row 98 rows fit: 64 (a power of two).
+    Too little room for 2 rows is an error that names the knobs."""
+    from hacrl.errors import ConfigError
+    from hacrl.samplers.static import auto_rows
+
+    gib = 2**30
+    assert auto_rows(free=80 * gib, total=80 * gib, pending=3 * gib, margin=0.35, bytes_per_row=gib // 2) == 64
+    assert auto_rows(free=80 * gib, total=80 * gib, pending=3 * gib, margin=0.0, bytes_per_row=gib // 2) == 128
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens .* rollout.kv_cache_margin"):
+        auto_rows(free=30 * gib, total=80 * gib, pending=3 * gib, margin=0.35, bytes_per_row=gib // 2)
+
+
+def test_pending_update_bytes_count_gradients_and_adam_state_not_yet_allocated(lively):
+    from hacrl.samplers.static import pending_update_bytes
+
+    agent = _agent(lively["qwen"])
+    size = sum(p.numel() * p.element_size() for p in agent.model.parameters())
+    assert pending_update_bytes(agent.model, agent.optimizer) == 3 * size  # gradients + two AdamW moments
+    batch = TokenBatch.build([[3, 4, 5]], [[6, 7]], agent.pad_id, "cpu")
+    token_logprobs(agent.model, batch, 1.0)[batch.response_mask].sum().backward()
+    agent.optimizer.step()
+    assert pending_update_bytes(agent.model, agent.optimizer) == 0
+    agent.optimizer.zero_grad(set_to_none=True)
+    assert pending_update_bytes(agent.model, agent.optimizer) == size
+
+
+def test_auto_batch_size_on_the_cpu_is_64_rows_per_call(lively, monkeypatch):
+    agent = _agent(lively["qwen"], max_new_tokens=2, backend="static")
+    calls = []
+    real = type(agent.sampler).sample_batch
+    monkeypatch.setattr(type(agent.sampler), "sample_batch", lambda self, rows, *a, **k: calls.append(len(rows))
+                        or real(self, rows, *a, **k))  # fmt: skip
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    assert len(agent.sampler.sample(prompts, 10, batch_size="auto")) == 100
+    assert calls == [64, 36]

@@ -4,6 +4,7 @@ clear errors for user functions that misbehave."""
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 
@@ -52,7 +53,7 @@ def test_a_timeout_scores_reward_on_timeout_or_stops_the_run():
 
 
 def test_the_warning_names_a_function_that_keeps_timing_out_at_1_10_100_timeouts():
-    scorer = _user("hangs_on_hang", timeout=0.2)
+    scorer = _user("hangs_on_hang", timeout=0.2, on_hung="continue")  # every text hangs it: hung, but go on
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -159,3 +160,86 @@ def test_reward_values_are_checked_the_same_way_in_and_out_of_process():
     for bad in ("1.0", None, math.inf, -0.1, b"1"):
         with pytest.raises(RewardError, match="rewards must be finite numbers"):
             validate_rewards("f", [bad], ["a"], r_max=1.0)
+
+
+def test_a_hung_user_function_stops_within_its_limits_naming_the_knobs():
+    """Past its limit on the whole slice (8 x 0.5 s), then on each of the first 3 completions retried alone: hung.
+    The run stops instead of scoring every completion reward_on_timeout twice over (the measured case: 503 s of
+    zero rewards for a 2-step tiny run)."""
+    scorer = _user("sleeps_forever", timeout=0.5)
+    start = time.perf_counter()
+    expected = (
+        r"sleeps_forever is hung: its call on a slice of 8 completion\(s\) ran past 4s, then it ran past "
+        r"data.reward_timeout=0.5s on each of the first 3 .*data.reward_on_hung=continue"
+    )
+    with pytest.raises(RewardError, match=expected):
+        scorer.score(["p"] * 8, ["a"] * 8, {})
+    assert time.perf_counter() - start < 4 + 3 * 0.5 + 5  # + process restarts
+    scorer.close()
+
+
+def test_with_reward_on_hung_continue_a_hung_function_scores_reward_on_timeout_each_once():
+    scorer = _user("sleeps_forever", timeout=0.3, on_timeout=0.25, on_hung="continue")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HacrlWarning)
+            start = time.perf_counter()
+            result = scorer.score(["p"] * 4, ["a"] * 4, {})
+        assert result.rewards == [0.25] * 4 and result.timeouts == [0, 1, 2, 3]
+        assert time.perf_counter() - start < 4 * 0.3 + 4 * 0.3 + 6  # the slice's call, then each once (+ restarts)
+    finally:
+        scorer.close()
+
+
+def test_a_function_that_hangs_on_some_texts_only_is_not_hung():
+    """hangs_on_hang returns for most texts: its first retried completions score, so the run goes on."""
+    scorer = _user("hangs_on_hang", timeout=0.3)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HacrlWarning)
+            result = scorer.score(["p"] * 4, ["ok", "hang", "hang", "hang"], {})
+        assert result.rewards == [1.0, 0.0, 0.0, 0.0] and result.timeouts == [1, 2, 3]
+    finally:
+        scorer.close()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if cmdline[:2] == [b"sleep", marker.encode()]:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_timed_out_functions_own_subprocesses_are_killed_with_it():
+    marker = f"{os.getpid() % 1000 + 7000}.25"
+    scorer = _user("hangs_with_a_child", timeout=0.5, on_hung="continue")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HacrlWarning)
+            scorer.score(["p"], ["a"], {"marker": [marker]})
+        deadline = time.monotonic() + 5
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with(marker) == []
+    finally:
+        scorer.close()
+
+
+def test_a_scoring_process_that_died_while_idle_is_replaced_on_the_next_call():
+    import signal
+
+    scorer = _user("digits").start()
+    try:
+        assert scorer.score(["p"], ["12"], {}).rewards == [0.5]
+        process = scorer._workers[0].process
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        assert scorer.score(["p"], ["1234"], {}).rewards == [1.0]  # no BrokenPipeError
+    finally:
+        scorer.close()

@@ -203,7 +203,8 @@ def test_the_paper_presets_load_validate_and_carry_the_papers_hyper_parameters(p
     for agent in config.agents:
         assert (agent.lr, agent.dtype, agent.grad_clip) == (1e-6, "bfloat16", 1.0)
         assert agent.device.startswith("cuda") and agent.model.startswith("/path/to/")
-    assert config.rollout.backend == "static" and config.trainer.logprob_chunk_size == 1024
+    assert config.rollout.backend == "static" and config.rollout.batch_size == "auto"
+    assert config.trainer.logprob_chunk_size == "auto"
 
 
 @pytest.mark.parametrize("mode", ["learner_length", "bytes"])

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from hacrl.agents import Agent
     from hacrl.rollout import Sample
 
+AUTO_ROWS = 64
+"""Rows per call for `rollout.batch_size: auto` where memory is not measured (the `hf` sampler, the CPU)."""
+
 SAMPLERS = {"hf": "hacrl.samplers.hf:HFSampler", "static": "hacrl.samplers.static:StaticSampler"}
 
 
@@ -41,18 +44,20 @@ class Sampler:
         num_samples: int,
         *,
         greedy: bool = False,
-        batch_size: int = 256,
+        batch_size: int | str = 256,
         temperature: float | None = None,
         logprobs: bool = False,
     ) -> list[Sample]:
-        """`num_samples` responses to each prompt (token ids), prompt-major, `batch_size` rows per call; with
-        `logprobs`, each Sample carries its tokens' log-probs as computed while sampling (`Sample.logprobs`)."""
+        """`num_samples` responses to each prompt (token ids), prompt-major, `batch_size` rows per call (`auto`:
+        `rows_per_call` decides); with `logprobs`, each Sample carries its tokens' log-probs as computed while
+        sampling (`Sample.logprobs`)."""
         import torch
 
         model = self.agent.model
         was_training = model.training
         model.eval()
         rows = [p for p in prompts for _ in range(num_samples)]
+        batch_size = self.rows_per_call(rows) if batch_size == "auto" else self.cap_rows(batch_size)
         temperature = temperature or self.agent.temperature
         samples: list[Sample] = []
         try:
@@ -69,6 +74,17 @@ class Sampler:
     ) -> list[Sample]:
         """One response per row, all rows decoded together (with `logprobs`: and their tokens' log-probs)."""
         raise NotImplementedError
+
+    def rows_per_call(self, rows: list[list[int]]) -> int:
+        """`rollout.batch_size: auto`: rows per generation call. Here a fixed 64; the static sampler sizes its KV
+        pool to the device."""
+        return AUTO_ROWS
+
+    def cap_rows(self, batch_size: int) -> int:
+        """A given number of rows per call, capped where the sampler must bound its memory (the static sampler with
+        `rollout.batch_size: auto` on a GPU: evaluation's `eval.batch_size` never grows its KV pool past the size
+        it chose)."""
+        return batch_size
 
     def refresh(self) -> None:
         """The policy's weights changed (after an optimizer step); samplers that decode with the training module

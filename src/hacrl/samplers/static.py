@@ -54,6 +54,37 @@ PREFILL_TOKENS = 16384
 """Prompt tokens per prefill forward (rows x padded width): bounds the prefill's activations."""
 
 
+def pending_update_bytes(model, optimizer) -> int:
+    """Bytes the first update will allocate that are not allocated yet: gradients of the trainable parameters and
+    AdamW's two moment buffers (each the parameter's size), where they do not exist yet."""
+    total = 0
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        size = p.numel() * p.element_size()
+        total += size * (p.grad is None) + 2 * size * (optimizer is not None and p not in optimizer.state)
+    return total
+
+
+def auto_rows(*, free: int, total: int, pending: int, margin: float, bytes_per_row: int) -> int:
+    """`rollout.batch_size: auto` on a GPU: the largest power of two of rows whose pool fits in the free memory
+    after what the update will still allocate (`pending`) and `margin` x the device's total memory. A clear error
+    when not even MIN_ROWS fit."""
+    budget = free - pending - int(margin * total)
+    fits = budget // bytes_per_row
+    if fits < MIN_ROWS:
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(
+            f"the static sampler's KV pool needs {bytes_per_row / 2**30:.2f} GiB per row (the prompt limit plus "
+            f"max_new_tokens positions of every layer's keys and values) and {budget / 2**30:.1f} GiB are left after "
+            f"the model, its pending gradients and optimizer state ({pending / 2**30:.1f} GiB) and the margin "
+            f"(rollout.kv_cache_margin={margin}): lower rollout.max_new_tokens or rollout.max_prompt_tokens, "
+            "rollout.kv_cache_margin, or give the agent a GPU of its own (`hacrl plan CONFIG` shows the budget)"
+        )
+    return 1 << (int(fits).bit_length() - 1)
+
+
 class KVPool:
     """Keys and values of every layer at fixed addresses, with the one method transformers' attention layers call
     on a cache (`update`). In the decode step (`hacrl_static_decode=True`) `update` writes the new key and value of
@@ -71,6 +102,7 @@ class KVPool:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         for tensor in (*self.keys, *self.values):
             torch._dynamo.mark_static_address(tensor)
+        self.bytes = 2 * len(self.keys) * self.keys[0].numel() * self.keys[0].element_size()
         self.no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         """Passed as the 4-D attention mask of the decode step: transformers then builds none (the decode
         attention masks by length)."""
@@ -147,6 +179,7 @@ class StaticSampler(Sampler):
         self.sync_every = sync_every
         self.cuda_graphs = cuda_graphs
         self.pool: KVPool | None = None
+        self._auto_rows: int | None = None
         use_static_decode(agent.model)
         self._step = _decode_step
         self.compiled = cuda_graphs or compile_backend is not None
@@ -168,10 +201,45 @@ class StaticSampler(Sampler):
             for prompt_ids, row, length, done, lp in zip(rows, tokens, lengths, finished, token_logp, strict=False)
         ]
 
+    def rows_per_call(self, rows: list[list[int]]) -> int:
+        """`rollout.batch_size: auto`: on a GPU, `auto_rows` for a pool of the agent's prompt limit + max_new_tokens
+        positions (decided once per sampler: the pool is then held for the run at fixed addresses); elsewhere 64."""
+        from hacrl.samplers import AUTO_ROWS
+
+        if self.agent.device.type != "cuda":
+            return min(AUTO_ROWS, max(MIN_ROWS, len(rows)))
+        return min(self._auto_limit(), max(MIN_ROWS, len(rows)))
+
+    def cap_rows(self, batch_size: int) -> int:
+        agent = self.agent
+        if agent.device.type == "cuda" and getattr(agent, "rollout_batch_size", None) in (None, "auto"):
+            return min(batch_size, self._auto_limit())
+        return batch_size
+
+    def _auto_limit(self) -> int:
+        if self._auto_rows is None:
+            agent = self.agent
+            config = agent.model.config
+            dtype = next(agent.model.parameters()).dtype
+            length = agent.max_prompt_tokens + agent.max_new_tokens
+            vocab = agent.model.get_output_embeddings().weight.shape[0]
+            per_row = KVPool.bytes_per_token(config, dtype) * length + 16 * vocab  # + the sampling step's floats
+            free, total = torch.cuda.mem_get_info(agent.device)
+            held = self.pool.bytes if self.pool is not None else 0  # a pool it would replace
+            pending = pending_update_bytes(agent.model, getattr(agent, "optimizer", None))
+            margin = getattr(agent, "kv_cache_margin", 0.35)
+            self._auto_rows = auto_rows(
+                free=free + held, total=total, pending=pending, margin=margin, bytes_per_row=per_row
+            )
+        return self._auto_rows
+
     def _pool(self, rows: int, length: int) -> KVPool:
         """The pool, replaced (the old one freed first) only when a call needs more rows or positions."""
         agent = self.agent
         pool = self.pool
+        auto = getattr(agent, "rollout_batch_size", None) in (None, "auto")
+        if pool is None and auto and agent.device.type == "cuda":
+            rows = max(rows, self._auto_limit())  # sized once for the run's calls, not for the first one
         if pool is None or pool.rows < rows or pool.length < length:
             rows = max(rows, pool.rows if pool else 0)
             length = max(length, agent.max_prompt_tokens + agent.max_new_tokens, pool.length if pool else 0)
@@ -236,7 +304,17 @@ class StaticSampler(Sampler):
             if t == steps - 1:
                 break
             if (t + 1) % self.sync_every == 0:
-                running = int((~finished).sum())  # the loop's only host sync, once per `sync_every` steps
+                # the loop's only host sync, once per `sync_every` steps: rows still running, and finite logits
+                running, bad = torch.stack([(~finished).sum(), (~torch.isfinite(logits)).any()]).tolist()
+                if bad:
+                    from hacrl.errors import NonFiniteError
+
+                    raise NonFiniteError(
+                        f"agent {agent.name!r}: the model's next-token logits hold NaN or inf while sampling (its "
+                        "weights or activations overflowed); lower the agent's lr, or use dtype float32 / bfloat16 "
+                        "instead of float16, and resume from the newest checkpoint (never written from non-finite "
+                        "weights)"
+                    )
                 if running == 0:
                     break
                 size = max(MIN_ROWS, 1 << max(0, running - 1).bit_length())
