@@ -112,7 +112,12 @@ class Agent:
         self.name = cfg.name
         self.cfg = cfg
         key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, key=key)
+        source = cfg.tokenizer or cfg.model
+        if weights_from is not None and any((Path(weights_from) / f).is_file() for f in TOKENIZER_FILES):
+            # resuming: the tokenizer the run trained with, saved beside the weights (the original model
+            # directory may be gone)
+            source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
+        self.tokenizer = load_tokenizer(source, key=key)
         self.device = torch.device(cfg.device)
         self.model = _load_model(weights_from or cfg.model, cfg, index)
         if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
@@ -132,6 +137,10 @@ class Agent:
         self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
         self.max_prompt_tokens = cfg.max_prompt_tokens or rollout.max_prompt_tokens
         self.kv_cache_margin = rollout.kv_cache_margin
+        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        self._prompt_chars = self.max_prompt_tokens * (longest + 1)
+        """Characters of a rendered prompt kept before tokenizing: no token is longer than the longest vocabulary
+        entry, so a prompt that fits in `max_prompt_tokens` tokens is never cut by it."""
         self.rollout_batch_size = rollout.batch_size
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -149,6 +158,8 @@ class Agent:
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **self.cfg.chat_template_kwargs
         )
+        if len(text) > self._prompt_chars:  # a 100 MB row is cut before tokenizing, not after (memory, time)
+            text = text[-self._prompt_chars :]
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_prompt_tokens:
             return ids[-self.max_prompt_tokens :], True

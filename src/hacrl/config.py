@@ -303,7 +303,6 @@ GROUPS = ("agents", "algorithm", "rollout", "data", "trainer", "eval", "logging"
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Defaults < YAML file < `dotted.key=value` overrides (list indexes too: `agents.1.lr=5e-7`)."""
-    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -313,10 +312,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file {str(path)!r} does not exist")
-            try:
-                loaded = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(e)}") from None
+            loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups {list(GROUPS)}")
             cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
@@ -325,10 +321,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             if not sep or not key:
                 raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
             _check_list_index(cfg, key)
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"override {item!r}: the value is not valid YAML: {_yaml_problem(e)}") from None
+            parsed = _load_yaml(value, f"override {item!r}")
             # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
             target = OmegaConf.select(cfg, key, default=None)
             replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
@@ -348,13 +341,108 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return config
 
 
+MAX_YAML_NODES = 100_000
+"""A config's YAML, aliases expanded, may hold at most this many nodes (a 390-byte "billion laughs" file expands to
+billions, and OmegaConf expands it)."""
+_INTERPOLATION = re.compile(r"(?<!\\)\$\{")
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """YAML text as Python data, refusing what would hang or leak later: aliases that refer to themselves or expand
+    past MAX_YAML_NODES, and OmegaConf interpolations (`${oc.env:TOKEN}` would be resolved and written, secret and
+    all, into config.yaml and every checkpoint)."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _expanded_size(root, where)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(e)}") from None
+    _refuse_interpolation(data, where, "")
+    return data
+
+
+def _expanded_size(root, where: str) -> int:
+    """Nodes of the document with every alias expanded (memoised: linear in the file); a cycle is refused."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ConfigError(f"{where}: a YAML alias refers to itself (a recursive anchor); write the value out")
+        active.add(key)
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in node.value)
+        else:
+            total = 1
+        active.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{where}: its YAML aliases expand to more than {MAX_YAML_NODES:,} values (nested anchors that "
+                "multiply); write the config without them"
+            )
+        return total
+
+    return size(root) if root is not None else 0
+
+
+def _refuse_interpolation(node: Any, where: str, key: str) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _refuse_interpolation(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _refuse_interpolation(v, where, f"{key}.{i}")
+    elif isinstance(node, str) and _INTERPOLATION.search(node):
+        raise ConfigError(
+            f"{where}{f', key {key}' if key else ''}: {node[:80]!r} is an interpolation (${{...}}); hacrl configs do "
+            "not interpolate, since the resolved value (an environment secret, say) would be written into "
+            "config.yaml and every checkpoint. Write the value, or pass it from the shell as an override "
+            "(hacrl train c.yaml key=\"$VAR\"); for a literal '${' write '\\${'."
+        )
+
+
 MAX_AGENT_NAME = 64
 """Agent names are path components (checkpoints/step_N/agents/<name>, <name>.tmp files): far below any file
 system's 255-byte limit, so a long name fails at validation, not at the first checkpoint."""
 _AGENT_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_AGENT_NAME - 1}}}")
 
 
+MAX_GROUP_SIZE = 1024
+"""G beyond this is a typo (`1e6`), not an experiment: the paper uses 8."""
+MAX_RESPONSES_PER_STEP = 65536
+"""prompts_per_step x group_size beyond this would hold a step's rollouts in memory for hours of sampling."""
+
+
+def _check_finite_fields(node: Any, prefix: str = "") -> None:
+    """Every float in the config finite: `lr: .inf` or `reward_timeout: .nan` would pass the range checks below
+    (comparisons with NaN are false) and fail deep inside a run."""
+    import math
+
+    if is_dataclass(node):
+        for f in fields(node):
+            _check_finite_fields(getattr(node, f.name), f"{prefix}{f.name}.")
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            _check_finite_fields(item, f"{prefix}{i}.")
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            _check_finite_fields(item, f"{prefix}{key}.")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{prefix.rstrip('.')}={node} must be a finite number")
+
+
 def validate(config: TrainConfig) -> None:
+    _check_finite_fields(config)
     if not config.agents:
         raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
     names = [a.name for a in config.agents]
@@ -411,6 +499,15 @@ def validate(config: TrainConfig) -> None:
             f"trainer.steps must be >= 0 and trainer.prompts_per_step >= 1, got {t.steps}, {t.prompts_per_step}"
         )
     per_agent = t.prompts_per_step * r.group_size
+    if r.group_size > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
+        tokens = per_agent * len(config.agents) * (r.max_prompt_tokens + r.max_new_tokens)
+        raise ConfigError(
+            f"trainer.prompts_per_step x rollout.group_size = {t.prompts_per_step} x {r.group_size} = {per_agent:,} "
+            f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
+            f"agent and step <= {MAX_RESPONSES_PER_STEP:,}): up to {tokens:,} tokens per step, "
+            f"{tokens * 8 / 2**20:,.0f} MiB of token ids alone before any model runs. The paper uses 128 x 8; "
+            "lower one of them"
+        )
     if t.mini_batch_size < 1 or per_agent % t.mini_batch_size:
         divisors = [d for d in range(1, per_agent + 1) if per_agent % d == 0]
         raise ConfigError(

@@ -134,9 +134,16 @@ def _rg_example(cfg: DataConfig, entry: dict) -> Example:
 
 def _messages(cfg: DataConfig, prompt: Any) -> list[dict[str, str]]:
     if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"data.prompt_column={cfg.prompt_column!r} is empty: a prompt needs some text")
         system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         return [*system, {"role": "user", "content": prompt}]
     if isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
+        if not any(str(m["content"]).strip() for m in prompt):
+            raise DataError(
+                f"data.prompt_column={cfg.prompt_column!r} holds {len(prompt)} chat messages and no text: a prompt "
+                "needs at least one message with content"
+            )
         return [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
     raise DataError(
         f"data.prompt_column={cfg.prompt_column!r} must hold a string or a list of "

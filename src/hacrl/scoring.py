@@ -264,8 +264,13 @@ class Scorer:
         if kind == "failed":  # the reward function could not be loaded in the scoring process
             raise RewardError(f"the scoring process could not load reward function {self.name}: {message[1]}")
         if kind == "died" and job.phase == "starting":
+            job.start_failures += 1
+            if job.start_failures == 1:  # killed from outside before its first job (OOM killer, a stray kill): again
+                self._restart(w)
+                self._send(w, job, prompts, completions, columns)
+                return False
             raise RewardError(
-                f"the scoring process for reward function {self.name} exited while starting ({message[1]})"
+                f"the scoring process for reward function {self.name} exited while starting, twice ({message[1]})"
             )
         todo = job.indexes[job.next :]
         if job.mode == "batch":
@@ -374,6 +379,7 @@ class _Job:
     slice_seconds: float = 0.0
     scored: int = 0
     timeouts_in_a_row: int = 0
+    start_failures: int = 0
 
 
 class _Worker:

@@ -401,8 +401,9 @@ def _prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 class _GracefulStop:
-    """SIGTERM / SIGINT while training: note it, let the loop finish its step and checkpoint. A second Ctrl-C
-    stops at once (KeyboardInterrupt). Installed only in the main thread (signals cannot be caught elsewhere)."""
+    """SIGTERM / SIGINT while training: note it, let the loop finish its step and checkpoint. A second signal of
+    either kind stops at once, without a checkpoint and without a traceback (`TrainingInterrupted`: one message,
+    exit 128 + signal). Installed only in the main thread (signals cannot be caught elsewhere)."""
 
     def __init__(self, notice, current_step) -> None:
         self.signum: int | None = None
@@ -418,11 +419,16 @@ class _GracefulStop:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
+            for sig, handler in self._previous.items():  # a third signal gets the default behaviour
+                signal.signal(sig, handler)
+            raise TrainingInterrupted(
+                f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
+                "without a checkpoint; the newest checkpoint in the run directory is intact: continue with "
+                "`hacrl train <config> --resume`",
+                signum,
+            )
         self.signum = signum
-        again = " (Ctrl-C again stops at once, without a checkpoint)" if signum == signal.SIGINT else ""
+        again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"
         self._notice(
             f"{signal.Signals(signum).name} received: finishing step {self._current_step() + 1}, then writing a "
             f"checkpoint and stopping{again}"

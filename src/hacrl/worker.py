@@ -189,12 +189,22 @@ class AgentWorker:
             )
         root = Path(directory)
         agent_dir = root / "agents" / self.name
-        self.agent.model.save_pretrained(agent_dir, safe_serialization=True)
-        self.agent.tokenizer.save_pretrained(agent_dir)
-        (root / "optimizer").mkdir(parents=True, exist_ok=True)
-        torch.save(self.agent.optimizer.state_dict(), root / "optimizer" / f"{self.name}.pt")
-        (root / "rng").mkdir(parents=True, exist_ok=True)
-        torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, root / "rng" / f"{self.name}.pt")
+        try:
+            self.agent.model.save_pretrained(agent_dir, safe_serialization=True)
+            self.agent.tokenizer.save_pretrained(agent_dir)
+            (root / "optimizer").mkdir(parents=True, exist_ok=True)
+            torch.save(self.agent.optimizer.state_dict(), root / "optimizer" / f"{self.name}.pt")
+            (root / "rng").mkdir(parents=True, exist_ok=True)
+            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, root / "rng" / f"{self.name}.pt")
+        except OSError:
+            raise  # the one error path names the errno, the file and the fix (cli._os_error_message)
+        except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
+            raise CheckpointError(
+                f"could not write agent {self.name!r}'s part of a checkpoint into {str(root)!r}: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300] if str(e) else ''}. The previous checkpoint is intact (a checkpoint "
+                "is only moved into place once whole); free disk space or fix the directory's permissions, then "
+                "continue with `hacrl train <config> --resume`."
+            ) from e
         faults.hit("checkpoint.agent")
 
     def load(self, directory: str) -> None:
@@ -211,13 +221,23 @@ class AgentWorker:
                 "(checkpoint.resume=<its directory>)"
             ) from e
         rng_file = root / "rng" / f"{self.name}.pt"
-        if rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=True)
-            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
-            self._rng = rng
-        else:  # a checkpoint of hacrl before per-agent streams: the process-wide state it saved
-            legacy = torch.load(root / "rng.pt", weights_only=True)
-            self._rng = {"cpu": legacy["torch"], **({"cuda": legacy["cuda"][0]} if legacy.get("cuda") else {})}
+        try:
+            if rng_file.is_file():
+                rng = torch.load(rng_file, weights_only=True)
+                self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
+                torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
+                self._rng = rng
+            else:  # a checkpoint of hacrl before per-agent streams: the process-wide state it saved
+                rng_file = root / "rng.pt"
+                legacy = torch.load(rng_file, weights_only=True)
+                self._rng = {"cpu": legacy["torch"], **({"cuda": legacy["cuda"][0]} if legacy.get("cuda") else {})}
+        except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
+            raise CheckpointError(
+                f"{rng_file}: cannot load the random stream of agent {self.name!r} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); the checkpoint is damaged (checkpoint."
+                "verify_digests=true finds such files before resuming and falls back to an earlier checkpoint): "
+                "resume from an earlier one (checkpoint.resume=<its directory>)"
+            ) from e
 
     def describe(self) -> dict[str, Any]:
         model = self.agent.model

@@ -127,3 +127,23 @@ def test_ctrl_c_mid_step_stops_after_the_step_with_a_checkpoint(tiny_agents, tmp
     assert main(["train", str(cfg), "--resume"]) == 0
     _same_numbers(_records(run), _records(reference))
     _same_weights(run, reference, 3)
+
+
+@pytest.mark.parametrize("sig", ["TERM", "INT"])
+def test_a_second_signal_stops_at_once_without_a_traceback(sig, tiny_agents, tmp_path):
+    """The first SIGTERM / Ctrl-C asks for a checkpoint after the step; a second one, mid-step, stops at once (a
+    run used to survive two SIGTERMs for minutes; a second Ctrl-C printed a KeyboardInterrupt traceback). The
+    newest checkpoint stays intact and the run resumes."""
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    # step 2 of 3 (16 micro-batches and 8 optimizer steps a step): the first signal after its 3rd micro-batch, the
+    # second after the optimizer step that follows
+    stopped = _hacrl(["train", str(cfg)], f"update.micro_batch:19:{sig},update.optimizer:10:{sig}")
+    signum = getattr(signal, f"SIG{sig}")
+    assert stopped.returncode == 128 + signum, stopped.stderr[-2000:]
+    assert f"stopped at once by a second SIG{sig} during step 2, without a checkpoint" in stopped.stderr
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
+    if sig == "TERM":  # (resuming is the same either way)
+        resumed = _hacrl(["train", str(cfg), "--resume"])
+        assert resumed.returncode == 0, resumed.stderr[-2000:]

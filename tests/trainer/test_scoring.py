@@ -243,3 +243,14 @@ def test_a_scoring_process_that_died_while_idle_is_replaced_on_the_next_call():
         assert scorer.score(["p"], ["1234"], {}).rewards == [1.0]  # no BrokenPipeError
     finally:
         scorer.close()
+
+
+def test_a_scoring_process_killed_before_its_first_job_is_replaced():
+    import signal
+
+    scorer = _user("digits").start()  # the process imports its function in the background...
+    try:
+        os.kill(scorer._workers[0].process.pid, signal.SIGKILL)  # ...and is killed before any job
+        assert scorer.score(["p", "q"], ["12", "1234"], {}).rewards == [0.5, 1.0]
+    finally:
+        scorer.close()
