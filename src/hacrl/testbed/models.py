@@ -73,12 +73,13 @@ def tiny_model(
     max_positions: int = 512,
     init_std: float = 0.02,
 ):
-    """A randomly initialised causal LM of `family` ('llama', 'qwen2') sized for `tokenizer`. A larger `init_std`
-    than the usual 0.02 gives a model whose outputs depend strongly on its input (tests of samplers want that)."""
+    """A randomly initialised causal LM of `family` ('llama', 'qwen2', 'qwen3': the last with per-head query and
+    key norms) sized for `tokenizer`. A larger `init_std` than the usual 0.02 gives a model whose outputs depend
+    strongly on its input (tests of samplers want that)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
     if family not in classes:
         raise ValueError(f"unknown model family {family!r}; known: {sorted(classes)}")
     config = classes[family](
@@ -94,6 +95,7 @@ def tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         initializer_range=init_std,
+        **({"head_dim": hidden // heads} if family == "qwen3" else {}),
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
