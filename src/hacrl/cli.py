@@ -1,5 +1,5 @@
-"""`hacrl train | eval | plot | bootstrap | demo`. Parsing only; heavy modules (torch, transformers) load after the
-arguments do.
+"""`hacrl train | eval | plan | plot | bootstrap | demo`. Parsing only; heavy modules (torch, transformers) load
+after the arguments do.
 
 One error path: a `HacrlError` (config, data, model directory, tokenizer, reward, checkpoint, run directory) and an
 operating-system error on a file (disk full, permission denied, read-only file system) print one paragraph that
@@ -62,6 +62,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     demo.add_argument("--recipe", default="demo", choices=RECIPE_NAMES, help="bootstrap recipe")
 
+    plan = sub.add_parser(
+        "plan",
+        help="where each agent's device memory goes (weights, optimizer, activations, KV cache); does it fit",
+        description="Per agent: parameters, and the memory of weights, gradients, optimizer state, activations "
+        "(with and without gradient checkpointing), the log-prob head and the sampler's KV cache, against the "
+        "agent's device; whether the run fits and which knob to turn. Reads config.json only, never the weights.",
+    )
+    plan.add_argument("config", help="YAML config file")
+    plan.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    plan.add_argument("--device-memory", type=float, default=None, help="GiB per GPU where CUDA is not present")
+
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
@@ -105,6 +116,16 @@ def _run(args) -> int:
         return _train(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "plan":
+        from hacrl.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        _quiet_transformers()
+        from hacrl.plan import plan, render
+
+        plans = plan(config, device_memory=args.device_memory)
+        print(render(plans))
+        return 0 if all(p.fits is not False for p in plans) else 3
     if args.command == "bootstrap":
         _quiet_transformers()
         from hacrl.testbed.demo import RECIPES, bootstrap

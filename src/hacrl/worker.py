@@ -381,6 +381,7 @@ class AgentWorker:
             else:  # spec 3.6: a non-finite gradient skips the step, and we say so
                 agent.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
+        agent.optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next sampling
         metrics: dict[str, Any] = reducer.result()
         if grad_norms:
             total = 0.0

@@ -1,0 +1,250 @@
+"""`hacrl plan CONFIG`: where each agent's device memory goes, before anything runs.
+
+Per agent, from its model directory's config.json alone (the parameter count from a model built on torch's meta
+device: no weights are read), in bytes:
+
+- weights (and the frozen reference copy when `algorithm.kl_coef > 0`), gradients, AdamW's two moments (each the
+  parameter dtype's size): exact;
+- the KV pool of the `static` sampler (rows x (prompt limit + max_new_tokens) positions x 2 x layers x key/value
+  heads x head dim x dtype), with `rollout.batch_size: auto` resolved as the sampler resolves it on the device
+  (`hacrl.samplers.static.auto_rows`), and the sampling step's floats (rows x vocabulary x 16 bytes): exact;
+- the update's activations for one micro-batch of `trainer.micro_batch_size` rows x (prompt limit +
+  max_new_tokens) tokens, with and without gradient checkpointing, and the log-prob head (`trainer.
+  logprob_chunk_size`'s rule: the chunk's float32 logits, their softmax and gradient, or the full logits):
+  estimates. The activation formula is fitted to what autograd saves for the backward pass (measured with
+  saved-tensor hooks on Llama, Qwen2 and Qwen3 models; tests/trainer/test_plan.py checks it within 20 %): per token
+  and layer 6 h + 6 q + 5 kv + 4 ffn elements (+ 2 q + 2 kv with per-head query/key norms) plus the attention mask's
+  row (sequence length elements), where h is the hidden size, q = heads x head dim, kv = key/value heads x head
+  dim; with gradient checkpointing, h + 128 elements per token and layer are kept, and one layer's full set exists
+  while it is recomputed.
+
+The peak is the larger of sampling (weights, optimizer state, pool, sampling floats; gradients are freed after
+each update) and the update (weights, optimizer state, pool, gradients, the micro-batch's activations and the
+log-prob head). A device's total
+memory comes from CUDA when present, else `--device-memory GIB`; without either the plan shows the needs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hacrl.config import TrainConfig
+from hacrl.errors import ModelError
+
+GIB = 2**30
+CHECKPOINTED_EXTRA = 128
+"""Elements per token and layer kept beside the hidden state with gradient checkpointing (measured)."""
+
+
+@dataclass
+class Shape:
+    """What memory depends on in a model's config."""
+
+    params: int
+    trainable: int
+    dtype_bytes: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    qk_norm: bool
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def activation_elements(self, tokens_per_row: int) -> int:
+        """Saved for the backward pass, per token and layer, without gradient checkpointing."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per = 6 * self.hidden + 6 * q + 5 * kv + 4 * self.ffn + (2 * q + 2 * kv if self.qk_norm else 0)
+        return per + tokens_per_row
+
+
+@dataclass
+class AgentPlan:
+    name: str
+    device: str
+    shape: Shape
+    parts: dict[str, int] = field(default_factory=dict)
+    """Bytes of each part (see the module docstring)."""
+    rows: int | None = None
+    """Rows per generation call (resolved `auto`)."""
+    sampling_peak: int = 0
+    update_peak: int = 0
+    update_peak_checkpointed: int = 0
+    checkpointing: bool = False
+    device_total: int | None = None
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        update = self.update_peak_checkpointed if self.checkpointing else self.update_peak
+        return max(self.sampling_peak, update)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_total is None else self.peak <= self.device_total
+
+
+def model_shape(model_dir: str | Path, dtype: torch.dtype) -> Shape:
+    """The memory-relevant shape of a local model directory, without reading its weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it
+        raise ModelError(f"{str(model_dir)!r}: cannot read the model's config.json ({type(e).__name__}: {e})") from e
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qk_norm = any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
+    return Shape(
+        params=params,
+        trainable=params,
+        dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        ffn=getattr(config, "intermediate_size", 4 * config.hidden_size),
+        vocab=model.get_output_embeddings().weight.shape[0],
+        qk_norm=qk_norm,
+    )
+
+
+def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: bool) -> int:
+    """One micro-batch's activations held for the backward pass (estimate; see the module docstring)."""
+    full_layer = rows * tokens * shape.activation_elements(tokens) * shape.dtype_bytes
+    if not checkpointing:
+        return shape.layers * full_layer
+    kept = rows * tokens * shape.layers * (shape.hidden + CHECKPOINTED_EXTRA) * shape.dtype_bytes
+    return kept + full_layer
+
+
+def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | None) -> int:
+    """The output layer's share of a training forward and backward: float32 logits, their softmax and gradient
+    for one chunk of positions (or all of them), and the model-dtype logits of the full path."""
+    from hacrl.rollout import auto_chunk_size
+
+    if chunk == "auto":
+        chunk = auto_chunk_size(rows, tokens, shape.vocab)
+    if chunk is None:
+        return rows * tokens * shape.vocab * (3 * 4 + shape.dtype_bytes)
+    return min(chunk, rows * tokens) * shape.vocab * 3 * 4
+
+
+def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
+    """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
+    from hacrl.agents import DTYPES
+    from hacrl.samplers.static import MIN_ROWS, auto_rows
+
+    plans = []
+    for i, agent in enumerate(config.agents):
+        dtype = DTYPES[agent.dtype]
+        shape = model_shape(agent.model, dtype)
+        r, t = config.rollout, config.trainer
+        prompt = agent.max_prompt_tokens or r.max_prompt_tokens
+        new = agent.max_new_tokens or r.max_new_tokens
+        tokens = prompt + new
+        backend = agent.rollout_backend or r.backend
+        p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing)
+        weights = shape.params * shape.dtype_bytes
+        p.parts["weights"] = weights
+        p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 else 0
+        p.parts["gradients"] = shape.trainable * shape.dtype_bytes
+        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * shape.dtype_bytes
+        total = _device_total(agent.device, device_memory)
+        p.device_total = total
+        per_row = shape.kv_bytes_per_token * tokens + 16 * shape.vocab
+        rows = r.batch_size
+        if rows is None:
+            rows = "auto" if backend == "static" else t.logprob_batch_size
+        if rows == "auto":
+            if total is not None and agent.device.startswith("cuda"):
+                free = total - p.parts["weights"] - p.parts["reference model (KL)"]
+                pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
+                try:
+                    rows = auto_rows(free=free, total=total, pending=pending, margin=r.kv_cache_margin,
+                                     bytes_per_row=per_row)  # fmt: skip
+                except Exception as e:  # noqa: BLE001 - the sampler would refuse the same way: say so here
+                    p.advice.append(str(e))
+                    rows = MIN_ROWS
+            else:
+                rows = 64
+        p.rows = int(rows)
+        pool_rows = 1 << max(0, p.rows - 1).bit_length() if backend == "static" else p.rows
+        p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
+        p.parts["sampling step floats"] = p.rows * shape.vocab * 16
+        micro = t.micro_batch_size
+        p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False)
+        p.parts["activations, gradient checkpointing"] = activation_bytes(shape, micro, tokens, checkpointing=True)
+        p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, t.logprob_chunk_size)
+        held = (
+            p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["optimizer state (AdamW)"]
+            + p.parts["KV cache (sampling)"]
+        )  # fmt: skip
+        p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
+        update = held + p.parts["gradients"] + p.parts["log-prob head"]
+        p.update_peak = update + p.parts["activations, one micro-batch"]
+        p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
+        _advise(p, i, micro)
+        plans.append(p)
+    return plans
+
+
+def _device_total(device: str, device_memory: float | None) -> int | None:
+    if device_memory is not None:
+        return int(device_memory * GIB)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return None
+
+
+def _advise(p: AgentPlan, i: int, micro: int) -> None:
+    if p.fits is None or p.fits:
+        return
+    if not p.checkpointing and p.update_peak_checkpointed <= p.device_total:
+        p.advice.append(f"set agents.{i}.gradient_checkpointing=true (the update then needs "
+                        f"{p.update_peak_checkpointed / GIB:.1f} GiB)")  # fmt: skip
+    elif micro > 1:
+        p.advice.append(f"lower trainer.micro_batch_size (now {micro})")
+    if p.sampling_peak > p.device_total:
+        p.advice.append("lower rollout.batch_size (or raise rollout.kv_cache_margin with auto) or max_new_tokens")
+    if not p.advice:
+        p.advice.append("give the agent a larger GPU, or a GPU of its own")
+
+
+def render(plans: list[AgentPlan]) -> str:
+    """The plan as a console table, one column per agent."""
+    names = [p.name for p in plans]
+    keys = list(plans[0].parts) if plans else []
+    width = max([len(k) for k in keys] + [28])
+    lines = ["memory plan (GiB; estimates for activations and the log-prob head, the rest exact)", ""]
+    lines.append(f"{'':{width}}  " + "  ".join(f"{n:>14}" for n in names))
+    lines.append(f"{'parameters':{width}}  " + "  ".join(f"{p.shape.params / 1e9:>13.2f}B" for p in plans))
+    lines.append(f"{'device':{width}}  " + "  ".join(f"{p.device:>14}" for p in plans))
+    lines.append(f"{'rows per generation call':{width}}  " + "  ".join(f"{p.rows:>14}" for p in plans))
+    for key in keys:
+        lines.append(f"{key:{width}}  " + "  ".join(f"{p.parts[key] / GIB:>14.2f}" for p in plans))
+    lines.append(f"{'peak while sampling':{width}}  " + "  ".join(f"{p.sampling_peak / GIB:>14.2f}" for p in plans))
+    updates = [p.update_peak_checkpointed if p.checkpointing else p.update_peak for p in plans]
+    lines.append(f"{'peak in the update':{width}}  " + "  ".join(f"{u / GIB:>14.2f}" for u in updates))
+    lines.append(f"{'device memory':{width}}  " + "  ".join(
+        f"{p.device_total / GIB:>14.2f}" if p.device_total else f"{'unknown':>14}" for p in plans))  # fmt: skip
+    lines.append(f"{'fits':{width}}  " + "  ".join(
+        f"{('yes' if p.fits else 'NO') if p.fits is not None else '-':>14}" for p in plans))  # fmt: skip
+    for p in plans:
+        for line in p.advice:
+            lines.append(f"{p.name}: {line}")
+    if any(p.fits is None for p in plans):
+        lines.append("(device memory unknown for some agents: pass --device-memory GIB, e.g. 80 for an H100)")
+    return "\n".join(lines)
