@@ -59,11 +59,12 @@ class Shape:
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
-    def activation_elements(self, tokens_per_row: int) -> int:
-        """Saved for the backward pass, per token and layer, without gradient checkpointing."""
+    def activation_elements(self, tokens_per_row: int, *, padded: bool = True) -> int:
+        """Saved for the backward pass, per token and layer, without gradient checkpointing; `padded`: rows of
+        different lengths, whose attention mask (a row of `tokens_per_row` per token) each layer keeps."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         per = 6 * self.hidden + 6 * q + 5 * kv + 4 * self.ffn + (2 * q + 2 * kv if self.qk_norm else 0)
-        return per + tokens_per_row
+        return per + (tokens_per_row if padded else 0)
 
 
 @dataclass
@@ -121,9 +122,11 @@ def model_shape(model_dir: str | Path, dtype: torch.dtype) -> Shape:
     )
 
 
-def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: bool) -> int:
-    """One micro-batch's activations held for the backward pass (estimate; see the module docstring)."""
-    full_layer = rows * tokens * shape.activation_elements(tokens) * shape.dtype_bytes
+def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: bool, padded: bool = True) -> int:
+    """One micro-batch's activations held for the backward pass (estimate; see the module docstring). With
+    checkpointing the recomputed layer is counted whole: an upper bound (tests/trainer/test_plan.py compares it
+    with the GPU measurements)."""
+    full_layer = rows * tokens * shape.activation_elements(tokens, padded=padded) * shape.dtype_bytes
     if not checkpointing:
         return shape.layers * full_layer
     kept = rows * tokens * shape.layers * (shape.hidden + CHECKPOINTED_EXTRA) * shape.dtype_bytes
