@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, end to end, for a lent GPU machine (one H100 or H200 with its own image: torch with CUDA,
-# transformers 5.17, no omegaconf / math-verify / reasoning-gym, no network). About 10 minutes on an H200; the first
-# run there (2026-11-26, benchmarks/results/gpu.md) took 7.7 minutes with parts cut by their limits.
+# transformers 5.17, no omegaconf / math-verify / reasoning-gym, no network). All parts take ~15 minutes; a lease of
+# 15 minutes of device time fits about 7 minutes of them: pick parts with GPU_CHECK_LIMITS (0 skips one) and
+# GPU_CHECK_TESTS (pytest node ids), GPU_CHECK_PROFILE=1 profiles the Qwen3 sampling part. The 2026-11-27 runs
+# (benchmarks/results/gpu-h100-varied.md) used `GPU_CHECK_LIMITS="60 130 60 70 0 90 0 0 0"` and
+# `GPU_CHECK_PROFILE=1 GPU_CHECK_LIMITS="50 130 90 70 0 0 0 0 0"`.
 #
 #   here:        bash benchmarks/fetch_gpu_wheels.sh          # the wheels hacrl needs there, into .gpu-wheels/
 #                                                             # and a copy of the real tokenizers, .gpu-tokenizers/
