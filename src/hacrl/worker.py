@@ -302,7 +302,7 @@ class AgentWorker:
         except torch.OutOfMemoryError as e:
             raise OutOfMemory(self._oom_message(phase, step, e)) from None
         except RuntimeError as e:
-            if "inf" in str(e) and "nan" in str(e):  # torch.multinomial on non-finite probabilities
+            if "`inf`, `nan`" in str(e):  # torch.multinomial on non-finite probabilities
                 raise NonFiniteError(
                     f"agent {self.name!r}: its model produced NaN or inf during {phase}"
                     f"{f' at step {step}' if step else ''} ({str(e).splitlines()[0][:200]}). Its weights or "

@@ -673,3 +673,26 @@ def test_resume_needs_only_the_checkpoint_not_the_original_model_directory(tiny_
     shutil.rmtree(tmp_path / "models")
     assert main(["train", str(cfg), "--resume", "trainer.steps=2"]) == 0
     assert _records(tmp_path / "run")[-1]["step"] == 2
+
+
+def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tiny_agents, tmp_path, monkeypatch,
+                                                                              capsys):  # fmt: skip
+    """hf: torch.multinomial's raw error becomes a message naming the agent; static: its sync points check the
+    logits (no extra host sync) and stop instead of drawing arbitrary tokens."""
+    from hacrl.agents import Agent
+    from hacrl.config import AgentConfig, RolloutConfig
+    from hacrl.errors import NonFiniteError
+
+    def nan_probabilities(*args, **kwargs):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+    monkeypatch.setattr("hacrl.worker.generate", nan_probabilities)
+    assert main(["train", str(_config(tiny_agents, tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "agent 'llama': its model produced NaN or inf during sampling at step 1" in err and "Traceback" not in err
+    agent = Agent(0, AgentConfig(name="q", model=str(tiny_agents["qwen"]), rollout_backend="static"),
+                  RolloutConfig(max_new_tokens=16))  # fmt: skip
+    with torch.no_grad():
+        agent.model.get_output_embeddings().weight[5, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="agent 'q': the model's next-token logits hold NaN or inf"):
+        agent.sampler.sample([[3, 4, 5]], 4, batch_size=4)
