@@ -291,7 +291,7 @@ def parity(directory: Path, device: str, dtype: str, rows: int, new: int) -> dic
 
 
 def logprob_memory(directory: Path, device: str, dtype: str, rows: int, length: int) -> list[dict]:
-    from hacrl.rollout import TokenBatch, token_logprobs
+    from hacrl.logprobs import TokenBatch, token_logprobs
 
     agent = _agent(directory, device, dtype, 1, "hf", False)
     agent.model.train()

@@ -28,7 +28,8 @@ def measure(name: str, prompts_n: int = 32, group: int = 8) -> dict:
     from hacrl.agents import Agent
     from hacrl.config import AgentConfig, RolloutConfig
     from hacrl.data import load_task
-    from hacrl.rollout import TokenBatch, cut_at_stop, pad_left, token_logprobs
+    from hacrl.logprobs import TokenBatch, token_logprobs
+    from hacrl.samplers.base import cut_at_stop, pad_left
     from hacrl.testbed.demo import DEMO, data_config
 
     task = load_task(data_config(DEMO))

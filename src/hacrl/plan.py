@@ -136,7 +136,7 @@ def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: boo
 def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | None) -> int:
     """The output layer's share of a training forward and backward: float32 logits, their softmax and gradient
     for one chunk of positions (or all of them), and the model-dtype logits of the full path."""
-    from hacrl.rollout import auto_chunk_size
+    from hacrl.logprobs import auto_chunk_size
 
     if chunk == "auto":
         chunk = auto_chunk_size(rows, tokens, shape.vocab)

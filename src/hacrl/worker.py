@@ -35,7 +35,9 @@ from hacrl.core.metrics import MetricReducer
 from hacrl.core.ratios import foreign_terms
 from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory
 from hacrl.exchange import LearnerRow, Trajectory, learner_view
-from hacrl.rollout import Completion, Sample, TokenBatch, generate, generate_completions, token_logprobs
+from hacrl.logprobs import TokenBatch, token_logprobs
+from hacrl.rollout import Completion, generate, generate_completions
+from hacrl.samplers.base import Sample
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def test_token_logprobs_and_hacpo_gradients_match_the_cpu(tiny_agents):
 
     from hacrl.agents import load_tokenizer
     from hacrl.core import AlgorithmParams, LossInputs, hacpo_loss
-    from hacrl.rollout import TokenBatch, token_logprobs
+    from hacrl.logprobs import TokenBatch, token_logprobs
 
     tok = load_tokenizer(tiny_agents["qwen"])
     prompts = [tok("Q:3 + 4 =\nA:").input_ids, tok("Q:12 + 9 =\nA:").input_ids, tok("Q:1 + 1 =\nA:").input_ids]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hacrl.cli import main
-from hacrl.rollout import TokenBatch, token_logprobs
+from hacrl.logprobs import TokenBatch, token_logprobs
 from tests.conftest import write_config
 
 

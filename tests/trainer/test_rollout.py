@@ -7,7 +7,8 @@ import torch
 
 from hacrl.agents import Agent
 from hacrl.config import AgentConfig, RolloutConfig
-from hacrl.rollout import TokenBatch, generate, token_logprobs
+from hacrl.logprobs import TokenBatch, token_logprobs
+from hacrl.rollout import generate
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 
 from hacrl.agents import Agent
 from hacrl.config import AgentConfig, RolloutConfig
-from hacrl.rollout import TokenBatch, token_logprobs
+from hacrl.logprobs import TokenBatch, token_logprobs
 from hacrl.samplers.static import StaticSampler
 from tests.conftest import write_config
 
@@ -357,7 +357,7 @@ def test_chunked_logprobs_equal_the_full_computation_in_value_and_gradient(name,
 MEMORY_PROBE = """
 import json, resource, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from hacrl.rollout import TokenBatch, token_logprobs
+from hacrl.logprobs import TokenBatch, token_logprobs
 torch.manual_seed(0); torch.set_num_threads(1)
 vocab, positions, chunk = 150_000, int(sys.argv[1]), {"full": None, "auto": "auto"}.get(sys.argv[2], sys.argv[2])
 chunk = int(chunk) if chunk not in (None, "auto") else chunk
@@ -400,7 +400,7 @@ def test_auto_log_prob_chunks_only_where_the_full_logits_are_large():
     """`trainer.logprob_chunk_size: auto` (the default): the full path for small vocabularies (the demo's numbers
     do not move), chunks once rows x positions x vocabulary float32 logits pass 256 MiB."""
     from hacrl.config import TrainConfig
-    from hacrl.rollout import auto_chunk_size
+    from hacrl.logprobs import auto_chunk_size
 
     assert TrainConfig().trainer.logprob_chunk_size == "auto"
     assert auto_chunk_size(64, 300, 80) is None  # a demo-sized batch

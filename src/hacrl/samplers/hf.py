@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hacrl.rollout import Sample, cut_at_stop, pad_left
-from hacrl.samplers import Sampler
+from hacrl.samplers.base import Sample, Sampler, cut_at_stop, pad_left
 
 
 class _TokenLogprobs:

@@ -42,9 +42,8 @@ import types
 import torch
 from torch import Tensor
 
-from hacrl.rollout import Sample, pad_left
-from hacrl.samplers import Sampler
 from hacrl.samplers.attention import FLAG, unsupported_reason, use_static_decode
+from hacrl.samplers.base import AUTO_ROWS, Sample, Sampler, pad_left
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
@@ -204,8 +203,6 @@ class StaticSampler(Sampler):
     def rows_per_call(self, rows: list[list[int]]) -> int:
         """`rollout.batch_size: auto`: on a GPU, `auto_rows` for a pool of the agent's prompt limit + max_new_tokens
         positions (decided once per sampler: the pool is then held for the run at fixed addresses); elsewhere 64."""
-        from hacrl.samplers import AUTO_ROWS
-
         if self.agent.device.type != "cuda":
             return min(AUTO_ROWS, max(MIN_ROWS, len(rows)))
         return min(self._auto_limit(), max(MIN_ROWS, len(rows)))

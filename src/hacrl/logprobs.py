@@ -1,0 +1,105 @@
+"""Teacher-forced per-token log-probs with correct padding, for the loss and the old-policy pass.
+
+1. Log-probs are taken at the sampling temperature (logits / T) with position ids derived from the attention mask,
+   so left- and right-padded batches give the same values.
+2. With `chunk_size`, log-probs never hold a (rows x positions x vocabulary) tensor: the final hidden states of
+   the response positions go through the output layer a chunk of positions at a time, each chunk recomputed in
+   the backward pass (a selective log-softmax); the values are the full computation's. `auto` (the default of
+   `trainer.logprob_chunk_size`) chunks only where the full logits would be large.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class TokenBatch:
+    """Prompt + response rows, right-padded. Position t of `response_mask` refers to token t + 1 of `input_ids`."""
+
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor  # (B, L)
+    response_mask: Tensor  # (B, L - 1) bool: targets that are response tokens
+
+    @classmethod
+    def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device, *, left: bool = False):
+        rows = [p + r for p, r in zip(prompts, responses, strict=True)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        resp = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+            offset = width - len(p) - len(r) if left else 0
+            ids[i, offset : offset + len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            attn[i, offset : offset + len(p) + len(r)] = 1
+            resp[i, offset + len(p) : offset + len(p) + len(r)] = True
+        return cls(ids.to(device), attn.to(device), resp[:, 1:].to(device))
+
+
+AUTO_LOGITS_BYTES = 256 * 2**20
+"""`chunk_size="auto"`: the full logits while they stay within this many bytes (float32), else chunks of this size."""
+
+
+def auto_chunk_size(rows: int, positions: int, vocab: int) -> int | None:
+    """The `auto` rule: None (the full logits, faster for small vocabularies) while rows x positions x vocabulary
+    float32 logits fit in AUTO_LOGITS_BYTES, else the positions per chunk whose logits fit in it (at least 16)."""
+    if rows * positions * vocab * 4 <= AUTO_LOGITS_BYTES:
+        return None
+    return max(16, AUTO_LOGITS_BYTES // (vocab * 4))
+
+
+def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | str | None = None) -> Tensor:
+    """(B, L - 1) log pi(token_{t+1} | tokens_<=t) at temperature T; read it where `batch.response_mask` is set.
+
+    `chunk_size=None`: the model's logits over every position (B x L x vocabulary floats). An int: only the response
+    positions go through the output layer, `chunk_size` positions at a time, and each chunk's logits are recomputed
+    in the backward pass instead of kept: memory O(chunk_size x vocabulary); positions outside the response read 0.
+    `"auto"`: `auto_chunk_size` decides from the batch's shape and the model's vocabulary.
+    """
+    if chunk_size == "auto":
+        head = model.get_output_embeddings()
+        vocab = getattr(head, "out_features", None) or model.config.vocab_size
+        chunk_size = auto_chunk_size(*batch.input_ids.shape, vocab)
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if chunk_size is None or not _plain_output_layer(model):
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids, use_cache=False
+        ).logits[:, :-1]
+        logits = logits.float() / temperature
+        targets = batch.input_ids[:, 1:].unsqueeze(-1)
+        return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+    hidden = model.base_model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state[:, :-1]
+    mask = batch.response_mask
+    selected = hidden[mask]  # (N, H): the positions whose next token is a response token
+    targets = batch.input_ids[:, 1:][mask]  # (N,)
+    head = model.get_output_embeddings()
+    parts = []
+    for start in range(0, selected.shape[0], chunk_size):
+        h, t = selected[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_selected_logprobs, h, t, head, temperature, use_reentrant=False))
+        else:
+            parts.append(_selected_logprobs(h, t, head, temperature))
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    return out.masked_scatter(mask, torch.cat(parts)) if parts else out
+
+
+def _selected_logprobs(hidden: Tensor, targets: Tensor, head, temperature: float) -> Tensor:
+    """log softmax(head(hidden) / T)[target] for (N, H) hidden states: the logits live only inside this call."""
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _plain_output_layer(model) -> bool:
+    """The chunked path computes logits as output_layer(last hidden state); models that rescale or cap their
+    logits (Gemma 2's softcapping, Cohere's logit_scale, ...) take the full path instead."""
+    config = model.config
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1.0):
+        return False
+    return hasattr(model, "base_model") and model.get_output_embeddings() is not None
