@@ -446,3 +446,24 @@ def test_auto_batch_size_on_the_cpu_is_64_rows_per_call(lively, monkeypatch):
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
     assert len(agent.sampler.sample(prompts, 10, batch_size="auto")) == 100
     assert calls == [64, 36]
+
+
+def test_auto_rows_on_a_gpu_use_the_free_memory_the_model_config_and_the_margin(lively, monkeypatch):
+    """The sampler's own `auto` path as it runs on a GPU (the device and CUDA's memory query faked on the CPU):
+    per row, the pool's positions x 2 x layers x kv heads x head dim x dtype + the sampling step's floats; the
+    answer is fixed once, and every call (evaluation's int batch sizes too) is capped by it."""
+    from hacrl.samplers.static import KVPool
+
+    agent = _agent(lively["qwen3"], max_new_tokens=64)
+    sampler = StaticSampler(agent)
+    config = agent.model.config
+    per_row = KVPool.bytes_per_token(config, torch.float32) * (agent.max_prompt_tokens + 64) + 16 * config.vocab_size
+    size = sum(p.numel() * p.element_size() for p in agent.model.parameters())
+    total, free = 1000 * per_row, 900 * per_row
+    monkeypatch.setattr(agent, "device", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    expected = (free - 3 * size - int(0.35 * total)) // per_row  # ~550 rows fit: 512, a power of two
+    assert sampler.rows_per_call([[1]] * 10_000) == 1 << (expected.bit_length() - 1) == 512
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, total))  # decided once: unchanged
+    assert sampler.rows_per_call([[1]] * 10_000) == 512 and sampler.rows_per_call([[1]] * 3) == 3
+    assert sampler.cap_rows(4096) == 512 and sampler.cap_rows(64) == 64
