@@ -55,7 +55,10 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
             assert math.isfinite(records[-1][f"{name}/{key}"]), f"{name}/{key}"
         # pool = 2 prompts x 4 per agent; mini-batch 4: 2 optimizer steps alone, 4 when the pool is shared
         assert records[-1][f"{name}/optimizer_steps"] == (4 if algorithm in ("hacpo", "naive") else 2)
-        assert records[-1][f"eval/{name}/pass@1"] >= 0
+        # pass@1 is what the per-prompt evaluation records say: the share of greedy completions with full reward
+        evaluated = [json.loads(line)["agents"][name] for line in (run / "eval" / "step_000002.jsonl").open()]
+        full = sum(record["reward"] >= 1.0 for record in evaluated) / len(evaluated)
+        assert len(evaluated) == 8 and records[-1][f"eval/{name}/pass@1"] == pytest.approx(full)
         final = run / "checkpoints" / "step_000002" / "agents" / name
         before, after = _weights(tiny_agents[name]), _weights(final)
         assert all(not torch.equal(before[k], after[k]) for k in after if "norm" not in k), "every weight moves"
