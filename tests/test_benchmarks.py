@@ -322,3 +322,30 @@ def test_late_fall_from_the_best_evaluation_by_hand():
     c = fall["comparisons"][f"{full}_static_clip - {full}"]
     assert c["diffs"] == pytest.approx([10.0, 10.0]) and c["lo"] == pytest.approx(10.0)  # sd 0
     assert list(fall["comparisons"]) == [f"{full}_static_clip - {full}"]  # no_foreign_clip did not run
+
+
+def test_gpu_throughput_parts_merge_into_one_result(tmp_path):
+    """gpu_check.sh runs each part in its own process: the merge keeps every part's sampling rows of one model
+    (another sampler or mode of it), in order, and the roofline where a part has one."""
+    spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def part(name: str, backends: list[dict], roofline) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        result = {"command": f"part {name}", "device": "cuda", "dtype": "bfloat16", "torch": "t", "transformers": "x",
+                  "gpu": "G", "sampling": {"m": {"rows": 4, "new_tokens": 8, "backends": backends,
+                                                 "roofline": roofline}}}  # fmt: skip
+        (directory / "gpu.json").write_text(json.dumps(result))
+        return directory
+
+    row = {"tokens_per_second": 1.0, "ms_per_step": 1.0, "first_call_s": 1.0}
+    roof = {"hbm_tb_per_s": 3.35, "tokens_per_second": 9.0, "ms_per_step": 0.1}
+    parts = [part("1", [{**row, "backend": "static", "mode": "varied"}], roof),
+             part("2", [{**row, "backend": "hf", "mode": "varied"}], None)]  # fmt: skip
+    assert bench.main(["--merge", *map(str, parts), "--out", str(tmp_path / "out")]) == 0
+    merged = json.loads((tmp_path / "out" / "gpu.json").read_text())
+    assert [b["backend"] for b in merged["sampling"]["m"]["backends"]] == ["static", "hf"]
+    assert merged["sampling"]["m"]["roofline"] == roof and merged["command"] == "part 1; part 2"
+    assert "| m | 4 x 8 | varied | hf |" in (tmp_path / "out" / "gpu.md").read_text()

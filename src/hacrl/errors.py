@@ -68,6 +68,12 @@ class HacrlWarning(UserWarning):
     """Something a user should know that does not stop the run (a slow reward function, eval data = train data)."""
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's first message line, cut to `limit` characters (its type's name when it has no message)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 def warn(message: str) -> None:
     """Emit a `HacrlWarning`; the CLI prints it as one `hacrl: warning: ...` line."""
     warnings.warn(message, HacrlWarning, stacklevel=2)

@@ -148,7 +148,8 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
     from hacrl.agents import DTYPES
-    from hacrl.samplers.static import MIN_ROWS, auto_rows
+    from hacrl.samplers.base import next_power_of_two
+    from hacrl.samplers.static import MIN_ROWS, auto_rows, row_bytes
 
     plans = []
     for i, agent in enumerate(config.agents):
@@ -167,7 +168,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * shape.dtype_bytes
         total = _device_total(agent.device, device_memory)
         p.device_total = total
-        per_row = shape.kv_bytes_per_token * tokens + 16 * shape.vocab
+        per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
         rows = r.batch_size
         if rows is None:
             rows = "auto" if backend == "static" else t.logprob_batch_size
@@ -184,7 +185,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
             else:
                 rows = 64
         p.rows = int(rows)
-        pool_rows = 1 << max(0, p.rows - 1).bit_length() if backend == "static" else p.rows
+        pool_rows = next_power_of_two(p.rows) if backend == "static" else p.rows
         p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
         p.parts["sampling step floats"] = p.rows * shape.vocab * 16
         micro = t.micro_batch_size

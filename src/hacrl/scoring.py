@@ -206,13 +206,9 @@ class Scorer:
                     if job.mode == "batch":  # find the completions that hang, one at a time
                         self._restart(w)
                         job.mode, job.retried = "each", True
-                        job.slice_seconds = min(
-                            self.settings.timeout * len(job.indexes), max(self.settings.timeout, SLICE_LIMIT)
-                        )
                         self._send(w, job, prompts, completions, columns)
                         continue
                     index = job.indexes[job.next]
-                    job.timeouts_in_a_row += 1
                     self._timeout(index, result, completions)  # stops first with data.stop_on_reward_timeout
                     self._stop_if_hung(job)
                     self._restart(w)
@@ -226,9 +222,12 @@ class Scorer:
         if job.phase == "starting":
             return job.since + STARTUP_TIMEOUT
         per = self.settings.timeout
-        if job.mode == "batch":
-            return job.since + min(per * (len(job.indexes) - job.next), max(per, SLICE_LIMIT))
-        return job.since + per
+        return job.since + (self._slice_limit(len(job.indexes) - job.next) if job.mode == "batch" else per)
+
+    def _slice_limit(self, count: int) -> float:
+        """Seconds a user function's call on `count` completions may take."""
+        per = self.settings.timeout
+        return min(per * count, max(per, SLICE_LIMIT))
 
     def _send(self, w: int, job: _Job, prompts, completions, columns) -> None:
         """Send the rest of `job` to worker `w` (the deadline starts once the worker is ready)."""
@@ -309,7 +308,6 @@ class Scorer:
             return job.next == len(job.indexes)
         job.next += 1
         job.scored += 1
-        job.timeouts_in_a_row = 0
         job.since = time.monotonic()
         return job.next == len(job.indexes)
 
@@ -319,17 +317,19 @@ class Scorer:
         return validate_rewards(self.name, raw, texts, r_max=self.settings.r_max, offset=offset)
 
     def _stop_if_hung(self, job: _Job) -> None:
+        """Called at a timeout of completion `job.next` in the one-at-a-time retry: with nothing scored yet, every
+        completion so far (job.next + 1 of them) timed out."""
         s = self.settings
         hung_after = min(HUNG_AFTER, len(job.indexes))
-        if self.builtin or s.on_hung != "stop" or not job.retried or job.scored or job.timeouts_in_a_row < hung_after:
+        if self.builtin or s.on_hung != "stop" or not job.retried or job.scored or job.next + 1 < hung_after:
             return
         raise RewardError(
             f"reward function {self.name} is hung: its call on a slice of {len(job.indexes)} completion(s) ran past "
-            f"{job.slice_seconds:g}s, then it ran past data.reward_timeout={s.timeout:g}s on each of the first "
-            f"{hung_after} completion(s) retried alone without returning once. The run stops instead of training on "
-            f"data.reward_on_timeout={s.on_timeout:g} rewards. If the function is only slow, raise data.reward_timeout "
-            "or data.reward_workers; to score such completions data.reward_on_timeout and go on, set "
-            "data.reward_on_hung=continue."
+            f"{self._slice_limit(len(job.indexes)):g}s, then it ran past data.reward_timeout={s.timeout:g}s on each "
+            f"of the first {hung_after} completion(s) retried alone without returning once. The run stops instead "
+            f"of training on data.reward_on_timeout={s.on_timeout:g} rewards. If the function is only slow, raise "
+            "data.reward_timeout or data.reward_workers; to score such completions data.reward_on_timeout and go "
+            "on, set data.reward_on_hung=continue."
         )
 
     def _restart(self, w: int) -> None:
@@ -376,9 +376,7 @@ class _Job:
     pending: tuple | None = None
     retried: bool = False
     """One completion at a time after the slice's call ran past its limit."""
-    slice_seconds: float = 0.0
     scored: int = 0
-    timeouts_in_a_row: int = 0
     start_failures: int = 0
 
 

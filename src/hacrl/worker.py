@@ -33,7 +33,7 @@ from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerCon
 from hacrl.core import LossInputs, get_algorithm
 from hacrl.core.metrics import MetricReducer
 from hacrl.core.ratios import foreign_terms
-from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory
+from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
 from hacrl.exchange import LearnerRow, Trajectory, learner_view
 from hacrl.logprobs import TokenBatch, token_logprobs
 from hacrl.rollout import Completion, generate, generate_completions
@@ -203,7 +203,7 @@ class AgentWorker:
         except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
             raise CheckpointError(
                 f"could not write agent {self.name!r}'s part of a checkpoint into {str(root)!r}: {type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300] if str(e) else ''}. The previous checkpoint is intact (a checkpoint "
+                f"{first_line(e, 300)}. The previous checkpoint is intact (a checkpoint "
                 "is only moved into place once whole); free disk space or fix the directory's permissions, then "
                 "continue with `hacrl train <config> --resume`."
             ) from e
@@ -219,7 +219,7 @@ class AgentWorker:
         except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
             raise CheckpointError(
                 f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200] if str(e) else ''}); resume from an earlier checkpoint "
+                f"{first_line(e)}); resume from an earlier checkpoint "
                 "(checkpoint.resume=<its directory>)"
             ) from e
         rng_file = root / "rng" / f"{self.name}.pt"
@@ -236,7 +236,7 @@ class AgentWorker:
         except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
             raise CheckpointError(
                 f"{rng_file}: cannot load the random stream of agent {self.name!r} ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200] if str(e) else ''}); the checkpoint is damaged (checkpoint."
+                f"{first_line(e)}); the checkpoint is damaged (checkpoint."
                 "verify_digests=true finds such files before resuming and falls back to an earlier checkpoint): "
                 "resume from an earlier one (checkpoint.resume=<its directory>)"
             ) from e
@@ -307,7 +307,7 @@ class AgentWorker:
             if "`inf`, `nan`" in str(e):  # torch.multinomial on non-finite probabilities
                 raise NonFiniteError(
                     f"agent {self.name!r}: its model produced NaN or inf during {phase}"
-                    f"{f' at step {step}' if step else ''} ({str(e).splitlines()[0][:200]}). Its weights or "
+                    f"{f' at step {step}' if step else ''} ({first_line(e)}). Its weights or "
                     f"activations overflowed: lower agents.{self.index}.lr, or use dtype float32 / bfloat16 instead "
                     "of float16, and resume from the newest checkpoint (checkpoints never hold non-finite weights)."
                 ) from None
@@ -326,11 +326,11 @@ class AgentWorker:
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
             peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
-        first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         return (
             f"agent {self.name!r} ran out of memory on {device} during {phase}{f' at step {step}' if step else ''}"
-            f"{peak}: {first}. Lower {knobs} (`hacrl plan CONFIG` shows where the memory goes), then continue with "
-            "`hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the newest checkpoint is intact."
+            f"{peak}: {first_line(error)}. Lower {knobs} (`hacrl plan CONFIG` shows where the memory goes), then "
+            "continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the newest checkpoint is "
+            "intact."
         )
 
     def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:

@@ -385,6 +385,9 @@ def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp
     assert main(["train", str(cfg)]) == 0
     assert (run / RUN_MARKER).is_file() and (run / "metrics.jsonl").is_file()
     assert main(["train", str(cfg), "trainer.steps=2", "--resume"]) == 0  # its own run: resumed
+    (run / RUN_MARKER).unlink()  # a run written before the mark existed: known by its own files, resumed, marked
+    assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 0
+    assert (run / RUN_MARKER).is_file() and _records(run)[-1]["step"] == 3
 
 
 def test_output_dir_naming_a_file_is_a_clear_error(tiny_agents, tmp_path, capsys):

@@ -467,3 +467,39 @@ def test_auto_rows_on_a_gpu_use_the_free_memory_the_model_config_and_the_margin(
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, total))  # decided once: unchanged
     assert sampler.rows_per_call([[1]] * 10_000) == 512 and sampler.rows_per_call([[1]] * 3) == 3
     assert sampler.cap_rows(4096) == 512 and sampler.cap_rows(64) == 64
+
+
+def test_models_the_static_sampler_cannot_decode_are_refused_with_the_way_out(lively, tmp_path):
+    """Sliding-window layers would need a windowed decode attention: the sampler refuses at construction, naming
+    the reason and `hf`, instead of sampling from the wrong distribution."""
+    from transformers import AutoModelForCausalLM
+
+    from hacrl.errors import ConfigError
+
+    model = AutoModelForCausalLM.from_pretrained(lively["qwen"])
+    model.config.use_sliding_window, model.config.sliding_window = True, 8
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    model.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (lively["qwen"] / name).is_file():
+            (tmp_path / name).write_bytes((lively["qwen"] / name).read_bytes())
+    with pytest.raises(
+        ConfigError, match="cannot decode this model: its layers mix attention types.*rollout.backend=hf"
+    ):
+        _agent(tmp_path, backend="static")
+
+
+def test_eager_attention_models_and_a_single_row_decode_like_hf(lively):
+    """The decode attention hands prefill to the model's own implementation (here `eager`, not sdpa), and a call of
+    one row (padded to the smallest bucket of 2 internally) returns that one row, equal to `hf`'s."""
+    agent = _agent(lively["llama"])
+    agent.model.set_attn_implementation("eager")
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
+    sampler = StaticSampler(agent)
+    assert agent.model.config._attn_implementation == "hacrl_static_eager"
+    assert [s.response_ids for s in sampler.sample(prompts, 1, greedy=True, batch_size=10)] == [
+        s.response_ids for s in reference
+    ]
+    (one,) = sampler.sample(prompts[3:4], 1, greedy=True, batch_size=10)
+    assert one.response_ids == reference[3].response_ids and one.prompt_ids == prompts[3]

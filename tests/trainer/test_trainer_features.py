@@ -36,6 +36,9 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
     assert metrics["llama/skipped_steps"] == metrics["llama/optimizer_steps"] == 4
     assert all(torch.equal(before[k], v) for k, v in llama.model.state_dict().items())
     assert metrics["qwen/skipped_steps"] == 0
+    qwen = trainer.workers.workers[1].agent  # it took its steps: its gradients are freed, not held through sampling
+    assert all(p.grad is None for p in qwen.model.parameters())
+    assert qwen.optimizer.state  # (the AdamW moments stay)
 
 
 def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
@@ -167,3 +170,28 @@ def test_skipped_steps_are_announced_on_the_console(capsys):
     logger = MetricsLogger(LoggingConfig(console=False, jsonl=False, tensorboard=False), None, 1, ["a", "b"])
     logger.step_done(1, {"a/reward_mean": 0.5, "a/skipped_steps": 2, "b/reward_mean": 0.1, "b/skipped_steps": 0})
     assert "SKIPPED non-finite grad: a x2" in capsys.readouterr().out
+
+
+def test_every_agents_rewards_come_back_with_its_own_timeouts_and_errors():
+    """All agents' completions are scored in one call; the result is split back per agent, timeout and error
+    indexes made relative to each agent's rows."""
+    from types import SimpleNamespace
+
+    from hacrl.data import Example
+    from hacrl.scoring import ScoreResult
+
+    calls = []
+
+    def score(prompts, texts, columns):
+        calls.append((list(prompts), list(texts), columns))
+        return ScoreResult([float(i) for i in range(len(texts))], timeouts=[1, 4], errors=[3])
+
+    fake = SimpleNamespace(scorer=SimpleNamespace(score=score))
+    batch = [Example(messages=[], prompt=f"p{i}", columns={"answer": str(i)}) for i in range(2)]
+    per_agent = [[SimpleNamespace(text=f"a{i}") for i in range(4)], [SimpleNamespace(text=f"b{i}") for i in range(2)]]
+    first, second = Trainer._score_all(fake, batch, per_agent, 2)
+    assert len(calls) == 1 and calls[0][1] == ["a0", "a1", "a2", "a3", "b0", "b1"]
+    prompts, _, columns = calls[0]  # each agent's rows in prompt-major groups of 2
+    assert prompts == ["p0", "p0", "p1", "p1", "p0", "p0"] and columns == {"answer": ["0", "0", "1", "1", "0", "0"]}
+    assert (first.rewards, first.timeouts, first.errors) == ([0.0, 1.0, 2.0, 3.0], [1], [3])
+    assert (second.rewards, second.timeouts, second.errors) == ([4.0, 5.0], [0], [])

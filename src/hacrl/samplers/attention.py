@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hacrl.samplers.base import next_power_of_two
+
 NAME = "hacrl_static"
 """The attention implementation's name prefix (one per original implementation: `hacrl_static_sdpa`, ...)."""
 FLAG = "hacrl_static_decode"
@@ -107,7 +109,7 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
     splits, per_split = split_plan(batch, kv_heads, length)
     acc = torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
     stats = torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
-    block_g = max(16, triton_next_power_of_2(groups))
+    block_g = max(16, next_power_of_two(groups))
     _KERNEL[(batch, kv_heads, splits)](
         query, key, value, lengths, acc, stats[0], stats[1], scale, groups, per_split,
         query.stride(0), query.stride(1),
@@ -115,7 +117,7 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
         value.stride(0), value.stride(1), value.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         stats.stride(1), stats.stride(2), stats.stride(3),
-        dim, D=max(16, triton_next_power_of_2(dim)), BLOCK_G=block_g, BLOCK_N=BLOCK_N,
+        dim, D=max(16, next_power_of_two(dim)), BLOCK_G=block_g, BLOCK_N=BLOCK_N,
         IEEE=query.dtype == torch.float32,
         num_warps=4, num_stages=2,
     )  # fmt: skip
@@ -124,10 +126,6 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
     weight = torch.exp(top - best)  # a split past the row's length has max -inf: weight 0
     out = (acc * weight[..., None]).sum(2) / (total * weight).sum(2)[..., None]
     return out.reshape(batch, heads, dim).to(query.dtype)
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _build_kernel():

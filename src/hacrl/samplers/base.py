@@ -32,6 +32,11 @@ class SamplingAgent(Protocol):
     def decode(self, response_ids: list[int]) -> str: ...
 
 
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @dataclass
 class Sample:
     prompt_ids: list[int]

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from hacrl.samplers.attention import FLAG, unsupported_reason, use_static_decode
-from hacrl.samplers.base import AUTO_ROWS, Sample, Sampler, pad_left
+from hacrl.samplers.base import AUTO_ROWS, Sample, Sampler, next_power_of_two, pad_left
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
@@ -89,12 +89,8 @@ class KVPool:
     on a cache (`update`). In the decode step (`hacrl_static_decode=True`) `update` writes the new key and value of
     row b at `position_ids[b]` and returns the layer's first B rows."""
 
-    is_compileable = True
-
     def __init__(self, config, rows: int, length: int, device, dtype: torch.dtype) -> None:
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads, head_dim = _kv_heads_and_dim(config)
         shape = (rows, kv_heads, length, head_dim)
         self.rows, self.length = rows, length
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
@@ -108,9 +104,7 @@ class KVPool:
 
     @staticmethod
     def bytes_per_token(config, dtype: torch.dtype) -> int:
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads, head_dim = _kv_heads_and_dim(config)
         return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, kwargs=None, **_) -> tuple[Tensor, Tensor]:
@@ -136,6 +130,20 @@ class KVPool:
         size = keep.shape[0]
         for tensor in (*self.keys, *self.values):
             tensor[:size, :, :filled] = tensor[keep, :, :filled]  # the gather copies first: overlap is safe
+
+
+def _kv_heads_and_dim(config) -> tuple[int, int]:
+    """Key/value heads and head dim of a transformers config (grouped-query models have fewer kv heads)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
+def row_bytes(kv_bytes_per_token: int, positions: int, vocab: int) -> int:
+    """What one row of a generation call holds: its pool row (keys and values of every position) and the
+    sampling step's float32 copies of its logits (scores, probabilities, the race, the quotient: 16 bytes a
+    vocabulary entry)."""
+    return kv_bytes_per_token * positions + 16 * vocab
 
 
 def _decode_step(model, pool: KVPool, token: Tensor, position: Tensor) -> Tensor:
@@ -208,10 +216,12 @@ class StaticSampler(Sampler):
         return min(self._auto_limit(), max(MIN_ROWS, len(rows)))
 
     def cap_rows(self, batch_size: int) -> int:
+        return min(batch_size, self._auto_limit()) if self._auto_on_gpu() else batch_size
+
+    def _auto_on_gpu(self) -> bool:
+        """`rollout.batch_size` is auto (or unset: auto for this sampler) and the agent is on a GPU."""
         agent = self.agent
-        if agent.device.type == "cuda" and getattr(agent, "rollout_batch_size", None) in (None, "auto"):
-            return min(batch_size, self._auto_limit())
-        return batch_size
+        return agent.device.type == "cuda" and getattr(agent, "rollout_batch_size", None) in (None, "auto")
 
     def _auto_limit(self) -> int:
         if self._auto_rows is None:
@@ -220,7 +230,7 @@ class StaticSampler(Sampler):
             dtype = next(agent.model.parameters()).dtype
             length = agent.max_prompt_tokens + agent.max_new_tokens
             vocab = agent.model.get_output_embeddings().weight.shape[0]
-            per_row = KVPool.bytes_per_token(config, dtype) * length + 16 * vocab  # + the sampling step's floats
+            per_row = row_bytes(KVPool.bytes_per_token(config, dtype), length, vocab)
             free, total = torch.cuda.mem_get_info(agent.device)
             held = self.pool.bytes if self.pool is not None else 0  # a pool it would replace
             pending = pending_update_bytes(agent.model, getattr(agent, "optimizer", None))
@@ -234,8 +244,7 @@ class StaticSampler(Sampler):
         """The pool, replaced (the old one freed first) only when a call needs more rows or positions."""
         agent = self.agent
         pool = self.pool
-        auto = getattr(agent, "rollout_batch_size", None) in (None, "auto")
-        if pool is None and auto and agent.device.type == "cuda":
+        if pool is None and self._auto_on_gpu():
             rows = max(rows, self._auto_limit())  # sized once for the run's calls, not for the first one
         if pool is None or pool.rows < rows or pool.length < length:
             rows = max(rows, pool.rows if pool else 0)
@@ -243,7 +252,7 @@ class StaticSampler(Sampler):
             self.pool = pool = None
             if agent.device.type == "cuda":
                 torch.cuda.empty_cache()
-            rows = 1 << max(0, rows - 1).bit_length()
+            rows = next_power_of_two(rows)
             dtype = next(agent.model.parameters()).dtype
             self.pool = KVPool(agent.model.config, rows, length, agent.device, dtype)
         return self.pool
@@ -314,7 +323,7 @@ class StaticSampler(Sampler):
                     )
                 if running == 0:
                     break
-                size = max(MIN_ROWS, 1 << max(0, running - 1).bit_length())
+                size = max(MIN_ROWS, next_power_of_two(running))
                 if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with finished ones
                     keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
                     pool.keep_rows(keep, width + t + 1)
