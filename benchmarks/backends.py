@@ -51,10 +51,15 @@ def steady(run: dict, warmup: int) -> dict:
     out = {"steps": len(rows), "process_wall_s": run["wall"]}
     for key in ("time/step", "time/sampling", "time/scoring", "time/update"):
         out[key] = statistics.median(r[key] for r in rows)
-    sampling_workers = [max(r[f"{n}/time/generate"] + r[f"{n}/time/logprobs"] for n in NAMES) for r in rows]
-    update_workers = [max(r[f"{n}/time/update"] for n in NAMES) for r in rows]
-    sampling_sum = [sum(r[f"{n}/time/generate"] + r[f"{n}/time/logprobs"] for n in NAMES) for r in rows]
-    update_sum = [sum(r[f"{n}/time/update"] for n in NAMES) for r in rows]
+    from hacrl.metrics import agent_key
+
+    def sampling(r, n):
+        return r[agent_key(n, "time/generate")] + r[agent_key(n, "time/logprobs")]
+
+    sampling_workers = [max(sampling(r, n) for n in NAMES) for r in rows]
+    update_workers = [max(r[agent_key(n, "time/update")] for n in NAMES) for r in rows]
+    sampling_sum = [sum(sampling(r, n) for n in NAMES) for r in rows]
+    update_sum = [sum(r[agent_key(n, "time/update")] for n in NAMES) for r in rows]
     # Ray: the workers run at the same time, so the slowest one is the phase's work; local: one after the other
     work_s, work_u = (sampling_workers, update_workers) if run["backend"] == "ray" else (sampling_sum, update_sum)
     over = [r["time/sampling"] - w + r["time/update"] - u for r, w, u in zip(rows, work_s, work_u, strict=True)]

@@ -141,9 +141,9 @@ class Grid:
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def agents(self, bed: str, seed: int) -> Path:
-        from hacrl.testbed.demo import RECIPES, bootstrap, with_seed
+        from hacrl.testbed.demo import bootstrap, with_seed
 
-        recipe = RECIPES[(SMOKE_RECIPES if self.smoke else BEDS)[bed]]
+        recipe = _round1().beds().recipes()[(SMOKE_RECIPES if self.smoke else BEDS)[bed]]
         directory = self.agents_root / f"{bed}-s{seed}"
         bootstrap(directory, with_seed(recipe, seed), parallel=1 if self.smoke else None)
         return directory
@@ -183,6 +183,7 @@ class Grid:
         learners' 10th percentiles of the foreign ratio over its steps (median over steps), and the delta the
         pre-registered rule gives."""
         from hacrl.config import load_config
+        from hacrl.metrics import agent_values
         from hacrl.trainer import Trainer
 
         path = self.deltas_path()
@@ -212,9 +213,7 @@ class Grid:
                 Trainer(config).train()
                 records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
                 p10 = {
-                    a.name: statistics.median(
-                        r[f"{a.name}/foreign_ratio_p10"] for r in records if f"{a.name}/foreign_ratio_p10" in r
-                    )
+                    a.name: statistics.median(v for _, v in agent_values(records, a.name, "foreign_ratio_p10"))
                     for a in config.agents
                 }
                 table.setdefault(bed, {})[mode] = {"p10": p10, "delta": delta_rule(p10), "steps": steps}
@@ -285,11 +284,12 @@ def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
     from hacrl.evaluation import read_eval_records
+    from hacrl.metrics import parse
     from hacrl.testbed.demo import sub_skill
 
     out = _round1().summarize_agents(work, config, DIAGNOSTICS)
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    eval_steps = [r["step"] for r in records if any(k.startswith("eval/") for k in r)]
+    eval_steps = [r["step"] for r in records if any(parse(k) and parse(k)[0] == "eval" for k in r)]
     elapsed, clock = {}, 0.0
     for r in records:
         clock += r.get("time/step", 0.0)

@@ -52,23 +52,36 @@ DIAGNOSTICS = [
 ]
 
 
+def beds():
+    """`benchmarks/beds.py` as a module: the bootstrap recipes of the beds (the benchmarks are scripts, not a
+    package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_beds", Path(__file__).with_name("beds.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], recipe_name: str) -> dict:
     """Train one (method, seed) through the real trainer and return its summary."""
     from hacrl.config import load_config
-    from hacrl.testbed.demo import RECIPES, bootstrap
+    from hacrl.testbed.demo import bootstrap
     from hacrl.trainer import Trainer
+
+    recipes = beds().recipes()
 
     work = out / ".runs" / f"{method}-s{seed}"
     if work.exists():
         shutil.rmtree(work)  # an interrupted run restarts from scratch: its summary was never written
     overrides = [o for o in METHODS[method] if not o.startswith("@")]
-    recipe = RECIPES[recipe_name]
+    recipe = recipes[recipe_name]
     base_config = load_config(base, extra)
     agents_dir = Path(base_config.agents[0].model).parent
     if "@double_group" in METHODS[method]:
         overrides.append(f"rollout.group_size={2 * base_config.rollout.group_size}")
     if "@three_agents" in METHODS[method]:  # the recipe's agents plus a third, bootstrapped into their own folder
-        recipe = RECIPES[recipe_name + "3"]
+        recipe = recipes[recipe_name + "3"]
         agents_dir = agents_dir.with_name(agents_dir.name + "-3")
         lr = base_config.agents[0].lr
         entries = ", ".join(f"{{name: {a.name}, model: {agents_dir / a.name}, lr: {lr}}}" for a in recipe.agents)
@@ -103,22 +116,22 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
 
 def summarize_agents(work: Path, config, diagnostics: list[str] = DIAGNOSTICS) -> dict:
     """Per agent: accuracy curve and final value, rollouts, sequences, and every diagnostic per step and averaged."""
+    from hacrl.metrics import agent_key, agent_values, eval_values
+
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     agents = {}
     for agent in config.agents:
         name = agent.name
-        curve = [[r["step"], r[f"eval/{name}/pass@1"]] for r in records if f"eval/{name}/pass@1" in r]
-        train = [r for r in records if f"{name}/reward_mean" in r]
+        curve = [list(point) for point in eval_values(records, name, "pass@1")]
+        train = [r for r in records if agent_key(name, "reward_mean") in r]
         agents[name] = {
             "final_accuracy": curve[-1][1],
             "initial_accuracy": curve[0][1],
             "curve": curve,
             "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
-            "sequences_trained": sum(r[f"{name}/trained_sequences"] for r in train),
-            "diagnostics": {k: _mean([r.get(f"{name}/{k}") for r in train]) for k in diagnostics},
-            "diagnostic_curves": {
-                k: [[r["step"], r[f"{name}/{k}"]] for r in train if f"{name}/{k}" in r] for k in diagnostics
-            },
+            "sequences_trained": sum(r[agent_key(name, "trained_sequences")] for r in train),
+            "diagnostics": {k: _mean([r.get(agent_key(name, k)) for r in train]) for k in diagnostics},
+            "diagnostic_curves": {k: [list(point) for point in agent_values(train, name, k)] for k in diagnostics},
         }
     return agents
 

@@ -182,7 +182,9 @@ def test_evidence_benchmark_smoke(tmp_path):
     assert "fall from the best evaluation" in markdown and "partner's sub-skill before RL" in markdown
     assert (tmp_path / "evidence.png").read_bytes()[:4] == b"\x89PNG"
     # a cached warm-start never lacks its generated data: bootstrap rewrites the files, byte for byte
-    from hacrl.testbed.demo import TINY_COMPLEMENT, bootstrap
+    from hacrl.testbed.demo import bootstrap
+
+    TINY_COMPLEMENT = bench._round1().beds().TINY_COMPLEMENT
 
     data = tmp_path / ".agents" / "complement-s0" / "data"
     train = (data / "train.jsonl").read_bytes()

@@ -28,6 +28,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,18 +174,19 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
             elif verify_digests and _sha256(file) != info.get("sha256"):
                 problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
     for name in state["agents"]:
-        agent_dir = path / "agents" / name
+        part = agent_part(path, name)
+        agent_dir = part.weights_dir
         for weights in sorted(agent_dir.glob("*.safetensors")) or [agent_dir / "model.safetensors"]:
             problem = _safetensors_problem(weights)
             if problem:
                 problems.append(f"{weights.relative_to(path)}: {problem}")
-        optimizer = path / "optimizer" / f"{name}.pt"
+        optimizer = part.optimizer_file
         problem = _torch_file_problem(optimizer)
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
-        rng = path / "rng" / f"{name}.pt"
-        if not rng.exists() and (path / "rng.pt").exists():
-            rng = path / "rng.pt"  # written before each agent had its own random stream
+        rng = part.rng_file
+        if not rng.exists() and part.legacy_rng_file.exists():
+            rng = part.legacy_rng_file  # written before each agent had its own random stream
         problem = _torch_file_problem(rng)
         if problem:
             problems.append(f"{rng.relative_to(path)}: {problem}")
@@ -260,6 +262,41 @@ def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str,
     return state
 
 
+AGENTS_DIR = "agents"
+"""A checkpoint's folder of agent model directories (`hacrl eval CHECKPOINT` evaluates each)."""
+
+
+@dataclass(frozen=True)
+class AgentPart:
+    """Where one agent's part of a checkpoint lives (the layout above: written by its worker, checked here)."""
+
+    checkpoint: Path
+    name: str
+
+    @property
+    def weights_dir(self) -> Path:
+        """Its plain Hugging Face model directory."""
+        return self.checkpoint / AGENTS_DIR / self.name
+
+    @property
+    def optimizer_file(self) -> Path:
+        return self.checkpoint / "optimizer" / f"{self.name}.pt"
+
+    @property
+    def rng_file(self) -> Path:
+        return self.checkpoint / "rng" / f"{self.name}.pt"
+
+    @property
+    def legacy_rng_file(self) -> Path:
+        """The process-wide random state that checkpoints written before per-agent streams hold instead."""
+        return self.checkpoint / "rng.pt"
+
+
+def agent_part(path: str | Path, name: str) -> AgentPart:
+    """Agent `name`'s part of the checkpoint at `path`."""
+    return AgentPart(Path(path), name)
+
+
 def agent_weights_dir(path: str | Path, name: str) -> Path:
     """The Hugging Face model directory of agent `name` inside a checkpoint."""
-    return Path(path) / "agents" / name
+    return agent_part(path, name).weights_dir

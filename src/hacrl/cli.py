@@ -16,12 +16,12 @@ import os
 import sys
 import warnings
 
-RECIPE_NAMES = ["demo", "demo3", "tiny", "tiny3", "complement", "tiny_complement"]
-"""`hacrl.testbed.demo.RECIPES` by name (kept here so that parsing imports nothing heavy; a test checks the two)."""
-
 
 def _parser() -> argparse.ArgumentParser:
     from hacrl.config import GROUPS
+    from hacrl.testbed.demo import RECIPES  # plain data: imports no torch
+
+    recipe_names = list(RECIPES)
 
     parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     boot.add_argument(
         "--recipe",
         default="demo",
-        choices=RECIPE_NAMES,
+        choices=recipe_names,
         help="demo (two agents), demo3 (plus a third), complement (the learning benchmark's complementary bed), "
         "tiny* (for tests)",
     )
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
     demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
     demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    demo.add_argument("--recipe", default="demo", choices=RECIPE_NAMES, help="bootstrap recipe")
+    demo.add_argument("--recipe", default="demo", choices=recipe_names, help="bootstrap recipe")
 
     plan = sub.add_parser(
         "plan",

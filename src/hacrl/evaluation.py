@@ -1,16 +1,19 @@
 """Independent execution: each agent alone on the eval split, greedy pass@1 and optional sampled avg@k.
 
 Generating is the agent's side (`generate_completions`, called by a worker); scoring and the metrics are the
-driver's (`completion_metrics`). `evaluate` does both for an agent in this process (bootstrap, `hacrl eval`).
+driver's (`completion_metrics`). `evaluate_agents` does both for any number of agents, given how they generate:
+the trainer's workers, or one agent in this process (`evaluate`: bootstrap, `hacrl eval`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hacrl.agents import Agent
 from hacrl.data import Example
-from hacrl.rollout import Completion, generate_completions
+from hacrl.messages import Completion, GenerateCall
+from hacrl.rollout import generate_completions
 from hacrl.scoring import Scorer, ScoreResult
 
 
@@ -46,6 +49,35 @@ def completion_metrics(
     return out
 
 
+def evaluate_agents(
+    examples: list[Example],
+    generate: Callable[[list[GenerateCall]], list[list[Completion]]],
+    scorer: Scorer,
+    *,
+    num_agents: int,
+    num_samples: int = 0,
+    seeds: list[int | None] | None = None,
+) -> tuple[list[dict[str, float]], list[list[Completion]], list[list[float]]]:
+    """Each of `num_agents` agents alone on `examples`: `completion_metrics` of its greedy completions and, with
+    `num_samples` > 0, of `num_samples` sampled ones per prompt (agent j's drawn from a stream seeded `seeds[j]`;
+    None: the generating process's own). `generate(calls)` gives each agent's completions of its call: the run's
+    workers (`Trainer.evaluate`) or an agent in this process (`evaluate`).
+
+    Returns every agent's metrics, its greedy completions and the reward of each (for the per-prompt records)."""
+    prompts = [ex.messages for ex in examples]
+    greedy = generate([GenerateCall(prompts, 1, True)] * num_agents)
+    sampled: list[list[Completion] | None] = [None] * num_agents
+    if num_samples > 0:
+        seeds = seeds or [None] * num_agents
+        sampled = generate([GenerateCall(prompts, num_samples, False, seeds[j]) for j in range(num_agents)])
+    rewards: list[list[float]] = [[] for _ in range(num_agents)]
+    metrics = [
+        completion_metrics(examples, greedy[j], sampled[j], scorer, num_samples, rewards_out=rewards[j])
+        for j in range(num_agents)
+    ]
+    return metrics, greedy, rewards
+
+
 def evaluate(
     agent: Agent,
     examples: list[Example],
@@ -57,12 +89,13 @@ def evaluate(
     """`completion_metrics` of an agent in this process (sampled completions draw from the process's stream)."""
     if not examples:
         return {}
-    prompts = [ex.messages for ex in examples]
-    greedy = generate_completions(agent, prompts, 1, greedy=True, batch_size=batch_size)
-    sampled = None
-    if num_samples > 0:
-        sampled = generate_completions(agent, prompts, num_samples, greedy=False, batch_size=batch_size)
-    return completion_metrics(examples, greedy, sampled, scorer, num_samples)
+
+    def generate(calls: list[GenerateCall]) -> list[list[Completion]]:
+        return [
+            generate_completions(agent, c.prompts, c.num_samples, greedy=c.greedy, batch_size=batch_size) for c in calls
+        ]
+
+    return evaluate_agents(examples, generate, scorer, num_agents=1, num_samples=num_samples)[0][0]
 
 
 def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> ScoreResult:
@@ -101,19 +134,19 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
 
 def _model_dirs(path) -> list[tuple[str, Any]]:
     """A model directory as it is; every agent of a checkpoint; every agent of a run directory's newest checkpoint."""
-    from hacrl.checkpoint import latest_checkpoint
+    from hacrl.checkpoint import AGENTS_DIR, checkpoint_root, latest_checkpoint
     from hacrl.errors import ModelError
 
     if (path / "config.json").is_file():
         return [(path.name, path)]
-    if not (path / "agents").is_dir() and (path / "checkpoints").is_dir():  # a run directory
+    if not (path / AGENTS_DIR).is_dir() and checkpoint_root(path).is_dir():  # a run directory
         newest = latest_checkpoint(path)
         if newest is None:
             raise ModelError(f"{str(path)!r} is a run directory without a complete checkpoint: nothing to evaluate")
         print(f"hacrl eval: {path} is a run directory; evaluating its newest checkpoint, {newest.name}")
         path = newest
-    if (path / "agents").is_dir():
-        return [(f"{p.name} ({path.name})", p) for p in sorted((path / "agents").iterdir()) if p.is_dir()]
+    if (path / AGENTS_DIR).is_dir():
+        return [(f"{p.name} ({path.name})", p) for p in sorted((path / AGENTS_DIR).iterdir()) if p.is_dir()]
     raise ModelError(
         f"{str(path)!r} is not a model directory (no config.json), a checkpoint (no agents/) or a run directory "
         "(no checkpoints/); give one of those"

@@ -1,7 +1,7 @@
 """Metric sinks: console (rich progress bar + one summary line per step), JSONL and TensorBoard.
 
-Metric names are `<agent>/<metric>` for per-agent values (`llama/reward_mean`, `qwen/rho/llama`), `eval/<agent>/...`
-for evaluation and `time/...` for the step's time split.
+Metric keys are `<agent>/<metric>` for per-agent values (`llama/reward_mean`, `qwen/rho/llama`), `eval/<agent>/...`
+for evaluation and `time/...` for the step's time split: `hacrl.metrics` lists them all.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from hacrl import faults
 from hacrl.config import LoggingConfig
+from hacrl.metrics import agent_key
 
 
 class MetricsLogger:
@@ -75,16 +76,20 @@ class MetricsLogger:
     def step_done(self, step: int, metrics: dict[str, Any]) -> None:
         parts = [f"step {step}"]
         for name in self.agent_names:
-            if f"{name}/reward_mean" in metrics:
-                part = f"{name}: reward {metrics[f'{name}/reward_mean']:.3f}"
-                if f"{name}/capability" in metrics:
-                    part += f" cap {metrics[f'{name}/capability']:.3f}"
-                if f"{name}/own_clip_frac" in metrics:
-                    part += f" clip {metrics[f'{name}/own_clip_frac']:.2f}"
-                if f"{name}/foreign_clip_frac" in metrics:
-                    part += f"/{metrics[f'{name}/foreign_clip_frac']:.2f}"
+
+            def value(metric: str, name: str = name):
+                return metrics.get(agent_key(name, metric))
+
+            if value("reward_mean") is not None:
+                part = f"{name}: reward {value('reward_mean'):.3f}"
+                if value("capability") is not None:
+                    part += f" cap {value('capability'):.3f}"
+                if value("own_clip_frac") is not None:
+                    part += f" clip {value('own_clip_frac'):.2f}"
+                if value("foreign_clip_frac") is not None:
+                    part += f"/{value('foreign_clip_frac'):.2f}"
                 parts.append(part)
-        skipped = {n: metrics.get(f"{n}/skipped_steps", 0) for n in self.agent_names}
+        skipped = {n: metrics.get(agent_key(n, "skipped_steps"), 0) for n in self.agent_names}
         if any(skipped.values()):
             parts.append("SKIPPED non-finite grad: " + ", ".join(f"{n} x{k}" for n, k in skipped.items() if k))
         if "time/step" in metrics:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 
@@ -18,22 +17,21 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         from hacrl.errors import RunDirError
 
         raise RunDirError(f"{metrics_file} does not exist: is {str(run_dir)!r} a hacrl run directory?")
+    from hacrl.metrics import agent_values, agents_in, eval_values
     from hacrl.rundir import read_metrics
 
     records = [record for _, record in read_metrics(metrics_file, notice=lambda _: None)]
-    reward: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    accuracy: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for rec in records:
-        for key, value in rec.items():
-            if key.endswith("/reward_mean") and not key.startswith("eval/"):
-                reward[key.split("/")[0]].append((rec["step"], value))
-            elif key.startswith("eval/") and key.endswith("/pass@1"):
-                accuracy[key.split("/")[1]].append((rec["step"], value))
+    reward = {name: agent_values(records, name, "reward_mean") for name in agents_in(records, "agent")}
+    accuracy = {name: eval_values(records, name, "pass@1") for name in agents_in(records, "eval")}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, points in sorted(reward.items()):
+        if not points:
+            continue
         steps, values = zip(*sorted(dict(points).items()), strict=True)
         left.plot(steps, values, label=name)
     for name, points in sorted(accuracy.items()):
+        if not points:
+            continue
         steps, values = zip(*sorted(dict(points).items()), strict=True)
         right.plot(steps, [100 * v for v in values], marker="o", label=name)
     left.set(title="training reward (mean over own rollouts)", xlabel="step", ylabel="reward")

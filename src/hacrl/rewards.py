@@ -255,6 +255,28 @@ def reward_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
+def call_reward(
+    fn: RewardFn,
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    columns: dict[str, Sequence[Any]],
+    *,
+    name: str | None = None,
+    offset: int = 0,
+) -> Any:
+    """`fn(prompts=..., completions=..., **columns)` in this process, as every in-process caller makes it: an
+    exception comes back as a `RewardError` naming the function, the samples (from `offset`) and the first
+    completion. The output is returned unchecked (`validate_rewards` checks it)."""
+    try:
+        return fn(prompts=list(prompts), completions=list(completions), **{k: list(v) for k, v in columns.items()})
+    except Exception as e:  # noqa: BLE001 - re-raised with the function's name and what it was scoring
+        raise RewardError(
+            f"reward function {name or reward_name(fn)} raised {type(e).__name__}: {e} (while scoring "
+            f"{len(completions)} completions from sample {offset}, the first: "
+            f"{_short(completions[0]) if completions else ''!r})"
+        ) from e
+
+
 def score(
     fn: RewardFn,
     prompts: Sequence[Any],
@@ -264,13 +286,7 @@ def score(
     r_max: float,
 ) -> list[float]:
     """Call a reward function in this process (no time limit) and check its output (see `validate_rewards`)."""
-    try:
-        rewards = fn(prompts=list(prompts), completions=list(completions), **{k: list(v) for k, v in columns.items()})
-    except Exception as e:  # noqa: BLE001 - re-raised with the function's name and what it was scoring
-        raise RewardError(
-            f"reward function {reward_name(fn)} raised {type(e).__name__}: {e} (while scoring {len(completions)} "
-            f"completions, the first: {_short(completions[0]) if completions else ''!r})"
-        ) from e
+    rewards = call_reward(fn, prompts, completions, columns)
     return validate_rewards(reward_name(fn), rewards, completions, r_max=r_max)
 
 

@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hacrl.messages import Completion
 from hacrl.samplers.base import Sample
 
 if TYPE_CHECKING:
@@ -22,15 +22,6 @@ def generate(agent: Agent, prompts: list[list[int]], num_samples: int, **options
     agent's sampler (`rollout.backend`); options: greedy, batch_size, temperature, logprobs
     (`hacrl.samplers.Sampler`)."""
     return agent.sampler.sample(prompts, num_samples, **options)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated response, as evaluation sees it."""
-
-    text: str
-    num_tokens: int
-    finished: bool
 
 
 def generate_completions(

@@ -48,7 +48,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hacrl.errors import RewardError, warn
-from hacrl.rewards import RewardFn, _short, import_reward_function, reward_name, validate_rewards
+from hacrl.rewards import RewardFn, _short, call_reward, import_reward_function, reward_name, validate_rewards
 
 STARTUP_TIMEOUT = 300.0
 """Seconds a scoring process may take to start (import its reward function); it is not a scoring deadline."""
@@ -150,7 +150,7 @@ class Scorer:
     def _score_inline(self, prompts, completions, columns) -> ScoreResult:
         result = ScoreResult([0.0] * len(completions))
         if not self.builtin:
-            raw = self._call(self._local, prompts, completions, columns, offset=0)
+            raw = call_reward(self._local, prompts, completions, columns, name=self.name)
             result.rewards = validate_rewards(self.name, raw, completions, r_max=self.settings.r_max)
             return result
         for i in range(len(completions)):
@@ -162,15 +162,6 @@ class Scorer:
             except Exception:  # noqa: BLE001 - model output broke a built-in scorer: that completion scores 0
                 result.errors.append(i)
         return result
-
-    def _call(self, fn, prompts, completions, columns, *, offset: int):
-        try:
-            return fn(prompts=prompts, completions=completions, **columns)
-        except Exception as e:  # noqa: BLE001 - re-raised with the function's name and what it was scoring
-            raise RewardError(
-                f"reward function {self.name} raised {type(e).__name__}: {e} (while scoring {len(completions)} "
-                f"completions from sample {offset}, the first: {_short(completions[0]) if completions else ''!r})"
-            ) from e
 
     # -- in scoring processes --------------------------------------------------------------------------------------
 

@@ -45,12 +45,13 @@ from hacrl.config import TrainConfig, config_to_yaml, resume_differences, save_c
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
-from hacrl.evaluation import completion_metrics, write_eval_records
-from hacrl.exchange import Trajectory, learner_pool
+from hacrl.evaluation import evaluate_agents, write_eval_records
+from hacrl.exchange import foreign_trajectories
 from hacrl.logger import MetricsLogger
+from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
+from hacrl.metrics import agent_key, eval_key
 from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
 from hacrl.scoring import ScoreResult, scorer_for
-from hacrl.worker import WorkerSpec
 
 
 class Trainer:
@@ -109,7 +110,7 @@ class Trainer:
         resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
         self.workers = start_workers(config.runtime, specs, resources)
         if state is not None:
-            self.workers.call("load", [(str(checkpoint),)] * len(names), what="loading its checkpoint part")
+            self.workers.load(str(checkpoint))
             self.step = state["step"]
             self.tracker.load_state_dict(state["capability"])
             self.stream.load_state_dict(state["data"])
@@ -263,40 +264,43 @@ class Trainer:
         prompts = [ex.messages for ex in batch]
 
         with timer("sampling"):  # 2. every agent samples (and keeps its old log-probs) before any update
-            sampled = self.workers.call(
-                "sample", [(step, prompts, cfg.rollout.group_size)] * n, what=f"sampling at step {step}"
-            )
+            sampled = self.workers.sample([SampleCall(step, prompts, cfg.rollout.group_size)] * n)
         with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
-            scored = self._score_all(batch, [s["trajectories"] for s in sampled], cfg.rollout.group_size)
+            scored = self._score_all(batch, [s.trajectories for s in sampled], cfg.rollout.group_size)
             faults.hit("scoring")
         pool = [
             replace(t, reward=reward)
             for j in range(n)
-            for t, reward in zip(sampled[j]["trajectories"], scored[j].rewards, strict=True)
+            for t, reward in zip(sampled[j].trajectories, scored[j].rewards, strict=True)
         ]
         all_rewards = torch.tensor([t.reward for t in pool], dtype=torch.float64)
         all_sources = torch.tensor([t.source for t in pool])
         self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 4. capabilities
         capabilities = self.tracker.capabilities()
 
-        with timer("update"):  # 5. each learner on its pool, own rows first (the same pre-update pool for all)
+        with timer("update"):  # 5. each learner: its own rewards, the others' scored responses (when it shares)
             shared = self.algorithm.pool_is_shared(self.params)
             caps = capabilities.tolist()
-            learned = self.workers.call(
-                "learn",
-                [(step, learner_pool(pool, k, shared=shared), caps) for k in range(n)],
-                what=f"learning at step {step}",
+            learned = self.workers.learn(
+                [
+                    LearnCall(step, list(scored[k].rewards), foreign_trajectories(pool, k, shared=shared), caps)
+                    for k in range(n)
+                ]
             )
 
         metrics: dict[str, Any] = {}
         for j, name in enumerate(self.names):
             own = [t for t in pool if t.source == j]
-            metrics.update(_prefixed(name, learned[j]["metrics"]))
-            metrics.update(_prefixed(name, self._rollout_metrics(j, own, capabilities)))
-            metrics[f"{name}/reward_timeouts"] = len(scored[j].timeouts)
-            metrics[f"{name}/reward_errors"] = len(scored[j].errors)
-            seconds = {**sampled[j]["seconds"], **learned[j]["seconds"]}
-            metrics.update({f"{name}/time/{k}": v for k, v in seconds.items()})
+            agent = {
+                **learned[j].metrics,
+                **self._rollout_metrics(j, own, capabilities),
+                "reward_timeouts": len(scored[j].timeouts),
+                "reward_errors": len(scored[j].errors),
+                "time/generate": sampled[j].generate_s,
+                "time/logprobs": sampled[j].logprobs_s,
+                "time/update": learned[j].update_s,
+            }
+            metrics.update({agent_key(name, k): v for k, v in agent.items()})
         if shared and n > 1:
             metrics["foreign_ratio_mode"] = self.params.foreign_ratio
         metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
@@ -353,22 +357,19 @@ class Trainer:
         examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
         if not examples:
             return {}
-        prompts = [ex.messages for ex in examples]
         what = f"evaluating at step {self.step}"
-        greedy = self.workers.call("generate", [(prompts, 1, True, None)] * n, what=what)
-        sampled: list[Any] = [None] * n
-        if cfg.eval.num_samples > 0:
-            seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j for j in range(n)]
-            sampled = self.workers.call(
-                "generate", [(prompts, cfg.eval.num_samples, False, seeds[j]) for j in range(n)], what=what
-            )
+        seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j for j in range(n)]
+        results, greedy, rewards = evaluate_agents(
+            examples,
+            lambda calls: self.workers.generate(calls, what=what),
+            self.scorer,
+            num_agents=n,
+            num_samples=cfg.eval.num_samples,
+            seeds=seeds,
+        )
         out: dict[str, float] = {}
-        rewards: list[list[float]] = [[] for _ in range(n)]
-        for j, name in enumerate(self.names):
-            result = completion_metrics(
-                examples, greedy[j], sampled[j], self.scorer, cfg.eval.num_samples, rewards_out=rewards[j]
-            )
-            out.update({f"eval/{name}/{k}": v for k, v in result.items()})
+        for name, result in zip(self.names, results, strict=True):
+            out.update({eval_key(name, k): v for k, v in result.items()})
         if cfg.eval.save_completions:
             write_eval_records(self.run_dir, self.step, examples, self.names, greedy, rewards)
         return out
@@ -381,10 +382,9 @@ class Trainer:
             "data": self.stream.state_dict(),
             "algorithm": self.config.algorithm.name,
         }
-        n = len(self.names)
 
         def write_parts(directory: Path) -> None:
-            self.workers.call("save", [(str(directory),)] * n, what=f"writing checkpoint {self.step}")
+            self.workers.save(str(directory), what=f"writing checkpoint {self.step}")
 
         return save_checkpoint(
             self.run_dir,
@@ -394,10 +394,6 @@ class Trainer:
             keep_last=self.config.checkpoint.keep_last,
             config_yaml=config_to_yaml(self.config),
         )
-
-
-def _prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    return {f"{name}/{k}": v for k, v in metrics.items()}
 
 
 class _GracefulStop:

@@ -1,15 +1,15 @@
-"""An agent worker: everything one agent does, behind five calls that move only trajectories and numbers.
+"""An agent worker: everything one agent does, behind calls that move only text and numbers.
 
 A worker owns one agent end to end: model, tokenizer, optimizer, frozen reference (KL), sampler and its random
 stream. The driver (`hacrl.trainer`) calls it; whether in its own process (`runtime.backend: local`) or as a Ray
-actor (`ray`), the calls and their results are the same:
+actor (`ray`), the calls and their results are the same typed messages (`hacrl.messages`):
 
-    sample(step, prompts, G)      -> its trajectories (text, source log-prob sum and token count, finish reason);
-                                     keeps the sampled ids and per-token old log-probs for `learn`
-    learn(step, pool, capabilities) -> metrics; pool = this learner's trajectories, own first (spec 2, step 5)
-    generate(prompts, n, greedy, seed) -> completions for evaluation (the driver scores them)
-    save(directory) / load(directory)  -> its part of a checkpoint
-    describe()                     -> name, parameters, device, optimizer steps taken
+    sample(SampleCall)      -> Sampled: its trajectories (text, source log-prob sum and token count, finish reason);
+                               keeps them, the sampled ids and per-token old log-probs for `learn`
+    learn(LearnCall)        -> Learned: its own rewards and the foreign trajectories in, metrics out (spec 2, step 5)
+    generate(GenerateCall)  -> completions for evaluation (the driver scores them)
+    save(directory) / load(directory) -> its part of a checkpoint (layout: `hacrl.checkpoint`)
+    describe()              -> WorkerInfo: name, parameters, device, optimizer steps taken
 
 No tensor of a model, no logit and no gradient leaves a worker. Its random stream is its own (seeded by the run's
 seed and its index, saved in its checkpoint part), so the numbers do not depend on where the worker runs or on
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,45 +29,37 @@ import torch
 
 from hacrl import faults
 from hacrl.agents import Agent, first_nonfinite
-from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
+from hacrl.checkpoint import agent_part
 from hacrl.core import LossInputs, get_algorithm
 from hacrl.core.metrics import MetricReducer
-from hacrl.core.ratios import foreign_terms
 from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
-from hacrl.exchange import LearnerRow, Trajectory, learner_view
+from hacrl.exchange import LearnerRow, learner_rows
 from hacrl.logprobs import TokenBatch, token_logprobs
-from hacrl.rollout import Completion, generate, generate_completions
+from hacrl.messages import (
+    Completion,
+    GenerateCall,
+    LearnCall,
+    Learned,
+    SampleCall,
+    Sampled,
+    Trajectory,
+    WorkerInfo,
+    WorkerSpec,
+)
+from hacrl.rollout import generate, generate_completions
 from hacrl.samplers.base import Sample
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs to build itself (picklable: it travels to a Ray actor)."""
-
-    index: int
-    agent: AgentConfig
-    rollout: RolloutConfig
-    trainer: TrainerConfig
-    algorithm: AlgorithmConfig
-    weights_from: str | None = None
-    """A checkpoint's model directory of this agent to start from (resume); None: `agent.model`."""
-    torch_threads: int | None = None
-    """torch intra-op threads of the worker's process; None: leave the process's setting."""
-    eval_batch_size: int = 64
-    """Prompts per generation batch during evaluation."""
-    num_agents: int = 1
-    """Agents in the run (whether others will read this agent's log-prob sums)."""
 
 
 @dataclass
 class _Rollout:
-    """What `sample` keeps for `learn`: the learner's own token ids and pre-update log-probs of one step."""
+    """What `sample` keeps for `learn`: the learner's own token ids, pre-update log-probs and trajectories of one
+    step."""
 
     step: int
     prompt_ids: list[list[int]]
     samples: list[Sample]
-    old_logp: list[torch.Tensor]
-    texts: list[str] = field(default_factory=list)
+    old_logp: list[torch.Tensor | None]
+    trajectories: list[Trajectory]
 
 
 def rng_seed(seed: int, index: int) -> int:
@@ -101,18 +93,15 @@ class AgentWorker:
 
     # -- the five calls ----------------------------------------------------------------------------------------------
 
-    def sample(self, step: int, prompts: list[list[dict[str, str]]], group_size: int) -> dict[str, Any]:
-        """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3).
-
-        Returns {"trajectories": [...] (reward NaN until the driver scores them), "seconds": {"generate",
-        "logprobs"}, "span": (wall-clock start, end)}."""
-        agent = self.agent
+    def sample(self, call: SampleCall) -> Sampled:
+        """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3)."""
+        agent, step, group_size = self.agent, call.step, call.group_size
         batch_size = self.spec.rollout.batch_size
         if batch_size is None:  # as before `auto` existed for `hf`; `static` sizes its pool to the device
             batch_size = "auto" if agent.sampler.name == "static" else self.spec.trainer.logprob_batch_size
         began = time.time()
         start = time.perf_counter()
-        prompt_ids = [agent.render_prompt(messages)[0] for messages in prompts]
+        prompt_ids = [agent.render_prompt(messages)[0] for messages in call.prompts]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
         with self._own_rng(), self._guarded("sampling", step):
             samples = generate(agent, prompt_ids, group_size, batch_size=batch_size, logprobs=from_sampler)
@@ -127,11 +116,10 @@ class AgentWorker:
         wanted = set(needed)
         old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
         done = time.perf_counter()
-        self._rollout = _Rollout(step, prompt_ids, samples, old_logp, [s.text for s in samples])
         trajectories = [
             Trajectory(
                 group=i // group_size,
-                messages=prompts[i // group_size],
+                messages=call.prompts[i // group_size],
                 text=s.text,
                 reward=float("nan"),
                 source=self.index,
@@ -142,45 +130,51 @@ class AgentWorker:
             )
             for i, s in enumerate(samples)
         ]
-        seconds = {"generate": generated - start, "logprobs": done - generated}
-        return {"trajectories": trajectories, "seconds": seconds, "span": (began, time.time())}
+        self._rollout = _Rollout(step, prompt_ids, samples, old_logp, trajectories)
+        return Sampled(trajectories, generated - start, done - generated, (began, time.time()))
 
-    def learn(self, step: int, pool: list[Trajectory], capabilities: list[float]) -> dict[str, Any]:
+    def learn(self, call: LearnCall) -> Learned:
         """One training step's update of this learner on its pool: advantages, then one optimizer step per
-        mini-batch in pool order (own rows first), each accumulated over micro-batches (spec 2, step 5).
-
-        Returns {"metrics": {...}, "seconds": {"update": ...}}."""
-        rollout = self._rollout
+        mini-batch in pool order (own rows first, then `call.foreign`), each accumulated over micro-batches (spec 2,
+        step 5)."""
+        rollout, step = self._rollout, call.step
         if rollout is None or rollout.step != step:
             raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
-        own = [t for t in pool if t.source == self.index]
-        if [t.text for t in own] != rollout.texts:
-            raise ValueError(f"agent {self.name!r}: the pool's own rows are not the responses it sampled, in order")
+        if len(call.rewards) != len(rollout.trajectories):
+            raise ValueError(
+                f"agent {self.name!r}: {len(call.rewards)} rewards for the {len(rollout.trajectories)} responses it "
+                f"sampled at step {step}"
+            )
         start = time.perf_counter()
-        rows = learner_view(
-            self.agent, pool, rollout.prompt_ids, [s.response_ids for s in rollout.samples], rollout.old_logp
+        own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
+        rows = learner_rows(
+            self.agent,
+            own,
+            call.foreign,
+            rollout.prompt_ids,
+            [s.response_ids for s in rollout.samples],
+            rollout.old_logp,
         )
-        caps = torch.tensor(capabilities, dtype=torch.float64)
+        caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):
             metrics = self._update(rows, caps)
         self._rollout = None
-        return {"metrics": metrics, "seconds": {"update": time.perf_counter() - start}}
+        return Learned(metrics, time.perf_counter() - start)
 
-    def generate(
-        self, prompts: list[list[dict[str, str]]], num_samples: int, greedy: bool, seed: int | None = None
-    ) -> list[Completion]:
-        """Completions for evaluation: greedy, or sampled from a stream seeded by `seed` (never the training one)."""
+    def generate(self, call: GenerateCall) -> list[Completion]:
+        """Completions for evaluation: greedy, or sampled from a stream seeded by `call.seed` (never the training
+        one)."""
         with torch.random.fork_rng(devices=self._cuda_devices):
-            if seed is not None:
-                torch.manual_seed(seed)
+            if call.seed is not None:
+                torch.manual_seed(call.seed)
             with self._guarded("evaluation", None):
                 return generate_completions(
-                    self.agent, prompts, num_samples, greedy=greedy, batch_size=self.spec.eval_batch_size
+                    self.agent, call.prompts, call.num_samples, greedy=call.greedy, batch_size=self.spec.eval_batch_size
                 )
 
     def save(self, directory: str) -> None:
-        """Write this agent's part of a checkpoint under `directory`: `agents/<name>/` (a plain Hugging Face model
-        directory), `optimizer/<name>.pt`, `rng/<name>.pt`."""
+        """Write this agent's part of a checkpoint under `directory` (`hacrl.checkpoint.AgentPart`: a plain Hugging
+        Face model directory, its optimizer state, its random stream)."""
         bad = first_nonfinite(self.agent.model)
         if bad is not None:  # never a checkpoint from a non-finite state: the previous one stays the newest
             raise NonFiniteError(
@@ -190,14 +184,14 @@ class AgentWorker:
                 "from it (`hacrl train CONFIG --resume`)."
             )
         root = Path(directory)
-        agent_dir = root / "agents" / self.name
+        part = agent_part(root, self.name)
         try:
-            self.agent.model.save_pretrained(agent_dir, safe_serialization=True)
-            self.agent.tokenizer.save_pretrained(agent_dir)
-            (root / "optimizer").mkdir(parents=True, exist_ok=True)
-            torch.save(self.agent.optimizer.state_dict(), root / "optimizer" / f"{self.name}.pt")
-            (root / "rng").mkdir(parents=True, exist_ok=True)
-            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, root / "rng" / f"{self.name}.pt")
+            self.agent.model.save_pretrained(part.weights_dir, safe_serialization=True)
+            self.agent.tokenizer.save_pretrained(part.weights_dir)
+            part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
+            part.rng_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, part.rng_file)
         except OSError:
             raise  # the one error path names the errno, the file and the fix (cli._os_error_message)
         except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
@@ -211,8 +205,8 @@ class AgentWorker:
 
     def load(self, directory: str) -> None:
         """Optimizer and random stream from a checkpoint (the weights were loaded at construction)."""
-        root = Path(directory)
-        file = root / "optimizer" / f"{self.name}.pt"
+        part = agent_part(directory, self.name)
+        file = part.optimizer_file
         try:
             state = torch.load(file, weights_only=True, map_location=self.agent.device)
             self.agent.optimizer.load_state_dict(state)
@@ -222,7 +216,7 @@ class AgentWorker:
                 f"{first_line(e)}); resume from an earlier checkpoint "
                 "(checkpoint.resume=<its directory>)"
             ) from e
-        rng_file = root / "rng" / f"{self.name}.pt"
+        rng_file = part.rng_file
         try:
             if rng_file.is_file():
                 rng = torch.load(rng_file, weights_only=True)
@@ -230,7 +224,7 @@ class AgentWorker:
                 torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
                 self._rng = rng
             else:  # a checkpoint of hacrl before per-agent streams: the process-wide state it saved
-                rng_file = root / "rng.pt"
+                rng_file = part.legacy_rng_file
                 legacy = torch.load(rng_file, weights_only=True)
                 self._rng = {"cpu": legacy["torch"], **({"cuda": legacy["cuda"][0]} if legacy.get("cuda") else {})}
         except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
@@ -241,18 +235,18 @@ class AgentWorker:
                 "resume from an earlier one (checkpoint.resume=<its directory>)"
             ) from e
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> WorkerInfo:
         model = self.agent.model
-        return {
-            "name": self.name,
-            "index": self.index,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "device": str(self.agent.device),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "optimizer_steps": self.optimizer_steps,
-            "pid": os.getpid(),
-            "torch_threads": torch.get_num_threads(),
-        }
+        return WorkerInfo(
+            name=self.name,
+            index=self.index,
+            parameters=sum(p.numel() for p in model.parameters()),
+            device=str(self.agent.device),
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            optimizer_steps=self.optimizer_steps,
+            pid=os.getpid(),
+            torch_threads=torch.get_num_threads(),
+        )
 
     # -- inside ------------------------------------------------------------------------------------------------------
 
@@ -346,7 +340,6 @@ class AgentWorker:
         ).tolist()
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
-        terms, divisors = self._foreign_ratio_terms(rows)
         reducer = MetricReducer()
         grad_norms: list[float] = []
         skipped = 0
@@ -362,8 +355,6 @@ class AgentWorker:
                 out = self._micro_batch_loss(
                     [rows[i] for i in micro],
                     [adv[i] for i in micro],
-                    [terms[i] for i in micro],
-                    None if divisors is None else [divisors[i] for i in micro],
                     capabilities,
                     step_index=m,
                     num_seqs=len(mini),
@@ -391,7 +382,7 @@ class AgentWorker:
                 total += value
             metrics["grad_norm"] = total / len(grad_norms)
         metrics["skipped_steps"] = skipped
-        metrics["optimizer_steps"] = len(range(0, len(rows), cfg.mini_batch_size))
+        metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
         metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
         foreign = [r for r in rows if r.source != self.index]
         if foreign:
@@ -401,22 +392,7 @@ class AgentWorker:
         metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
         return metrics
 
-    def _foreign_ratio_terms(self, rows: list[LearnerRow]) -> tuple[list[float], list[float] | None]:
-        """Each row's source side of a foreign log-ratio and its divisor, in the configured normalisation (spec
-        3.4b; `hacrl.core.ratios.foreign_terms`), computed in float64 on the host once per update."""
-        f64 = torch.float64
-        own = [r.source == self.index for r in rows]
-        terms, divisors = foreign_terms(
-            torch.tensor([r.source_logp_sum for r in rows], dtype=f64),
-            torch.tensor([r.source_num_tokens for r in rows], dtype=f64),
-            torch.tensor([max(1, len(r.response_ids)) for r in rows], dtype=f64),
-            torch.tensor([r.num_bytes for r in rows], dtype=f64),
-            self.params.foreign_ratio,
-        )
-        terms = [0.0 if mine else t for mine, t in zip(own, terms.tolist(), strict=True)]  # unread on own rows
-        return terms, None if divisors is None else divisors.tolist()
-
-    def _micro_batch_loss(self, rows, adv, terms, divisors, capabilities, *, step_index, num_seqs, num_own):
+    def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
         agent = self.agent
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
@@ -436,13 +412,14 @@ class AgentWorker:
             logp=logp,
             mask=tb.response_mask,
             old_logp=old,
-            source_logp_mean=torch.tensor(terms, dtype=torch.float32, device=device),
-            foreign_divisor=None if divisors is None else torch.tensor(divisors, dtype=torch.float32, device=device),
             adv=torch.tensor(adv, dtype=torch.float32, device=device),
             source=torch.tensor([r.source for r in rows], device=device),
             learner=self.index,
             capabilities=capabilities.to(device),
             ref_logp=ref,
+            source_logp_sum=torch.tensor([r.source_logp_sum for r in rows], dtype=torch.float64, device=device),
+            source_num_tokens=torch.tensor([r.source_num_tokens for r in rows], device=device),
+            num_bytes=torch.tensor([r.num_bytes for r in rows], device=device),
             num_seqs=num_seqs,
             num_own=num_own,
             check_values=False,  # `_check_rows` checked them for the whole update
@@ -463,4 +440,4 @@ def _check_rows(name: str, learner: int, rows: list[LearnerRow], adv: list[float
     if own and not bool(torch.isfinite(torch.cat(own)).all()):
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
     if not all(math.isfinite(r.source_logp_sum) for r in rows if r.source != learner and r.response_ids):
-        raise ValueError(f"agent {name!r}: a trajectory's source log-prob mean is not finite")
+        raise ValueError(f"agent {name!r}: a foreign trajectory's source log-prob sum is not finite")

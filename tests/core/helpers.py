@@ -42,7 +42,8 @@ def make_inputs(rows, *, learner=0, capabilities=(0.5, 0.5), ref_shift=None, see
         logp=logp,
         mask=mask,
         old_logp=old,
-        source_logp_mean=src_mean,
+        source_logp_sum=src_mean,  # over one source token: the source's mean is the sum
+        source_num_tokens=torch.ones(len(rows), dtype=torch.long),
         adv=torch.tensor([r.adv for r in rows], dtype=torch.float64),
         source=torch.tensor([r.source for r in rows]),
         learner=learner,

@@ -1,5 +1,6 @@
 """Sequence ratios, clipping and the GRPO / GSPO / naive / HACPO losses (spec 3.4-3.6, 4)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -268,7 +269,6 @@ def test_grpo_token_level_clip_hand_computed():
         logp=logp,
         mask=torch.tensor([[1, 1, 0]]),
         old_logp=torch.zeros(1, 3, dtype=F64),
-        source_logp_mean=torch.zeros(1, dtype=F64),
         adv=torch.ones(1, dtype=F64),
         source=torch.zeros(1, dtype=torch.long),
         learner=0,
@@ -350,27 +350,22 @@ def test_losses_return_named_detached_results_without_item(loss_fn, monkeypatch)
 # -- foreign ratio normalisations across tokenizers (spec 3.4b) --------------------------------------------------------
 
 
-def _two_row_inputs(mode: str):
+def _two_row_inputs():
     """Row 0 own (2 tokens, unchanged policy); row 1 foreign: the learner's log-probs -1, -2 over its 2 tokens
-    (S_k = -3, n_k = 2); the source's sum S_src = -6 over n_src = 3 tokens; the text is b = 4 bytes."""
-    from hacrl.core.ratios import foreign_terms
-
+    (S_k = -3, n_k = 2); the source's sum S_src = -6 over n_src = 3 tokens; the text is b = 4 bytes. The own row's
+    source fields are not read (NaN / 0 here)."""
     logp = torch.tensor([[-1.0, -1.0], [-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
-    f64 = torch.float64
-    term, divisor = foreign_terms(
-        torch.tensor([0.0, -6.0], dtype=f64), torch.tensor([2.0, 3.0], dtype=f64), torch.tensor([2.0, 2.0], dtype=f64),
-        torch.tensor([8.0, 4.0], dtype=f64), mode,
-    )  # fmt: skip
     inputs = LossInputs(
         logp=logp,
         mask=torch.ones(2, 2, dtype=torch.bool),
         old_logp=torch.full((2, 2), -1.0, dtype=torch.float64),
-        source_logp_mean=term,
         adv=torch.tensor([0.0, 1.0], dtype=torch.float64),
         source=torch.tensor([0, 1]),
         learner=0,
         capabilities=torch.tensor([0.5, 0.5]),
-        foreign_divisor=divisor,
+        source_logp_sum=torch.tensor([float("nan"), -6.0], dtype=torch.float64),
+        source_num_tokens=torch.tensor([0, 3]),
+        num_bytes=torch.tensor([0, 4]),
     )
     return inputs, logp
 
@@ -384,8 +379,8 @@ def _two_row_inputs(mode: str):
     ],
 )
 def test_the_foreign_ratio_under_each_normalisation_hand_computed(mode, log_s, grad_per_token):
-    inputs, logp = _two_row_inputs(mode)
-    params = AlgorithmParams(foreign_clip=False, alpha=0.0, capability_coef=False)
+    inputs, logp = _two_row_inputs()
+    params = AlgorithmParams(foreign_clip=False, alpha=0.0, capability_coef=False, foreign_ratio=mode)
     out = hacpo_loss(inputs, params=params, step_index=0)
     s = math.exp(log_s)
     assert out.metrics["foreign_ratios"].tolist() == pytest.approx([s], abs=1e-12)
@@ -405,6 +400,14 @@ def test_learner_length_equals_source_mean_when_the_tokenizations_agree():
     a, _ = foreign_terms(sums, counts, counts, bytes_, "source_mean")
     b, _ = foreign_terms(sums, counts, counts, bytes_, "learner_length")
     assert torch.equal(a, b)
+
+
+def test_the_bytes_normalisation_needs_the_byte_counts():
+    inputs, _ = _two_row_inputs()
+    inputs = dataclasses.replace(inputs, num_bytes=None)
+    with pytest.raises(ValueError, match="foreign_ratio=bytes needs num_bytes"):
+        hacpo_loss(inputs, params=AlgorithmParams(foreign_ratio="bytes"), step_index=0)
+    hacpo_loss(inputs, params=AlgorithmParams(foreign_ratio="learner_length"), step_index=0)  # the others do not
 
 
 def test_an_unknown_foreign_ratio_mode_is_rejected():

@@ -71,7 +71,11 @@ def test_loss_inputs_reject_bad_tensors():
         ({"source": torch.tensor([0, 3])}, "source contains unknown agent id 3"),
         ({"mask": torch.zeros_like(base.mask).index_fill_(0, torch.tensor([0]), True)}, "mask row 1 selects no token"),
         ({"adv": torch.tensor([1.0, float("nan")], dtype=F64)}, "adv contains 1 non-finite"),
-        ({"source_logp_mean": torch.tensor([0.0, float("-inf")], dtype=F64)}, "source_logp_mean contains 1 non-finite"),
+        ({"source_logp_sum": torch.tensor([0.0, float("-inf")], dtype=F64)}, "source_logp_sum contains 1 non-finite"),
+        ({"source_num_tokens": torch.tensor([1, 0])}, "source_num_tokens must be >= 1 on the rows it is read for"),
+        ({"num_bytes": torch.tensor([1, 0])}, "num_bytes must be >= 1 on the rows it is read for"),
+        ({"source_logp_sum": None}, "source_logp_sum and source_num_tokens go together"),
+        ({"source_logp_sum": None, "source_num_tokens": None}, "rows of other agents but no source_logp_sum"),
         ({"learner": 2}, "learner=2 is not a valid agent id"),
         ({"num_seqs": 0}, "num_seqs must be a positive int"),
     ]

@@ -70,7 +70,8 @@ def test_token_logprobs_and_hacpo_gradients_match_the_cpu(tiny_agents):
             source=torch.tensor([0, 1, 1], device=device),
             learner=0,
             capabilities=torch.tensor([0.4, 0.6], device=device),
-            source_logp_mean=torch.tensor([0.0, -1.2, -0.7], device=device),
+            source_logp_sum=torch.tensor([0.0, -2.4, -0.7], device=device),
+            source_num_tokens=torch.tensor([1, 2, 1], device=device),
             num_own=1,
         )
         out = hacpo_loss(inputs, params=AlgorithmParams(), step_index=1)

@@ -148,7 +148,7 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     """Both actors are inside `sample` at once: each reports when it entered and left, and the spans overlap."""
     from hacrl.backends import start_workers
     from hacrl.config import load_config
-    from hacrl.worker import WorkerSpec
+    from hacrl.messages import SampleCall, WorkerSpec
 
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run"))
     specs = [
@@ -158,9 +158,9 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     workers = start_workers(cfg.runtime, specs, [{"num_cpus": 1, "num_gpus": 0}] * 2)
     try:
         prompts = [[{"role": "user", "content": "1 + 2 ="}]] * 64
-        results = workers.call("sample", [(1, prompts, 8)] * 2, what="sampling")
+        results = workers.sample([SampleCall(1, prompts, 8)] * 2)
     finally:
         workers.close()
-    (start_a, end_a), (start_b, end_b) = (r["span"] for r in results)
+    (start_a, end_a), (start_b, end_b) = (r.span for r in results)
     assert max(start_a, start_b) < min(end_a, end_b), "the two agents sampled one after the other"
-    assert [len(r["trajectories"]) for r in results] == [512, 512]
+    assert [len(r.trajectories) for r in results] == [512, 512]

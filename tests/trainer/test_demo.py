@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,10 +37,9 @@ def test_worked_solution_refuses_other_expressions():
 
 
 def test_sub_skill_mix_and_seeded_recipes():
-    from hacrl.cli import RECIPE_NAMES
-    from hacrl.testbed.demo import COMPLEMENT, DEMO, RECIPES, _mix, sub_skill, with_seed
+    from hacrl.testbed.demo import DEMO, _mix, sub_skill, with_seed
 
-    assert RECIPE_NAMES == list(RECIPES)
+    COMPLEMENT = _beds().COMPLEMENT
     assert sub_skill("Calculate 85 - 432.") == "-" and sub_skill("347 + 85") == "+"
     skills = ["+"] * 60 + ["-"] * 40
     pairs = list(range(100))
@@ -125,7 +125,9 @@ def test_paired_change_hand_computed():
 def test_generated_arithmetic_task(tmp_path):
     """The complementary bed's task: subtractions never negative, answers right, splits disjoint, files repeatable."""
     from hacrl.data import load_task
-    from hacrl.testbed.demo import TINY_COMPLEMENT, data_config, sub_skill, write_task_files
+    from hacrl.testbed.demo import data_config, sub_skill, write_task_files
+
+    TINY_COMPLEMENT = _beds().TINY_COMPLEMENT
 
     write_task_files(TINY_COMPLEMENT, tmp_path / "a")
     write_task_files(TINY_COMPLEMENT, tmp_path / "b")
@@ -143,13 +145,38 @@ def test_generated_arithmetic_task(tmp_path):
         data_config(TINY_COMPLEMENT)
 
 
-def test_demo_refuses_a_recipe_whose_task_is_not_the_configs(tmp_path, capsys):
-    """`hacrl demo --recipe complement` with the demo's config would warm-start the complementary agents and then
+def test_demo_refuses_a_recipe_whose_task_is_not_the_configs(tmp_path):
+    """The benchmarks' `complement` bed with the demo's config would warm-start the complementary agents and then
     train them on additions only: refused before anything is built, naming the task and where the bed runs."""
+    from hacrl.errors import ConfigError
+    from hacrl.testbed.demo import run_demo
+
     out = tmp_path / "agents"
-    code = main(["demo", "configs/demo.yaml", f"agents.0.model={out}/llama-char", f"agents.1.model={out}/qwen-bpe",
-                 f"trainer.output_dir={tmp_path / 'run'}", "--recipe", "complement"])  # fmt: skip
-    assert code == 2
-    err = capsys.readouterr().err
-    assert "another task" in err and "data/train.jsonl" in err and "evidence.py --beds complement" in err
+    overrides = [f"agents.0.model={out}/llama-char", f"agents.1.model={out}/qwen-bpe",
+                 f"trainer.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        run_demo("configs/demo.yaml", overrides, _beds().COMPLEMENT)
+    assert "another task" in str(error.value) and "data/train.jsonl" in str(error.value)
+    assert "evidence.py --beds complement" in str(error.value)
     assert not out.exists()
+
+
+def test_the_cli_offers_the_demos_recipes():
+    from hacrl.cli import _parser
+    from hacrl.testbed.demo import RECIPES
+
+    demo = _parser()._subparsers._group_actions[0].choices["demo"]
+    recipe = next(a for a in demo._actions if a.dest == "recipe")
+    assert recipe.choices == list(RECIPES)
+
+
+def _beds():
+    """The benchmarks' bootstrap recipes (`benchmarks/beds.py`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_beds", Path(__file__).parents[2] / "benchmarks" / "beds.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,7 +9,8 @@ import torch
 
 from hacrl.agents import Agent, load_tokenizer
 from hacrl.config import AgentConfig, RolloutConfig
-from hacrl.exchange import Trajectory, learner_view
+from hacrl.exchange import foreign_trajectories, learner_rows
+from hacrl.messages import Trajectory
 
 SHARED_TOKENIZERS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers"
 
@@ -72,19 +73,37 @@ def test_text_that_does_not_round_trip(pair):
     assert char.decode(ids) != "5 €"
 
 
-def test_learner_view_keeps_own_ids_and_retokenizes_foreign_rows_in_pool_order(pair):
+def test_learner_rows_keep_own_ids_and_retokenize_foreign_rows_in_pool_order(pair):
     char, bpe = pair
     prompt_ids = [char.render_prompt([{"role": "user", "content": "1 + 2 ="}])[0]]
     own_ids = [[5, 6, char.eos_id], [7, 8]]
     own_logp = [torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-0.1, -0.2])]
-    pool = [_traj("ab", 0), _traj("cd", 0, "length"), _traj("3", 1), _traj("45", 1, "length")]
-    rows = learner_view(char, pool, prompt_ids, own_ids, own_logp)
+    own = [_traj("ab", 0), _traj("cd", 0, "length")]
+    rows = learner_rows(char, own, [_traj("3", 1), _traj("45", 1, "length")], prompt_ids, own_ids, own_logp)
     assert [r.source for r in rows] == [0, 0, 1, 1]
     assert rows[0].response_ids == own_ids[0] and torch.equal(rows[0].old_logp, own_logp[0])
     assert rows[2].response_ids == [char.tokenizer.convert_tokens_to_ids("3"), char.eos_id]
     assert rows[3].response_ids == char.tokenizer.convert_tokens_to_ids(["4", "5"])
-    assert rows[2].old_logp is None and rows[2].source_logp_mean == -1.0
+    assert rows[2].old_logp is None and (rows[2].source_logp_sum, rows[2].source_num_tokens) == (-3.0, 3)
+    assert rows[3].cut is False and rows[3].num_bytes == 2
     assert all(r.prompt_ids == prompt_ids[0] for r in rows)
+
+
+def test_learner_rows_refuse_a_mismatched_pool(pair):
+    """Rewards for another number of responses than were sampled, or an own response sent back as foreign, is a
+    driver bug that would train on misaligned rows: an error, never a silent shift."""
+    char, _ = pair
+    prompt_ids = [[1, 2]]
+    with pytest.raises(ValueError, match="1 own trajectories for 2 sampled"):
+        learner_rows(char, [_traj("ab", 0)], [], prompt_ids, [[5], [6]], [None, None])
+    with pytest.raises(ValueError, match="own responses came back as a foreign"):
+        learner_rows(char, [], [_traj("ab", 0)], prompt_ids, [], [])
+
+
+def test_foreign_trajectories_are_the_others_in_config_order():
+    pool = [_traj("a", 2), _traj("b", 0), _traj("c", 1), _traj("d", 0), _traj("e", 2)]
+    assert [t.text for t in foreign_trajectories(pool, 1, shared=True)] == ["b", "d", "a", "e"]
+    assert foreign_trajectories(pool, 0, shared=False) == []
 
 
 @pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="shared/data/tokenizers is not beside this checkout")
@@ -134,7 +153,7 @@ def test_agents_with_the_real_qwen3_and_llama_tokenizers_exchange_responses(tmp_
     llama_prompt, _ = llama.render_prompt(messages)
     assert "25 Nov 2026" in llama.tokenizer.decode(llama_prompt)
     text = "2+2 = 4, so the answer is \\boxed{4}.<|im_end|>"  # the source's EOS text inside its decoded answer
-    rows = learner_view(llama, [_traj(text, source=0)], [llama_prompt], [], [])
+    rows = learner_rows(llama, [], [_traj(text, source=0)], [llama_prompt], [], [])
     ids = rows[0].response_ids
     assert ids[-1] == llama.eos_id == llama.tokenizer.convert_tokens_to_ids("<|eot_id|>")
     assert llama.tokenizer.decode(ids[:-1]) == text  # byte-level BPE: exact text, no control token inside

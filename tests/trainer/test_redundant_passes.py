@@ -68,9 +68,9 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
     received, sampled = {}, {}
     real_learn, real_sample = hacrl.worker.AgentWorker.learn, hacrl.worker.AgentWorker.sample
 
-    def recording_learn(self, step, pool, capabilities):
-        received[self.index] = pool
-        return real_learn(self, step, pool, capabilities)
+    def recording_learn(self, call):
+        received[self.index] = call.foreign
+        return real_learn(self, call)
 
     def recording_sample(self, *args):
         out = real_sample(self, *args)

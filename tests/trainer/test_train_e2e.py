@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from hacrl.cli import main
 from hacrl.config import load_config
+from hacrl.metrics import unknown_keys
 from tests.conftest import write_config
 
 PER_AGENT_KEYS = [
@@ -50,6 +51,7 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
 
     records = _metrics(run)
     assert [r["step"] for r in records] == [1, 2]
+    assert [key for r in records for key in unknown_keys(r)] == []  # every logged key is a registered metric
     for name in ("llama", "qwen"):
         for key in PER_AGENT_KEYS:
             assert math.isfinite(records[-1][f"{name}/{key}"]), f"{name}/{key}"
@@ -170,14 +172,14 @@ def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_
     import hacrl.worker
 
     seen: dict[int, list[int]] = {}
-    real_view = hacrl.worker.learner_view
+    real_rows = hacrl.worker.learner_rows
 
-    def recording_view(learner, pool, *args):
-        rows = real_view(learner, pool, *args)
+    def recording_rows(learner, *args):
+        rows = real_rows(learner, *args)
         seen[learner.index] = [r.source for r in rows]
         return rows
 
-    monkeypatch.setattr(hacrl.worker, "learner_view", recording_view)
+    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
     run = tmp_path / "run"
     cfg = write_config(
         tmp_path / "c.yaml",

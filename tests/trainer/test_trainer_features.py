@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from hacrl.checkpoint import latest_checkpoint
 from hacrl.cli import main
 from hacrl.config import load_config
+from hacrl.metrics import unknown_keys
 from hacrl.trainer import Trainer
 from tests.conftest import write_config
 
@@ -33,7 +34,8 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
     llama.model.get_input_embeddings().weight.register_hook(lambda g: g * float("inf"))
     metrics = trainer.train_step()
-    assert metrics["llama/skipped_steps"] == metrics["llama/optimizer_steps"] == 4
+    assert metrics["llama/skipped_steps"] == 4 and metrics["llama/optimizer_steps"] == 0  # steps taken: none
+    assert metrics["qwen/optimizer_steps"] == 4
     assert all(torch.equal(before[k], v) for k, v in llama.model.state_dict().items())
     assert metrics["qwen/skipped_steps"] == 0
     qwen = trainer.workers.workers[1].agent  # it took its steps: its gradients are freed, not held through sampling
@@ -55,6 +57,7 @@ def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
     )
     assert main(["train", str(cfg)]) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [key for r in records for key in unknown_keys(r)] == []
     for r in records:
         for name in ("llama", "qwen"):
             assert r[f"{name}/kl"] > 0  # the agents moved away from their initial weights ...
@@ -133,6 +136,7 @@ def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all("eval/qwen/pass@1" in r and "eval/qwen/avg@2" in r for r in records)
+    assert [key for r in records for key in unknown_keys(r)] == []  # every logged key is a registered metric
     capsys.readouterr()
     assert main(["eval", str(run / "checkpoints" / "step_000002"), str(tiny_agents["tiny"]), "--config", str(cfg)]) == 0
     table = capsys.readouterr().out

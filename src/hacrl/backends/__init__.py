@@ -3,8 +3,8 @@
     local   every worker in the driver's process, called one after the other (the zero-setup default)
     ray     every worker a Ray actor; all agents sample at the same time and all learners learn at the same time
 
-A backend starts one `hacrl.worker.AgentWorker` per agent and calls the same methods on each (`call`), returning
-their results in agent order. Only `WorkerSpec`s, prompts, trajectories, metrics and checkpoint paths cross the
+A backend starts one `hacrl.worker.AgentWorker` per agent and makes the same typed call on each (`Workers`),
+returning their results in agent order. Only the messages of `hacrl.messages` and checkpoint paths cross the
 boundary. Backends load lazily: the local backend and `hacrl.core` never import Ray.
 """
 
@@ -14,22 +14,56 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled
+
 BACKENDS = {"local": "hacrl.backends.local:LocalWorkers", "ray": "hacrl.backends.ray:RayWorkers"}
 
 
 class Workers(Protocol):
-    """The agent workers of a run, one per agent, in config order."""
+    """The agent workers of a run, one per agent, in config order. Each method takes one message per worker (or
+    the same argument for all) and returns the results in agent order; `what` says what the call is doing
+    (`evaluating at step 3`), for the error message if a worker fails."""
 
     names: list[str]
 
-    def call(self, method: str, args: Sequence[tuple], *, what: str) -> list[Any]:
-        """`worker_i.method(*args[i])` for every worker (concurrently where the backend can), results in order.
-        `what` says what the call is doing (`sampling at step 3`), for the error message if a worker fails."""
-        ...
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]: ...
+
+    def learn(self, calls: Sequence[LearnCall]) -> list[Learned]: ...
+
+    def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]: ...
+
+    def save(self, directory: str, *, what: str) -> None: ...
+
+    def load(self, directory: str) -> None: ...
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         ...
+
+
+class WorkerGroup:
+    """The typed calls of `Workers` over one primitive a backend provides: `_map(method, args, what)` runs
+    `worker_i.method(*args[i])` on every worker (concurrently where it can) and returns the results in order."""
+
+    names: list[str]
+
+    def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
+        raise NotImplementedError
+
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]:
+        return self._map("sample", [(c,) for c in calls], f"sampling at step {calls[0].step}")
+
+    def learn(self, calls: Sequence[LearnCall]) -> list[Learned]:
+        return self._map("learn", [(c,) for c in calls], f"learning at step {calls[0].step}")
+
+    def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]:
+        return self._map("generate", [(c,) for c in calls], what)
+
+    def save(self, directory: str, *, what: str) -> None:
+        self._map("save", [(directory,)] * len(self.names), what)
+
+    def load(self, directory: str) -> None:
+        self._map("load", [(directory,)] * len(self.names), "loading its checkpoint part")
 
 
 def start_workers(runtime, specs: list, resources: list[dict[str, float]]) -> Workers:

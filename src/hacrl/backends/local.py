@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hacrl.worker import AgentWorker, WorkerSpec
+from hacrl.backends import WorkerGroup
+from hacrl.messages import WorkerSpec
+from hacrl.worker import AgentWorker
 
 
-class LocalWorkers:
+class LocalWorkers(WorkerGroup):
     def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
         self.workers = [AgentWorker(spec) for spec in specs]
         self.names = [w.name for w in self.workers]
 
-    def call(self, method: str, args: Sequence[tuple], *, what: str) -> list[Any]:
+    def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
         return [getattr(worker, method)(*a) for worker, a in zip(self.workers, args, strict=True)]
 
     def close(self) -> None:

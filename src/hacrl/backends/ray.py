@@ -20,8 +20,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from hacrl.backends import WorkerGroup
 from hacrl.errors import ConfigError, WorkerError
-from hacrl.worker import AgentWorker, WorkerSpec
+from hacrl.messages import WorkerInfo, WorkerSpec
+from hacrl.worker import AgentWorker
 
 
 class _Actor:
@@ -31,12 +33,13 @@ class _Actor:
     def __init__(self) -> None:
         self.worker: AgentWorker | None = None
 
-    def setup(self, spec: WorkerSpec) -> dict[str, Any]:
+    def setup(self, spec: WorkerSpec) -> tuple[WorkerInfo, str, str]:
+        """Build the worker; its description, the Ray node id and the node's address."""
         import ray
 
         self.worker = AgentWorker(spec)
-        context = ray.get_runtime_context()
-        return {**self.worker.describe(), "node": context.get_node_id(), "address": ray.util.get_node_ip_address()}
+        node = ray.get_runtime_context().get_node_id()
+        return self.worker.describe(), node, ray.util.get_node_ip_address()
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
@@ -56,7 +59,7 @@ def _import_ray():
     return ray
 
 
-class RayWorkers:
+class RayWorkers(WorkerGroup):
     def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
         ray = self._ray = _import_ray()
         self.names = [s.agent.name for s in specs]
@@ -85,8 +88,7 @@ class RayWorkers:
                 self.actors.append(actor_class.options(**options).remote())
             self.info = self._gather([a.setup.remote(s) for a, s in zip(self.actors, specs, strict=True)], "starting")
             placed = ", ".join(
-                f"{w['name']} on node {w['node'][:8]} ({w['address']}, pid {w['pid']}, {w['device']})"
-                for w in self.info
+                f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in self.info
             )
             print(f"ray: {len(self.info)} workers: {placed}", flush=True)
         except BaseException:
@@ -105,7 +107,7 @@ class RayWorkers:
                 "nodes"
             )
 
-    def call(self, method: str, args: Sequence[tuple], *, what: str) -> list[Any]:
+    def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
         refs = [actor.call.remote(method, *a) for actor, a in zip(self.actors, args, strict=True)]
         return self._gather(refs, what)
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from hacrl.core._checks import check_1d, check_2d, check_finite, check_ids, check_index, check_integer
 from hacrl.core.capability import loss_coefficients
 from hacrl.core.params import AlgorithmParams
-from hacrl.core.ratios import foreign_lower_bound, k3_kl, masked_mean, sequence_ratio
+from hacrl.core.ratios import foreign_lower_bound, foreign_terms, k3_kl, masked_mean, sequence_ratio
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,6 @@ class LossInputs:
     """(B, T) bool or {0, 1}: response tokens that count in the loss, the final EOS included (spec 5)."""
     old_logp: Tensor
     """(B, T) learner's pre-update per-token log-probs; read on own rows only (foreign rows: any finite value)."""
-    source_logp_mean: Tensor
-    """(B,) source's old mean log-prob per token, in the source's tokens (sum / count); read on foreign rows only.
-    Under another foreign-ratio normalisation, the source's side from `foreign_terms` (spec 3.4b)."""
     adv: Tensor
     """(B,) advantage of each response for this learner."""
     source: Tensor
@@ -64,9 +61,15 @@ class LossInputs:
     """Rows of the whole mini-batch when this is one micro-batch of it (gradient accumulation); None: B."""
     num_own: int | None = None
     """Own rows of the whole mini-batch (the KL normaliser) under gradient accumulation; None: this batch's."""
-    foreign_divisor: Tensor | None = None
-    """(B,) `bytes` normalisation: divide a foreign row's summed log-probs by this (its UTF-8 byte count) instead of
-    its token count; read on foreign rows only. None: the token mean (spec 3.4b, `foreign_terms`)."""
+    source_logp_sum: Tensor | None = None
+    """(B,) the source's summed pre-update log-probs of each response, in the source's tokens (EOS included); read on
+    foreign rows only. Needed when the batch has foreign rows; None for a batch of own rows."""
+    source_num_tokens: Tensor | None = None
+    """(B,) each response's length in the source's tokens (>= 1); read on foreign rows only, with
+    `source_logp_sum`."""
+    num_bytes: Tensor | None = None
+    """(B,) UTF-8 bytes of each response's text (>= 1); read on foreign rows only, by the `bytes` normalisation
+    (`AlgorithmParams.foreign_ratio`, spec 3.4b)."""
     check_values: bool = True
     """Check values (finite, known ids, no empty row): each check reads the device once. A trainer that checked its
     inputs once per update passes False, so the micro-batch loop never waits for the device (shapes are always
@@ -80,8 +83,13 @@ class LossInputs:
         batch = shape[0]
         check_2d("mask", self.mask, shape)
         check_2d("old_logp", self.old_logp, shape)
-        for name in ("source_logp_mean", "adv", "source"):
+        for name in ("adv", "source"):
             check_1d(name, getattr(self, name), batch)
+        if (self.source_logp_sum is None) != (self.source_num_tokens is None):
+            raise ValueError("source_logp_sum and source_num_tokens go together: pass both (foreign rows) or neither")
+        for name in ("source_logp_sum", "source_num_tokens", "num_bytes"):
+            if getattr(self, name) is not None:
+                check_1d(name, getattr(self, name), batch)
         check_integer("source", self.source)
         caps = torch.as_tensor(self.capabilities)
         check_1d("capabilities", caps)
@@ -110,22 +118,52 @@ class LossInputs:
         own_tokens = mask & self.is_own.unsqueeze(-1)
         check_finite("logp", self.logp.detach(), mask)
         check_finite("old_logp", self.old_logp, own_tokens)
-        check_finite("source_logp_mean", self.source_logp_mean, ~self.is_own)
+        foreign = ~self.is_own
+        if self.source_logp_sum is None:
+            if bool(foreign.any()):
+                raise ValueError(
+                    "the batch has rows of other agents but no source_logp_sum / source_num_tokens: a foreign row's "
+                    "ratio is taken against its source's log-probs (spec 3.4), so pass both"
+                )
+        else:
+            check_finite("source_logp_sum", self.source_logp_sum, foreign)
+            _check_at_least_one("source_num_tokens", self.source_num_tokens, foreign)
+        if self.num_bytes is not None:
+            _check_at_least_one("num_bytes", self.num_bytes, foreign)
         check_finite("adv", self.adv)
         if self.ref_logp is not None:
             check_finite("ref_logp", self.ref_logp, own_tokens)
 
-    def ratio_divisor(self) -> Tensor | None:
-        """(B,) the divisor of each row's summed log-probs in its sequence ratio, or None for token means."""
-        if self.foreign_divisor is None:
-            return None
-        counts = self.mask.bool().sum(-1).to(self.logp.dtype)
-        return torch.where(self.is_own, counts, self.foreign_divisor.to(self.logp.dtype))
+    def behaviour_terms(self, mode: str) -> tuple[Tensor, Tensor | None]:
+        """The behaviour side of each row's sequence log-ratio, (B,), and the divisor of the learner's summed
+        log-probs, (B,) or None for token means, under the foreign-ratio normalisation `mode` (spec 3.4b).
 
-    def behaviour_logp_mean(self) -> Tensor:
-        """(B,) mean log-prob of each response under the policy that generated it, in that policy's tokens."""
+        Own rows: the learner's pre-update token mean (GSPO). Foreign rows: `foreign_terms` of the source's sum and
+        token count, the learner's token count and the bytes, in float64, then in the log-probs' dtype.
+        """
         own_mean = masked_mean(self.old_logp.detach(), self.mask)
-        return torch.where(self.is_own, own_mean, self.source_logp_mean.to(own_mean.dtype))
+        if self.source_logp_sum is None:  # own rows only (checked on construction)
+            return own_mean, None
+        if mode == "bytes" and self.num_bytes is None:
+            raise ValueError("foreign_ratio=bytes needs num_bytes (each response's UTF-8 byte count) in the inputs")
+        f64, dtype = torch.float64, self.logp.dtype
+        foreign = ~self.is_own
+        counts = self.mask.bool().sum(-1)
+
+        def foreign_only(x: Tensor) -> Tensor:  # own rows read 1, so nothing non-finite is computed there
+            return torch.where(foreign, x.to(f64), torch.ones((), dtype=f64, device=x.device))
+
+        term, divisor = foreign_terms(
+            foreign_only(self.source_logp_sum),
+            foreign_only(self.source_num_tokens),
+            foreign_only(counts.clamp(min=1)),
+            foreign_only(self.num_bytes) if self.num_bytes is not None else torch.ones_like(own_mean, dtype=f64),
+            mode,
+        )
+        old = torch.where(self.is_own, own_mean, term.to(own_mean.dtype))
+        if divisor is None:
+            return old, None
+        return old, torch.where(self.is_own, counts.to(dtype), divisor.to(dtype))
 
     def seq_normaliser(self) -> int:
         return self.num_seqs if self.num_seqs is not None else self.logp.shape[0]
@@ -183,7 +221,8 @@ def gspo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int = 
     behaviour policy of row i (the learner's old policy for own rows, the source's for foreign rows).
     `step_index` is unused: GSPO has no schedule.
     """
-    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean(), divisor=inputs.ratio_divisor())
+    old_seq_logp, divisor = inputs.behaviour_terms(params.foreign_ratio)
+    ratio = sequence_ratio(inputs.logp, inputs.mask, old_seq_logp, divisor=divisor)
     objective, clipped = gspo_objective(
         ratio, inputs.adv.to(ratio.dtype), eps_low=params.eps_low, eps_high=params.eps_high
     )
@@ -197,7 +236,8 @@ def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) 
     lo_m = min(1, 1 - delta + m * delta_step) and rho_jk = clamp(P_hat_j / P_hat_k, 0.1, 10) (1 when
     `params.capability_coef` is off). L = -(1/B) sum_i objective_i [+ kl_coef * KL over own rows].
     """
-    ratio = sequence_ratio(inputs.logp, inputs.mask, inputs.behaviour_logp_mean(), divisor=inputs.ratio_divisor())
+    old_seq_logp, divisor = inputs.behaviour_terms(params.foreign_ratio)
+    ratio = sequence_ratio(inputs.logp, inputs.mask, old_seq_logp, divisor=divisor)
     adv = inputs.adv.to(ratio.dtype)
     own_objective, own_clipped = gspo_objective(ratio, adv, eps_low=params.eps_low, eps_high=params.eps_high)
     if params.capability_coef:
@@ -286,3 +326,11 @@ def _subset_mean(values: Tensor, subset: Tensor) -> Tensor:
     """Mean of `values` over rows in `subset`; 0 for an empty subset (detached, 0-dim)."""
     values = values.detach().float()
     return torch.where(subset, values, torch.zeros_like(values)).sum() / subset.sum().clamp(min=1)
+
+
+def _check_at_least_one(name: str, values: Tensor, rows: Tensor) -> None:
+    """`values` >= 1 (a count) on `rows`."""
+    bad = rows & ~(values >= 1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"{name} must be >= 1 on the rows it is read for; row {row} holds {values[row]}")

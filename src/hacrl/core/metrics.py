@@ -10,6 +10,10 @@ Every metric a loss reports has a kind (`METRIC_KINDS`):
 - `values`: one value per row (a 1-D tensor): all of them are kept, and the result is their 10th, 50th and 90th
   percentiles (`<key>_p10`, ...) and, when present, nothing else (absent when the update had none).
 
+A key a loss reports without declaring it (a user's own algorithm, say) is averaged over the micro-batches that
+report it: never an error in a run. The losses registered here declare all of theirs (a test checks it), and
+`hacrl.metrics` names every metric a run logs.
+
 The sums stay tensors on the learner's device through the update; `result` reads them in one transfer. The
 arithmetic is float64 in a fixed order, so the values do not depend on where they are reduced.
 """
@@ -60,9 +64,7 @@ class MetricReducer:
 
     def add(self, metrics: dict[str, Tensor]) -> None:
         for key, value in metrics.items():
-            kind = METRIC_KINDS.get(key)
-            if kind is None:
-                raise KeyError(f"metric {key!r} has no declared kind; add it to hacrl.core.metrics.METRIC_KINDS")
+            kind = METRIC_KINDS.get(key, "mean")
             if kind == "count":
                 continue
             if kind == "values":
@@ -73,6 +75,9 @@ class MetricReducer:
                 self._sums[key] = self._sums.get(key, 0.0) + value
                 self._parts_in_mini_batch.add(key)
                 self._counts.setdefault(key, 0.0)
+            elif kind == "mean":
+                self._sums[key] = self._sums.get(key, 0.0) + value
+                self._counts[key] = self._counts.get(key, 0.0) + 1.0
             else:
                 weight = metrics[_WEIGHT[kind]].detach().double()
                 self._sums[key] = self._sums.get(key, 0.0) + value * weight

@@ -1,0 +1,154 @@
+"""The seam between the driver and the agent workers: every call and every result, typed, in one module both sides
+import (it imports nothing of hacrl but the config's dataclasses).
+
+    driver -> worker                                    worker -> driver
+    WorkerSpec (once, to build it)                      WorkerInfo
+    SampleCall(step, prompts, group_size)               Sampled(trajectories, generate_s, logprobs_s, span)
+    LearnCall(step, rewards, foreign, capabilities)     Learned(metrics, update_s)
+    GenerateCall(prompts, num_samples, greedy, seed)    list[Completion]
+    save(directory) / load(directory)                   nothing
+
+Nothing a worker has comes back to it. After `sample` it keeps its responses' token ids, old log-probs and its own
+trajectories; `LearnCall` brings only what is new to it: the rewards of its own responses (in the order it sampled
+them) and, when the algorithm shares, the other agents' scored trajectories. No tensor crosses: only text, numbers
+and paths, so the same calls work in the driver's process and in a Ray actor (`hacrl.backends`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One response, as every agent may see it (spec 2, step 5): tokenizer-neutral."""
+
+    group: int
+    """Index of its prompt in the step (the advantage's group id)."""
+    messages: list[dict[str, str]]
+    """The raw prompt messages (each learner renders them with its own template)."""
+    text: str
+    """Decoded response text (special tokens dropped)."""
+    reward: float
+    """Its score; NaN in a worker's `Sampled` (the driver scores the text)."""
+    source: int
+    """Agent id that generated it."""
+    source_logp_sum: float
+    """Sum of the source's pre-update per-token log-probs of its response (EOS included); NaN when no other
+    learner reads it (a single agent, or no sharing)."""
+    source_num_tokens: int
+    """Number of response tokens in the source's tokenization."""
+    finish_reason: str
+    """`eos` or `length`."""
+    num_bytes: int = -1
+    """UTF-8 bytes of `text` (the `bytes` foreign-ratio normalisation, spec 3.4b); -1: not recorded, counted here."""
+
+    @property
+    def response_bytes(self) -> int:
+        """b(y): the response text's UTF-8 byte count, at least 1 (EOS is not text)."""
+        if self.num_bytes >= 0:
+            return max(1, self.num_bytes)
+        return max(1, len(self.text.encode("utf-8", errors="surrogatepass")))
+
+    @property
+    def truncated(self) -> bool:
+        """Cut at the source's length limit."""
+        return self.finish_reason == "length"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated response, as evaluation sees it."""
+
+    text: str
+    num_tokens: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself (picklable: it travels to a Ray actor)."""
+
+    index: int
+    agent: AgentConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    weights_from: str | None = None
+    """A checkpoint's model directory of this agent to start from (resume); None: `agent.model`."""
+    torch_threads: int | None = None
+    """torch intra-op threads of the worker's process; None: leave the process's setting."""
+    eval_batch_size: int = 64
+    """Prompts per generation batch during evaluation."""
+    num_agents: int = 1
+    """Agents in the run (whether others will read this agent's log-prob sums)."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a started worker reports about itself."""
+
+    name: str
+    index: int
+    parameters: int
+    device: str
+    dtype: str
+    optimizer_steps: int
+    pid: int
+    torch_threads: int
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """Sample `group_size` responses to each prompt of training step `step` (spec 2, steps 1 and 3)."""
+
+    step: int
+    prompts: list[list[dict[str, str]]]
+    group_size: int
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A worker's responses of one step (prompt-major, unscored) and how long it took."""
+
+    trajectories: list[Trajectory]
+    generate_s: float
+    """Seconds spent generating."""
+    logprobs_s: float
+    """Seconds spent on the pre-update log-prob pass (0 with trainer.old_logprobs=sampler)."""
+    span: tuple[float, float]
+    """Wall-clock (time.time()) start and end of the call, to see whether workers overlapped."""
+
+
+@dataclass(frozen=True)
+class LearnCall:
+    """Update on this step's pool: the worker's own responses, now scored, then the foreign ones (spec 2, step 5)."""
+
+    step: int
+    rewards: list[float]
+    """The reward of each of the worker's own responses, in the order `Sampled.trajectories` gave them."""
+    foreign: list[Trajectory]
+    """The other agents' scored trajectories this learner trains on, sources in config order (empty when the
+    algorithm does not share)."""
+    capabilities: list[float]
+    """P_hat of every agent after this step's update (spec 3.1)."""
+
+
+@dataclass(frozen=True)
+class Learned:
+    """One learner's update: its metrics (`hacrl.metrics.LEARNER` names) and its duration."""
+
+    metrics: dict[str, float]
+    update_s: float
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """Completions for evaluation: greedy, or sampled from a stream seeded by `seed` (never the training one)."""
+
+    prompts: list[list[dict[str, str]]]
+    num_samples: int
+    greedy: bool
+    seed: int | None = None

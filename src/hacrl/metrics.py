@@ -1,0 +1,157 @@
+"""Every metric a run logs, in one registry: its key, what it means and how it is reduced.
+
+Keys in `metrics.jsonl` and TensorBoard have three shapes:
+
+    <agent>/<name>         a training metric of one agent      (`llama/reward_mean`, `qwen/rho/llama`)  AGENT
+    eval/<agent>/<name>    its evaluation, alone on the eval split (`eval/llama/pass@1`)                 EVAL
+    <name>                 a metric of the whole step           (`time/step`)                            STEP
+
+Names with a parameter are written with it in braces: `rho/{agent}`, `time/{phase}`, `avg@{k}`. The trainer builds
+keys with `agent_key` / `eval_key`; the logger, `hacrl plot`, the demo summary and the benchmarks read them with the
+same functions, and `parse` names any key's metric. A metric that is not here is a test failure
+(`unknown_keys` over a real run's records), never a failure of a user's run.
+
+The learner's loss metrics are reduced over an update's micro- and mini-batches by the kind `hacrl.core.metrics`
+declares for them (`part`, `own`, `foreign`, `values`); the `kind` here repeats it for the reader.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    doc: str
+    kind: str = "value"
+    """How it is reduced: `value` (computed once per step), or the loss metrics' kind in `hacrl.core.metrics`."""
+
+
+def _table(*rows: tuple[str, str] | tuple[str, str, str]) -> dict[str, Metric]:
+    return {row[0]: Metric(*row) for row in rows}
+
+
+AGENT = _table(
+    # the agent's own responses of the step (the driver)
+    ("reward_mean", "mean reward of its own responses"),
+    ("accuracy", "share of its own responses with reward r_max"),
+    ("capability", "P_hat, its capability estimate after this step (spec 3.1)"),
+    ("response_length_mean", "mean length of its responses, in its own tokens"),
+    ("finished_frac", "share of its responses that ended with EOS"),
+    ("informative_group_frac", "share of its prompts whose G rewards are not all equal"),
+    ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off)"),
+    ("reward_timeouts", "its responses whose scoring ran past data.reward_timeout"),
+    ("reward_errors", "its responses whose scoring raised or whose scoring process died (reward 0)"),
+    ("time/{phase}", "seconds its worker spent in a phase: generate, logprobs, update"),
+    # its update (the worker)
+    ("loss", "loss (policy + KL), mean over mini-batches", "part"),
+    ("policy_loss", "policy loss, mean over mini-batches", "part"),
+    ("kl", "k3 KL to the frozen reference over own rows (when a reference is kept)", "part"),
+    ("own_ratio_mean", "mean sequence ratio s of its own rows", "own"),
+    ("own_clip_frac", "share of own rows whose clipped term is taken (GRPO: of own tokens)", "own"),
+    ("foreign_ratio_mean", "mean sequence ratio s of foreign rows", "foreign"),
+    ("foreign_clip_frac", "share of foreign rows outside [lo_m, 1]", "foreign"),
+    ("foreign_below_frac", "share of foreign rows with s < lo_m", "foreign"),
+    ("foreign_above_frac", "share of foreign rows with s > 1", "foreign"),
+    ("foreign_lower_bound", "lo_m, the foreign rows' lower clip, averaged over their mini-batches", "foreign"),
+    ("rho_foreign_mean", "mean rho over foreign rows", "foreign"),
+    ("foreign_ratio_p{q}", "the 10th, 50th and 90th percentile of the foreign rows' ratios s", "values"),
+    ("grad_norm", "mean gradient norm (before clipping) over the optimizer steps taken"),
+    ("skipped_steps", "mini-batches whose gradient was not finite: no optimizer step (spec 3.6)"),
+    ("optimizer_steps", "optimizer steps taken in this update (mini-batches with a finite gradient)"),
+    ("trained_sequences", "rows that entered its loss (rows empty in its tokens cannot)"),
+    ("foreign_length_mean", "mean length of foreign rows in its tokens"),
+    ("foreign_cut_frac", "share of foreign rows cut to its rollout.max_new_tokens"),
+    ("foreign_empty", "foreign rows empty in its tokens (left out of the loss)"),
+    ("advantage_abs_mean", "mean |advantage| over its pool"),
+)
+
+EVAL = _table(
+    ("pass@1", "greedy accuracy: share of eval prompts whose greedy answer gets reward r_max"),
+    ("reward_mean", "mean greedy reward"),
+    ("avg@{k}", "share of k sampled answers per prompt with reward r_max (eval.num_samples = k)"),
+    ("length_mean", "mean greedy answer length, in its own tokens"),
+    ("finished", "share of greedy answers that ended with EOS"),
+    ("reward_timeouts", "eval answers whose scoring ran past data.reward_timeout"),
+)
+
+STEP = _table(
+    ("time/step", "seconds of the step: sampling + scoring + update"),
+    ("time/{phase}", "seconds of a phase of the step on the driver: sampling, scoring, update"),
+    ("tokens_per_second/sampling", "response tokens of all agents per second of the sampling phase"),
+    ("foreign_ratio_mode", "algorithm.foreign_ratio, logged when agents share"),
+)
+
+PHASES = {"agent": ("generate", "logprobs", "update"), "step": ("sampling", "scoring", "update")}
+
+
+def agent_key(agent: str, name: str) -> str:
+    """`<agent>/<name>`: a training metric of one agent."""
+    return f"{agent}/{name}"
+
+
+def eval_key(agent: str, name: str) -> str:
+    """`eval/<agent>/<name>`: an evaluation metric of one agent."""
+    return f"eval/{agent}/{name}"
+
+
+def _match(table: dict[str, Metric], name: str) -> Metric | None:
+    if name in table:
+        return table[name]
+    for pattern, metric in table.items():
+        if "{" in pattern and re.fullmatch(re.sub(r"\\\{\w+\\\}", r"[^/]+", re.escape(pattern)), name):
+            return metric
+    return None
+
+
+def parse(key: str) -> tuple[str, str | None, Metric] | None:
+    """(scope `agent` / `eval` / `step`, the agent's name or None, the metric) of a logged key; None: unknown.
+
+    >>> scope, agent, metric = parse("eval/qwen/avg@8")
+    >>> scope, agent, metric.name
+    ('eval', 'qwen', 'avg@{k}')
+    >>> parse("qwen/rho/llama")[2].name, parse("time/step")[0], parse("qwen/nonsense")
+    ('rho/{agent}', 'step', None)
+    """
+    if key == "step":
+        return None
+    step_metric = _match(STEP, key)
+    if step_metric is not None:
+        return "step", None, step_metric
+    head, _, rest = key.partition("/")
+    if head == "eval":
+        agent, _, name = rest.partition("/")
+        metric = _match(EVAL, name)
+        return ("eval", agent, metric) if metric and agent else None
+    metric = _match(AGENT, rest)
+    return ("agent", head, metric) if metric and head else None
+
+
+def unknown_keys(record: dict[str, object]) -> list[str]:
+    """The keys of a `metrics.jsonl` record that name no registered metric (`step` is the record's own)."""
+    return [key for key in record if key != "step" and parse(key) is None]
+
+
+def agent_values(records: list[dict], agent: str, name: str) -> list[tuple[int, float]]:
+    """(step, value) of one agent's training metric over the records that hold it."""
+    key = agent_key(agent, name)
+    return [(r["step"], r[key]) for r in records if key in r]
+
+
+def eval_values(records: list[dict], agent: str, name: str = "pass@1") -> list[tuple[int, float]]:
+    """(step, value) of one agent's evaluation metric over the records that hold it."""
+    key = eval_key(agent, name)
+    return [(r["step"], r[key]) for r in records if key in r]
+
+
+def agents_in(records: list[dict], scope: str = "agent") -> list[str]:
+    """The agents that have metrics of `scope` in the records, in the order first seen."""
+    seen: dict[str, None] = {}
+    for record in records:
+        for key in record:
+            parsed = parse(key)
+            if parsed is not None and parsed[0] == scope and parsed[1] is not None:
+                seen.setdefault(parsed[1], None)
+    return list(seen)
