@@ -14,12 +14,20 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from hacrl.core.params import AlgorithmParams
 from hacrl.errors import ConfigError
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "resume_differences", "validate"]
+
+# What a resumed run may change, per field (`field(metadata=...)`) or per group (a class's RESUME); anything else
+# would change the training numbers and is refused by `checkpoint.strict_resume` (see `resume_differences`).
+SAFE = {"resume": "safe"}
+"""Never changes the training numbers (evaluation, logging, scoring limits, where workers run)."""
+NOT_EXACT = {"resume": "not_exact"}
+"""Allowed, to move a run or to fit memory, at the price of bit-exactness (float sums, batching and the sampler's
+random draws then differ from an uninterrupted run)."""
 
 
 @dataclass
@@ -28,9 +36,9 @@ class AgentConfig:
 
     name: str = "???"
     """Unique name; metrics are namespaced by it (`<name>/reward_mean`) and checkpoints use it as folder name."""
-    model: str = "???"
+    model: str = field(default="???", metadata=NOT_EXACT)
     """Local directory of the model (config.json + weights). Never downloaded at run time."""
-    tokenizer: str | None = None
+    tokenizer: str | None = field(default=None, metadata=NOT_EXACT)
     """Directory of the tokenizer and chat template; None: the model directory."""
     lr: float = 1e-6
     """AdamW learning rate (paper: 1e-6 for 1.7B-4B models; tiny CPU models need ~3e-4)."""
@@ -42,7 +50,7 @@ class AgentConfig:
     """Clip the global gradient norm to this value (spec 3.6); a non-finite norm skips the optimizer step."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype; float32 on CPU, bfloat16 on GPU when asked."""
-    device: str = "cpu"
+    device: str = field(default="cpu", metadata=NOT_EXACT)
     """torch device of this agent: `cpu`, `cuda`, `cuda:1`, ..."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
@@ -54,16 +62,48 @@ class AgentConfig:
     """Prompt length limit for this agent (prompts are cut from the left); None: `rollout.max_prompt_tokens`."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
-    rollout_backend: Literal["hf", "static"] | None = None
+    rollout_backend: Literal["hf", "static"] | None = field(default=None, metadata=NOT_EXACT)
     """This agent's sampler; None: `rollout.backend`."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=NOT_EXACT)
     """Recompute each layer's activations in the backward pass instead of keeping them (less memory, ~30 % more
     compute in the update); for long responses on a GPU."""
-    num_cpus: float = 1.0
+    num_cpus: float = field(default=1.0, metadata=SAFE)
     """runtime.backend=ray: CPUs this agent's worker asks Ray for (fractions allowed)."""
-    num_gpus: float = 0.0
+    num_gpus: float = field(default=0.0, metadata=SAFE)
     """runtime.backend=ray: GPUs this agent's worker asks Ray for; 0.5 lets two agents share one GPU. Set
     `device: cuda` with it (Ray makes the assigned GPU the worker's first visible one)."""
+
+    def check(self, where: str) -> None:
+        if not isinstance(self.name, str) or not _AGENT_NAME.fullmatch(self.name):
+            shown = self.name if len(str(self.name)) <= 80 else f"{str(self.name)[:77]}..."
+            raise ConfigError(
+                f"{where}.name={shown!r} ({len(str(self.name))} characters) is not a folder-safe name: it names "
+                f"the agent's checkpoint folder and metrics, so it must be 1-{MAX_AGENT_NAME} characters of letters, "
+                "digits, '.', '_', '+' or '-', starting with a letter or digit (e.g. qwen3-1.7b)"
+            )
+        if self.name in RESERVED_AGENT_NAMES:
+            raise ConfigError(
+                f"{where}.name={self.name!r} is the first part of run-wide metric keys ({self.name}/...; "
+                "`hacrl.metrics`), so an agent of that name would be mixed up with them: choose another name"
+            )
+        if not self.lr > 0:
+            raise ConfigError(f"{where}.lr must be positive, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"{where}.betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.grad_clip > 0:
+            raise ConfigError(f"{where}.grad_clip must be positive, got {self.grad_clip}")
+        for key in ("max_new_tokens", "max_prompt_tokens"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{where}.{key} must be >= 1 or null, got {value}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ConfigError(f"{where}.temperature must be positive, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"{where}.top_p must be in (0, 1], got {self.top_p}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"{where}.num_cpus and num_gpus must be >= 0, got {self.num_cpus}, {self.num_gpus}")
+        if self.num_gpus > 0 and not self.device.startswith("cuda"):
+            raise ConfigError(f"{where}.num_gpus={self.num_gpus} asks for a GPU: set {where}.device=cuda")
 
 
 @dataclass
@@ -81,6 +121,13 @@ class AlgorithmConfig(AlgorithmParams):
         """The core's view: only the fields the advantage and loss functions read."""
         return AlgorithmParams(**{f.name: getattr(self, f.name) for f in fields(AlgorithmParams)})
 
+    def check(self, where: str = "algorithm") -> None:
+        """This group's own fields (the inherited ones are checked by `AlgorithmParams` on construction)."""
+        if self.capability_window < 1:
+            raise ConfigError(f"{where}.capability_window must be >= 1, got {self.capability_window}")
+        if self.capability_warmup_steps < 0:
+            raise ConfigError(f"{where}.capability_warmup_steps must be >= 0, got {self.capability_warmup_steps}")
+
 
 @dataclass
 class RolloutConfig:
@@ -96,24 +143,39 @@ class RolloutConfig:
     """Response length limit, in each agent's own tokens."""
     max_prompt_tokens: int = 512
     """Prompt length limit; longer prompts are cut from the left."""
-    backend: Literal["hf", "static"] = "hf"
+    backend: Literal["hf", "static"] = field(default="hf", metadata=NOT_EXACT)
     """Sampler: `hf` (transformers' generate, the CPU default) or `static` (preallocated KV cache, fixed-shape
     decode step, sampling on the device, finished rows dropped; the fast path on a GPU)."""
-    batch_size: int | str | None = None
+    batch_size: int | str | None = field(default=None, metadata=NOT_EXACT)
     """Rows per generation call. `auto`: the `static` sampler sizes its KV pool to the device (on a GPU: the rows,
     a power of two, whose pool fits in the free memory after the model, its optimizer state and gradients, and
     `kv_cache_margin` of the card; `hacrl.samplers.static.auto_rows`), 64 elsewhere. None (default):
     `auto` with the `static` sampler, `trainer.logprob_batch_size` with `hf`."""
-    kv_cache_margin: float = 0.35
+    kv_cache_margin: float = field(default=0.35, metadata=NOT_EXACT)
     """`batch_size: auto`: the fraction of the device's total memory left free beside the KV pool (the update's
     activations, log-prob chunks, the allocator's slack)."""
-    cuda_graphs: bool = False
+    cuda_graphs: bool = field(default=False, metadata=NOT_EXACT)
     """`static` sampler: capture the decode step as a CUDA graph (torch.compile, mode reduce-overhead); GPU only."""
+
+    def check(self, where: str = "rollout") -> None:
+        if self.group_size < 1:
+            raise ConfigError(f"{where}.group_size must be >= 1, got {self.group_size}")
+        if not self.temperature > 0:
+            raise ConfigError(f"{where}.temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{where}.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1 or self.max_prompt_tokens < 1:
+            raise ConfigError(f"{where}.max_new_tokens and {where}.max_prompt_tokens must be >= 1")
+        rows = self.batch_size
+        if rows is not None and rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise ConfigError(f"{where}.batch_size must be auto, an integer >= 1 or null, got {rows!r}")
+        if not 0 <= self.kv_cache_margin < 1:
+            raise ConfigError(f"{where}.kv_cache_margin must be in [0, 1), got {self.kv_cache_margin}")
 
 
 @dataclass
 class DataConfig:
-    """Prompts, answers and how responses are scored."""
+    """Prompts and answers (how responses are scored: `scoring`)."""
 
     source: Literal["reasoning_gym", "file"] = "reasoning_gym"
     """`reasoning_gym`: a procedural task by name; `file`: local JSONL/parquet files."""
@@ -125,14 +187,14 @@ class DataConfig:
     """Seeds the generated task data (reasoning_gym); the same for every training seed, so eval sets agree."""
     train_size: int = 10000
     """Training prompts generated (reasoning_gym); eval questions are removed from them."""
-    eval_size: int = 256
+    eval_size: int = field(default=256, metadata=SAFE)
     """Held-out eval prompts (reasoning_gym), or the most taken from `eval_file`."""
     heldout_size: int = 2048
     """reasoning_gym: held-out questions generated for the eval split (its first `eval_size` are evaluated) and
     removed from the training split, so the training data do not change with `eval_size` (up to this size)."""
     train_file: str | None = None
     """JSONL or parquet file of training rows (source: file)."""
-    eval_file: str | None = None
+    eval_file: str | None = field(default=None, metadata=SAFE)
     """JSONL or parquet file of eval rows (source: file)."""
     prompt_column: str = "prompt"
     """Column with the prompt: a string, or a list of chat messages `{role, content}`."""
@@ -140,59 +202,91 @@ class DataConfig:
     """Column with the reference answer."""
     system_prompt: str | None = None
     """System message put before every prompt given as a plain string."""
-    reward: Literal["auto", "reasoning_gym", "math"] = "auto"
+
+    def check(self, where: str = "data") -> None:
+        if self.source == "file" and not self.train_file:
+            raise ConfigError(f"{where}.source=file needs {where}.train_file (a .jsonl or .parquet file)")
+        if self.source == "reasoning_gym" and (self.train_size < 1 or self.eval_size < 1):
+            raise ConfigError(f"{where}.train_size and {where}.eval_size must be >= 1")
+        if self.source == "reasoning_gym" and self.eval_size > self.heldout_size:
+            raise ConfigError(
+                f"{where}.eval_size={self.eval_size} exceeds {where}.heldout_size={self.heldout_size}; raise "
+                f"{where}.heldout_size (this changes the training split) or lower {where}.eval_size"
+            )
+
+
+@dataclass
+class ScoringConfig:
+    """How responses are scored: which reward, and the limits that no reward function and no text can get past
+    (`hacrl.scoring`)."""
+
+    builtin: Literal["auto", "reasoning_gym", "math"] = "auto"
     """Built-in scorer: `reasoning_gym` (the task's own scorer), `math` (answer extraction + math-verify); `auto`
-    picks by `source`. Ignored when `reward_function` is set."""
-    reward_function: str | None = None
+    picks by `data.source`. Ignored when `function` is set."""
+    function: str | None = None
     """Your reward as `package.module:function` with the TRL signature f(prompts, completions, **columns),
     importable from PYTHONPATH or the working directory. Naming it in a config runs that module's code with your
     permissions: treat configs like code."""
-    reward_timeout: float = 5.0
-    """Seconds the scoring of one completion may take, for the built-in scorers and `reward_function` alike; a
-    completion past it gets `reward_on_timeout` and its scoring process is replaced (no text can hang a run)."""
-    reward_on_timeout: float = 0.0
-    """Reward of a completion whose scoring ran past `reward_timeout` (counted in `<agent>/reward_timeouts`)."""
-    stop_on_reward_timeout: bool = False
-    """Stop the run with an error at the first scoring timeout instead of scoring it `reward_on_timeout`."""
-    reward_on_hung: Literal["stop", "continue"] = "stop"
-    """A `reward_function` that is hung (past its limit on a whole slice, then on each of the first 3 completions
-    retried alone, never returning): `stop` the run with a message (within about a minute at the defaults), or
-    `continue`, scoring each such completion `reward_on_timeout` (each costs its timeout). Built-in scorers always
-    go on: a text that hangs them scores 0."""
-    reward_workers: int = 1
+    timeout: float = field(default=5.0, metadata=SAFE)
+    """Seconds the scoring of one completion may take, for the built-in scorers and `function` alike; a completion
+    past it gets `on_timeout` and its scoring process is replaced (no text can hang a run)."""
+    on_timeout: float = field(default=0.0, metadata=SAFE)
+    """Reward of a completion whose scoring ran past `timeout` (counted in `<agent>/reward_timeouts`)."""
+    stop_on_timeout: bool = field(default=False, metadata=SAFE)
+    """Stop the run with an error at the first scoring timeout instead of scoring it `on_timeout`."""
+    on_hung: Literal["stop", "continue"] = field(default="stop", metadata=SAFE)
+    """A `function` that is hung (past its limit on a whole slice, then on each of the first 3 completions retried
+    alone, never returning): `stop` the run with a message (within about a minute at the defaults), or `continue`,
+    scoring each such completion `on_timeout` (each costs its timeout). Built-in scorers always go on: a text that
+    hangs them scores 0."""
+    workers: int = field(default=1, metadata=SAFE)
     """Scoring processes; each scores a contiguous slice of a step's completions (the rewards do not depend on it)."""
-    reward_isolation: Literal["process", "inline"] = "process"
+    isolation: Literal["process", "inline"] = field(default="process", metadata=SAFE)
     """`process`: scoring runs in separate, time-limited processes; `inline`: in the training process with no
     hard time limit (for debugging a reward function with pdb)."""
-    reward_memory_mb: int | None = 4096
+    memory_mb: int | None = field(default=4096, metadata=SAFE)
     """Address-space limit of each scoring process in MiB (a hostile text cannot exhaust the machine's memory);
     null: no limit (needed when a reward function uses a GPU)."""
     max_answer_chars: int = 4096
     """Built-in scorers: an extracted answer longer than this scores 0 without being parsed."""
+
+    def check(self, where: str = "scoring") -> None:
+        if self.function is not None and ":" not in self.function:
+            raise ConfigError(f"{where}.function={self.function!r} must look like 'package.module:function'")
+        if not self.timeout > 0:
+            raise ConfigError(f"{where}.timeout must be positive, got {self.timeout}")
+        if not self.on_timeout >= 0:
+            raise ConfigError(f"{where}.on_timeout must be >= 0, got {self.on_timeout}")
+        if self.workers < 1:
+            raise ConfigError(f"{where}.workers must be >= 1, got {self.workers}")
+        if self.memory_mb is not None and self.memory_mb < 256:
+            raise ConfigError(f"{where}.memory_mb must be >= 256 or null (no limit), got {self.memory_mb}")
+        if self.max_answer_chars < 1:
+            raise ConfigError(f"{where}.max_answer_chars must be >= 1, got {self.max_answer_chars}")
 
 
 @dataclass
 class TrainerConfig:
     """The loop's sizes and seed."""
 
-    steps: int = 100
+    steps: int = field(default=100, metadata=SAFE)
     """Training steps; each samples `prompts_per_step` prompts x G responses per agent."""
     prompts_per_step: int = 32
     """B: prompts per training step."""
     mini_batch_size: int = 128
     """Responses per optimizer step; must divide B x G, so a learner takes (n x B x G) / this steps per training
     step in pool order (own first), which is what makes clipping and the stepwise bound act."""
-    micro_batch_size: int = 32
+    micro_batch_size: int = field(default=32, metadata=NOT_EXACT)
     """Responses per forward/backward; gradients accumulate up to the mini-batch (bounds memory)."""
-    logprob_batch_size: int = 64
+    logprob_batch_size: int = field(default=64, metadata=NOT_EXACT)
     """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
-    logprob_chunk_size: int | str | None = "auto"
+    logprob_chunk_size: int | str | None = field(default="auto", metadata=NOT_EXACT)
     """`auto`: the full logits while a batch's (rows x positions x vocabulary) float32 logits stay within 256 MiB
     (tiny vocabularies: the faster path), else chunks of 256 MiB / (vocabulary x 4 bytes) positions (441 for a
     152k vocabulary). An int: only response positions go through the output layer, this many at a time,
     recomputed in the backward pass, so memory no longer grows with vocabulary x positions. null: always the full
     logits."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """Where the pre-update log-probs of an agent's own responses come from, when they are needed (rows trained
     after the learner's first optimizer step, and the log-prob sums other learners read under sharing):
     `recompute`: a teacher-forced no-grad pass over the responses after sampling (exact; what hacrl always did);
@@ -201,14 +295,37 @@ class TrainerConfig:
     it). Rows of the first optimizer step always use the training forward's own (ratio exactly 1)."""
     seed: int = 0
     """Seeds sampling and prompt order (not the starting agents)."""
-    output_dir: str = "runs/hacrl"
+    output_dir: str = field(default="runs/hacrl", metadata=SAFE)
     """Run directory: config.yaml, metrics.jsonl, eval/ (per-prompt evaluation records), TensorBoard events,
     checkpoints/, plots."""
+
+    def check(self, where: str = "trainer") -> None:
+        if self.steps < 0 or self.prompts_per_step < 1:
+            raise ConfigError(
+                f"{where}.steps must be >= 0 and {where}.prompts_per_step >= 1, got {self.steps}, "
+                f"{self.prompts_per_step}"
+            )
+        if self.micro_batch_size < 1 or self.mini_batch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"{where}.micro_batch_size={self.micro_batch_size} must divide "
+                f"{where}.mini_batch_size={self.mini_batch_size}"
+            )
+        if self.logprob_batch_size < 1:
+            raise ConfigError(f"{where}.logprob_batch_size must be >= 1, got {self.logprob_batch_size}")
+        chunk = self.logprob_chunk_size
+        if (
+            chunk is not None
+            and chunk != "auto"
+            and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1)
+        ):
+            raise ConfigError(f"{where}.logprob_chunk_size must be auto, an integer >= 1 or null, got {chunk!r}")
 
 
 @dataclass
 class EvalConfig:
     """Evaluation of each agent alone on the eval split."""
+
+    RESUME: ClassVar[dict] = SAFE
 
     every: int = 0
     """Evaluate every this many steps (0: only before training and at the end)."""
@@ -224,10 +341,18 @@ class EvalConfig:
     """Write each evaluation's greedy completions and rewards, one line per prompt with every agent's, to
     `<output_dir>/eval/step_NNNNNN.jsonl` (for reading what the agents answer, and for paired comparisons)."""
 
+    def check(self, where: str = "eval") -> None:
+        if self.every < 0 or self.num_samples < 0 or self.batch_size < 1:
+            raise ConfigError(f"{where}.every and {where}.num_samples must be >= 0, {where}.batch_size >= 1")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ConfigError(f"{where}.max_prompts must be >= 1 or null (all eval prompts), got {self.max_prompts}")
+
 
 @dataclass
 class LoggingConfig:
     """Where metrics go."""
+
+    RESUME: ClassVar[dict] = SAFE
 
     console: bool = True
     """Rich progress bar and a per-step summary line."""
@@ -240,6 +365,8 @@ class LoggingConfig:
 @dataclass
 class CheckpointConfig:
     """Checkpoints: each agent as a Hugging Face model directory, plus everything needed to resume."""
+
+    RESUME: ClassVar[dict] = SAFE
 
     every: int = 0
     """Save every this many steps (0: only at the end)."""
@@ -255,10 +382,16 @@ class CheckpointConfig:
     """Check every checkpoint file against the SHA-256 recorded when it was written before resuming from it (reads
     the whole checkpoint once; sizes and headers are always checked)."""
 
+    def check(self, where: str = "checkpoint") -> None:
+        if self.every < 0 or self.keep_last < 1:
+            raise ConfigError(f"{where}.every must be >= 0 and {where}.keep_last >= 1")
+
 
 @dataclass
 class RayConfig:
     """How to reach Ray (runtime.backend=ray)."""
+
+    RESUME: ClassVar[dict] = SAFE
 
     address: str | None = None
     """None: start a Ray instance on this machine for the run; `auto` or `host:port`: join a running cluster
@@ -269,13 +402,25 @@ class RayConfig:
 class RuntimeConfig:
     """Where the agent workers run."""
 
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray"] = field(default="local", metadata=SAFE)
     """`local`: every agent in this process, one after the other (no setup); `ray`: every agent a Ray actor
     (`pip install "hacrl[ray]"`), sampling and learning at the same time as the others."""
-    torch_threads: int | None = None
+    torch_threads: int | None = field(default=None, metadata=NOT_EXACT)
     """torch intra-op threads in each worker's process; None: the process's default (local: this process's; a Ray
     actor: its num_cpus). Set it to compare backends bit for bit (the thread count changes float sums)."""
     ray: RayConfig = field(default_factory=RayConfig)
+
+    def check(self, where: str = "runtime") -> None:
+        if self.backend == "ray":
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError(
+                    f'{where}.backend=ray needs Ray, an optional extra: pip install "hacrl[ray]" (or use '
+                    f"{where}.backend=local, the default)"
+                )
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError(f"{where}.torch_threads must be >= 1 or null, got {self.torch_threads}")
 
 
 @dataclass
@@ -287,6 +432,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -298,7 +444,7 @@ class TrainConfig:
         validate(self)
 
 
-GROUPS = ("agents", "algorithm", "rollout", "data", "trainer", "eval", "logging", "checkpoint", "runtime")
+GROUPS = ("agents", "algorithm", "rollout", "data", "scoring", "trainer", "eval", "logging", "checkpoint", "runtime")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -315,11 +461,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups {list(GROUPS)}")
+            data = loaded.get("data")
+            _refuse_renamed([f"data.{k}" for k in data] if isinstance(data, dict) else [], f"config file {path}")
             cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
+            _refuse_renamed([key], f"override {item!r}")
             _check_list_index(cfg, key)
             parsed = _load_yaml(value, f"override {item!r}")
             # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
@@ -339,6 +488,33 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(str(e)) from None
     validate(config)
     return config
+
+
+RENAMED = {
+    "data.reward": "scoring.builtin",
+    "data.reward_function": "scoring.function",
+    "data.reward_timeout": "scoring.timeout",
+    "data.reward_on_timeout": "scoring.on_timeout",
+    "data.stop_on_reward_timeout": "scoring.stop_on_timeout",
+    "data.reward_on_hung": "scoring.on_hung",
+    "data.reward_workers": "scoring.workers",
+    "data.reward_isolation": "scoring.isolation",
+    "data.reward_memory_mb": "scoring.memory_mb",
+    "data.max_answer_chars": "scoring.max_answer_chars",
+}
+"""Keys of earlier hacrl versions and their names now: a config that uses one is refused with the new name (a
+checkpoint's saved config is read through this table when a run resumes)."""
+
+
+def _refuse_renamed(keys: Sequence[str], where: str) -> None:
+    old = [k for k in keys if k in RENAMED]
+    if old:
+        moves = ", ".join(f"{k} -> {RENAMED[k]}" for k in old)
+        raise ConfigError(
+            f"{where}: every scoring setting moved from `data:` to its own `scoring:` group ({moves}); write "
+            f"{'them' if len(old) > 1 else 'it'} under scoring: (e.g. `scoring: {{{RENAMED[old[0]].split('.')[1]}: "
+            "...}` or the override " + f"{RENAMED[old[0]]}=...)"
+        )
 
 
 MAX_YAML_NODES = 100_000
@@ -417,6 +593,10 @@ system's 255-byte limit, so a long name fails at validation, not at the first ch
 _AGENT_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_AGENT_NAME - 1}}}")
 
 
+RESERVED_AGENT_NAMES = ("eval", "time", "tokens_per_second")
+"""Names that start run-wide metric keys (`eval/<agent>/...`, `time/step`, `tokens_per_second/sampling`)."""
+
+
 MAX_GROUP_SIZE = 1024
 """G beyond this is a typo (`1e6`), not an experiment: the paper uses 8."""
 MAX_RESPONSES_PER_STEP = 65536
@@ -442,65 +622,47 @@ def _check_finite_fields(node: Any, prefix: str = "") -> None:
 
 
 def validate(config: TrainConfig) -> None:
+    """Every group's own checks (`check` next to its fields), then the checks across groups; each message names
+    the key and what to set."""
     _check_finite_fields(config)
     if not config.agents:
         raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
+    for i, agent in enumerate(config.agents):
+        agent.check(f"agents.{i}")
     names = [a.name for a in config.agents]
     if len(set(names)) != len(names):
         raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")
-    for i, agent in enumerate(config.agents):
-        if not isinstance(agent.name, str) or not _AGENT_NAME.fullmatch(agent.name):
-            shown = agent.name if len(str(agent.name)) <= 80 else f"{str(agent.name)[:77]}..."
-            raise ConfigError(
-                f"agents.{i}.name={shown!r} ({len(str(agent.name))} characters) is not a folder-safe name: it names "
-                f"the agent's checkpoint folder and metrics, so it must be 1-{MAX_AGENT_NAME} characters of letters, "
-                "digits, '.', '_', '+' or '-', starting with a letter or digit (e.g. qwen3-1.7b)"
-            )
-        if not agent.lr > 0:
-            raise ConfigError(f"agents.{i}.lr must be positive, got {agent.lr}")
-        if len(agent.betas) != 2 or not all(0 <= b < 1 for b in agent.betas):
-            raise ConfigError(f"agents.{i}.betas must be two numbers in [0, 1), got {agent.betas}")
-        if not agent.grad_clip > 0:
-            raise ConfigError(f"agents.{i}.grad_clip must be positive, got {agent.grad_clip}")
-        for key in ("max_new_tokens", "max_prompt_tokens"):
-            value = getattr(agent, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"agents.{i}.{key} must be >= 1 or null, got {value}")
-        if agent.temperature is not None and not agent.temperature > 0:
-            raise ConfigError(f"agents.{i}.temperature must be positive, got {agent.temperature}")
-        if agent.top_p is not None and not 0 < agent.top_p <= 1:
-            raise ConfigError(f"agents.{i}.top_p must be in (0, 1], got {agent.top_p}")
-        if agent.num_cpus < 0 or agent.num_gpus < 0:
-            raise ConfigError(f"agents.{i}.num_cpus and num_gpus must be >= 0, got {agent.num_cpus}, {agent.num_gpus}")
-        if agent.num_gpus > 0 and not agent.device.startswith("cuda"):
-            raise ConfigError(f"agents.{i}.num_gpus={agent.num_gpus} asks for a GPU: set agents.{i}.device=cuda")
-    algo, n = config.algorithm, len(config.agents)
+    for group in GROUPS[1:]:
+        if group == "trainer":  # the sizes across groups first: the mini-batch before the micro-batch inside it
+            _check_batch_sizes(config.trainer, config.rollout, len(config.agents))
+        check = getattr(getattr(config, group), "check", None)
+        if check is not None:  # logging has nothing to check
+            check()
+    algo, r, t, n = config.algorithm, config.rollout, config.trainer, len(config.agents)
     if algo.name in ("hacpo", "naive") and n < 2 and algo.share_rollouts:
         raise ConfigError(
             f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
-    if algo.capability_window < 1:
-        raise ConfigError(f"algorithm.capability_window must be >= 1, got {algo.capability_window}")
-    if algo.capability_warmup_steps < 0:
-        raise ConfigError(f"algorithm.capability_warmup_steps must be >= 0, got {algo.capability_warmup_steps}")
-    r = config.rollout
-    if r.group_size < 1:
-        raise ConfigError(f"rollout.group_size must be >= 1, got {r.group_size}")
-    if not r.temperature > 0:
-        raise ConfigError(f"rollout.temperature must be positive, got {r.temperature}")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    if r.max_new_tokens < 1 or r.max_prompt_tokens < 1:
-        raise ConfigError("rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
-    t = config.trainer
-    if t.steps < 0 or t.prompts_per_step < 1:
+    top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
+    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
         raise ConfigError(
-            f"trainer.steps must be >= 0 and trainer.prompts_per_step >= 1, got {t.steps}, {t.prompts_per_step}"
+            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
+            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
         )
+    if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
+        raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
+    sc = config.scoring
+    if not 0 <= sc.on_timeout <= algo.r_max:
+        raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
+    if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
+        raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def _check_batch_sizes(t: TrainerConfig, r: RolloutConfig, num_agents: int) -> None:
     per_agent = t.prompts_per_step * r.group_size
     if r.group_size > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
-        tokens = per_agent * len(config.agents) * (r.max_prompt_tokens + r.max_new_tokens)
+        tokens = per_agent * num_agents * (r.max_prompt_tokens + r.max_new_tokens)
         raise ConfigError(
             f"trainer.prompts_per_step x rollout.group_size = {t.prompts_per_step} x {r.group_size} = {per_agent:,} "
             f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
@@ -514,70 +676,6 @@ def validate(config: TrainConfig) -> None:
             f"trainer.mini_batch_size={t.mini_batch_size} must divide the responses per agent and step, "
             f"trainer.prompts_per_step x rollout.group_size = {per_agent}; choose one of {divisors}"
         )
-    if t.micro_batch_size < 1 or t.mini_batch_size % t.micro_batch_size:
-        raise ConfigError(
-            f"trainer.micro_batch_size={t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
-        )
-    if t.logprob_batch_size < 1:
-        raise ConfigError(f"trainer.logprob_batch_size must be >= 1, got {t.logprob_batch_size}")
-    chunk = t.logprob_chunk_size
-    if chunk is not None and chunk != "auto" and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise ConfigError(f"trainer.logprob_chunk_size must be auto, an integer >= 1 or null, got {chunk!r}")
-    if t.old_logprobs not in ("recompute", "sampler"):
-        raise ConfigError(f"trainer.old_logprobs must be 'recompute' or 'sampler', got {t.old_logprobs!r}")
-    top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
-    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
-        raise ConfigError(
-            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
-            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
-        )
-    rows = r.batch_size
-    if rows is not None and rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
-        raise ConfigError(f"rollout.batch_size must be auto, an integer >= 1 or null, got {rows!r}")
-    if not 0 <= r.kv_cache_margin < 1:
-        raise ConfigError(f"rollout.kv_cache_margin must be in [0, 1), got {r.kv_cache_margin}")
-    if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
-        raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
-    d = config.data
-    if d.source == "file" and not d.train_file:
-        raise ConfigError("data.source=file needs data.train_file (a .jsonl or .parquet file)")
-    if d.source == "reasoning_gym" and (d.train_size < 1 or d.eval_size < 1):
-        raise ConfigError("data.train_size and data.eval_size must be >= 1")
-    if d.source == "reasoning_gym" and d.eval_size > d.heldout_size:
-        raise ConfigError(
-            f"data.eval_size={d.eval_size} exceeds data.heldout_size={d.heldout_size}; raise "
-            "data.heldout_size (this changes the training split) or lower data.eval_size"
-        )
-    if d.reward_function is not None and ":" not in d.reward_function:
-        raise ConfigError(f"data.reward_function={d.reward_function!r} must look like 'package.module:function'")
-    if not d.reward_timeout > 0:
-        raise ConfigError(f"data.reward_timeout must be positive, got {d.reward_timeout}")
-    if not 0 <= d.reward_on_timeout <= algo.r_max:
-        raise ConfigError(f"data.reward_on_timeout={d.reward_on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
-    if d.reward_workers < 1:
-        raise ConfigError(f"data.reward_workers must be >= 1, got {d.reward_workers}")
-    if d.reward_memory_mb is not None and d.reward_memory_mb < 256:
-        raise ConfigError(f"data.reward_memory_mb must be >= 256 or null (no limit), got {d.reward_memory_mb}")
-    if d.max_answer_chars < 1:
-        raise ConfigError(f"data.max_answer_chars must be >= 1, got {d.max_answer_chars}")
-    e = config.eval
-    if e.every < 0 or e.num_samples < 0 or e.batch_size < 1:
-        raise ConfigError("eval.every and eval.num_samples must be >= 0, eval.batch_size >= 1")
-    if e.max_prompts is not None and e.max_prompts < 1:
-        raise ConfigError(f"eval.max_prompts must be >= 1 or null (all eval prompts), got {e.max_prompts}")
-    if config.runtime.backend == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError(
-                'runtime.backend=ray needs Ray, an optional extra: pip install "hacrl[ray]" (or use '
-                "runtime.backend=local, the default)"
-            )
-    if config.runtime.torch_threads is not None and config.runtime.torch_threads < 1:
-        raise ConfigError(f"runtime.torch_threads must be >= 1 or null, got {config.runtime.torch_threads}")
-    c = config.checkpoint
-    if c.every < 0 or c.keep_last < 1:
-        raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep_last >= 1")
 
 
 def config_to_yaml(config: TrainConfig) -> str:
@@ -679,44 +777,54 @@ def _omegaconf_message(e: Exception) -> str:
 
 # -- what may change when a run is resumed ------------------------------------------------------------------------
 
-RESUME_SAFE = (
-    "runtime.backend",
-    "runtime.ray.*",
-    "agents.*.num_cpus",
-    "agents.*.num_gpus",
-    "trainer.steps",
-    "trainer.output_dir",
-    "eval.*",
-    "logging.*",
-    "checkpoint.*",
-    "data.eval_size",
-    "data.eval_file",
-    "data.reward_timeout",
-    "data.reward_on_timeout",
-    "data.stop_on_reward_timeout",
-    "data.reward_on_hung",
-    "data.reward_workers",
-    "data.reward_isolation",
-    "data.reward_memory_mb",
-)
-"""Keys that never change the training numbers (evaluation runs on its own random stream)."""
 
-RESUME_NOT_EXACT = (
-    "runtime.torch_threads",
-    "rollout.backend",
-    "rollout.batch_size",
-    "rollout.cuda_graphs",
-    "agents.*.rollout_backend",
-    "agents.*.gradient_checkpointing",
-    "trainer.logprob_chunk_size",
-    "agents.*.device",
-    "agents.*.model",
-    "agents.*.tokenizer",
-    "trainer.micro_batch_size",
-    "trainer.logprob_batch_size",
-)
-"""Keys a resumed run may change (to move a run, or to fit memory), at the price of bit-exactness: float sums,
-batching and the sampler's random draws then differ from an uninterrupted run."""
+def resume_policy(key: str) -> str:
+    """`safe`, `not_exact` or `refused`: what changing the flattened config key `key` (`agents.1.device`,
+    `data.task_options.min_digits`) does to a resumed run, from the field's metadata (SAFE / NOT_EXACT) or its
+    group's `RESUME`; `refused` when neither says otherwise (it would change the training numbers)."""
+    cls: Any = TrainConfig
+    policy = "refused"
+    parts = key.split(".")
+    i = 0
+    while i < len(parts) and cls is not None and is_dataclass(cls):
+        known = {f.name: f for f in fields(cls)}
+        f = known.get(parts[i])
+        if f is None:
+            break
+        policy = f.metadata.get("resume", policy)
+        default = _default(f)
+        if is_dataclass(default):
+            cls = type(default)
+            policy = getattr(cls, "RESUME", {}).get("resume", policy)
+        elif f.name == "agents":
+            cls, i = AgentConfig, i + 1  # skip the index
+        else:
+            cls = None
+        i += 1
+    return policy
+
+
+def resume_rules(policy: str) -> list[str]:
+    """The keys (`eval.*` for a whole group, `agents.*.device`) whose resume policy is `policy`."""
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str, inherited: str) -> None:
+        group = getattr(cls, "RESUME", {}).get("resume", inherited)
+        if group == policy and group != inherited:
+            out.append(f"{prefix}*")
+            return
+        for f in fields(cls):
+            default = _default(f)
+            if is_dataclass(default):
+                walk(type(default), f"{prefix}{f.name}.", group)
+            elif f.name == "agents":
+                walk(AgentConfig, "agents.*.", group)
+            elif f.metadata.get("resume", group) == policy and group != policy:
+                out.append(prefix + f.name)
+
+    walk(TrainConfig, "", "refused")
+    return out
+
 
 _DICT_VALUED = ("data.task_options", "agents.*.chat_template_kwargs")
 
@@ -725,10 +833,12 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
     """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use.
 
     Returns (refused, not_exact): lines `key: <saved> in the checkpoint, <now> now` for each changed key that would
-    change the training numbers, and for each key of `RESUME_NOT_EXACT` that changed. `RESUME_SAFE` keys are free.
-    Keys that exist on one side only are ignored (a config field added or removed by another hacrl version),
-    except inside dict-valued settings such as `data.task_options`."""
-    old, new = _flatten(saved), _flatten(asdict(current))
+    change the training numbers, and for each changed key whose `resume_policy` is `not_exact`; `safe` keys are
+    free. A saved key of an earlier version is read under its new name (`RENAMED`). Keys that exist on one side
+    only are ignored (a config field added or removed by another hacrl version), except inside dict-valued settings
+    such as `data.task_options`."""
+    old = {RENAMED.get(k, k): v for k, v in _flatten(saved).items()}
+    new = _flatten(asdict(current))
     refused, not_exact = [], []
     for key in sorted(set(old) | set(new)):
         pattern = _pattern(key)
@@ -736,10 +846,11 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
             if not any(pattern.startswith(d + ".") for d in _DICT_VALUED):
                 continue
         before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
-        if before == after or _matches(pattern, RESUME_SAFE):
+        policy = resume_policy(key)
+        if before == after or policy == "safe":
             continue
         line = f"{key}: {before!r} in the checkpoint, {after!r} now"
-        (not_exact if _matches(pattern, RESUME_NOT_EXACT) else refused).append(line)
+        (not_exact if policy == "not_exact" else refused).append(line)
     return refused, not_exact
 
 
@@ -760,7 +871,3 @@ def _pattern(key: str) -> str:
     import re
 
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", key)
-
-
-def _matches(pattern: str, rules: Sequence[str]) -> bool:
-    return any(pattern == rule or (rule.endswith(".*") and pattern.startswith(rule[:-1])) for rule in rules)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hacrl.config import DataConfig
+from hacrl.config import DataConfig, ScoringConfig
 from hacrl.errors import DataError, warn
 from hacrl.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
 
@@ -48,23 +48,25 @@ class TaskData:
     """True for hacrl's own scorers (per-completion scoring; an error on some text scores 0)."""
 
 
-def load_task(cfg: DataConfig) -> TaskData:
-    """Build the train/eval splits and the reward function described by `cfg`."""
+def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData:
+    """Build the train/eval splits described by `cfg` and the reward function `scoring` names (default: the task's
+    built-in scorer)."""
+    scoring = scoring or ScoringConfig()
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
-        builtin = reasoning_gym_reward(dataset, cfg.max_answer_chars)
+        builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars)
     else:
         train = _read_rows(cfg, cfg.train_file)
         eval_ = _read_rows(cfg, cfg.eval_file)[: cfg.eval_size] if cfg.eval_file else []
         _warn_about_overlap(cfg, train, eval_)
         builtin = None
-    if cfg.reward_function:
-        reward = import_reward_function(cfg.reward_function)
-        return TaskData(train=train, eval=eval_, reward=reward, reward_source=cfg.reward_function, builtin=False)
-    if cfg.reward == "math" or (cfg.reward == "auto" and builtin is None):
-        reward = math_reward(cfg.reward_timeout, cfg.max_answer_chars)
+    if scoring.function:
+        reward = import_reward_function(scoring.function)
+        return TaskData(train=train, eval=eval_, reward=reward, reward_source=scoring.function, builtin=False)
+    if scoring.builtin == "math" or (scoring.builtin == "auto" and builtin is None):
+        reward = math_reward(scoring.timeout, scoring.max_answer_chars)
     elif builtin is None:
-        raise DataError("data.reward=reasoning_gym needs data.source=reasoning_gym")
+        raise DataError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym")
     else:
         reward = builtin
     return TaskData(train=train, eval=eval_, reward=reward, reward_source=reward, builtin=True)

@@ -28,7 +28,7 @@ def completion_metrics(
     """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
     `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent. `rewards_out`, when
     given, receives the greedy reward of every example, in order."""
-    r_max = scorer.settings.r_max
+    r_max = scorer.r_max
     result = _score(scorer, examples, [c.text for c in greedy])
     rewards = result.rewards
     if rewards_out is not None:
@@ -113,11 +113,11 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     from hacrl.scoring import scorer_for
 
     dirs = [d for path in paths for d in _model_dirs(path)]  # (label, model directory); checked before data loads
-    task = load_task(config.data)
+    task = load_task(config.data, config.scoring)
     examples = task.eval[: config.eval.max_prompts] if config.eval.max_prompts else task.eval
     if not examples:
         raise DataError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
-    scorer = scorer_for(task, config.data, r_max=config.algorithm.r_max).start()
+    scorer = scorer_for(task, config.scoring, r_max=config.algorithm.r_max).start()
     by_name = {a.name: a for a in config.agents}
     results = []
     for i, (label, model_dir) in enumerate(dirs):

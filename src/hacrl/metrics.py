@@ -42,7 +42,7 @@ AGENT = _table(
     ("finished_frac", "share of its responses that ended with EOS"),
     ("informative_group_frac", "share of its prompts whose G rewards are not all equal"),
     ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off)"),
-    ("reward_timeouts", "its responses whose scoring ran past data.reward_timeout"),
+    ("reward_timeouts", "its responses whose scoring ran past scoring.timeout"),
     ("reward_errors", "its responses whose scoring raised or whose scoring process died (reward 0)"),
     ("time/{phase}", "seconds its worker spent in a phase: generate, logprobs, update"),
     # its update (the worker)
@@ -74,7 +74,7 @@ EVAL = _table(
     ("avg@{k}", "share of k sampled answers per prompt with reward r_max (eval.num_samples = k)"),
     ("length_mean", "mean greedy answer length, in its own tokens"),
     ("finished", "share of greedy answers that ended with EOS"),
-    ("reward_timeouts", "eval answers whose scoring ran past data.reward_timeout"),
+    ("reward_timeouts", "eval answers whose scoring ran past scoring.timeout"),
 )
 
 STEP = _table(

@@ -42,7 +42,7 @@ __all__ = [
 RewardFn = Callable[..., list[float]]
 
 MAX_ANSWER_CHARS = 4096
-"""Default cap on an extracted answer: longer ones score 0 without being parsed (`data.max_answer_chars`)."""
+"""Default cap on an extracted answer: longer ones score 0 without being parsed (`scoring.max_answer_chars`)."""
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACES = re.compile(r"[{}]")
@@ -241,12 +241,12 @@ def import_reward_function(path: str) -> RewardFn:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, SyntaxError, or whatever the module raises on import
         raise RewardError(
-            f"data.reward_function={path!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+            f"scoring.function={path!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
             "it must be importable from the working directory or PYTHONPATH"
         ) from e
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise RewardError(f"data.reward_function={path!r}: {module_name} has no callable {attr!r}")
+        raise RewardError(f"scoring.function={path!r}: {module_name} has no callable {attr!r}")
     return fn
 
 

@@ -1,32 +1,32 @@
 """Scoring completions under a time limit that no reward function and no text can get past.
 
-A reward function runs in separate scoring processes (`data.reward_workers` of them, started once and reused),
+A reward function runs in separate scoring processes (`scoring.workers` of them, started once and reused),
 never in the training process. The trainer sends a step's completions, waits, and stops waiting at the deadline:
 
 - Built-in scorers (math-verify, reasoning-gym) are called one completion at a time, and each completion gets
-  `data.reward_timeout` seconds. A user's `data.reward_function` is called once per worker on its slice of the
+  `scoring.timeout` seconds. A user's `scoring.function` is called once per worker on its slice of the
   batch, with `reward_timeout` seconds per completion in it, at most SLICE_LIMIT (30 s) in all; when that runs out,
   the slice is scored again one completion at a time, so only the completions that really hang are affected, each
   costing its timeout once (the slice's attempt before is bounded by SLICE_LIMIT).
 - A user function that is hung (past its limit on the whole slice, then on each of the first HUNG_AFTER
   completions retried alone, without returning once) stops the run with a message naming the function, the
-  timeout and the knobs, within about a minute at the defaults; `data.reward_on_hung: continue` scores those
+  timeout and the knobs, within about a minute at the defaults; `scoring.on_hung: continue` scores those
   completions `reward_on_timeout` and goes on instead.
-- A completion whose scoring runs past its limit gets `data.reward_on_timeout` (or stops the run with
-  `data.stop_on_reward_timeout`); the process is killed and a fresh one takes over (its start-up is not counted
+- A completion whose scoring runs past its limit gets `scoring.on_timeout` (or stops the run with
+  `scoring.stop_on_timeout`); the process is killed and a fresh one takes over (its start-up is not counted
   against any deadline). Timeouts are counted in the metrics, and a function that keeps timing out is named in a
   warning.
 - A built-in scorer that raises or crashes on some text scores that completion 0 (model output is untrusted; it
   is counted as `reward_errors`). A user function that raises, returns the wrong count or a value that is not a
   finite number in [0, r_max] stops the run with a message naming the function and the sample.
-- Each scoring process has an address-space limit (`data.reward_memory_mb`), ignores SIGINT / SIGTERM (the
+- Each scoring process has an address-space limit (`scoring.memory_mb`), ignores SIGINT / SIGTERM (the
   trainer decides when it ends), dies with the trainer, even on `kill -9`, and runs in a process group of its own
   that is killed whole (a reward function's own subprocesses go with it). A process that died while idle is
   replaced before the next job is sent to it.
 
 Results do not depend on the number of workers (each scores a contiguous slice, and the slices are put back in
 order), and they are what calling the function in-process would give, except for completions that time out.
-`data.reward_isolation: inline` calls the function in the training process instead (for debugging with pdb):
+`scoring.isolation: inline` calls the function in the training process instead (for debugging with pdb):
 then nothing but the built-in scorers' own math-verify limits bounds it.
 """
 
@@ -43,10 +43,11 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hacrl.config import ScoringConfig
 from hacrl.errors import RewardError, warn
 from hacrl.rewards import RewardFn, _short, call_reward, import_reward_function, reward_name, validate_rewards
 
@@ -67,36 +68,18 @@ class ScoreResult:
     """Indexes where a built-in scorer raised or its process died (they got 0)."""
 
 
-@dataclass(frozen=True)
-class ScoringSettings:
-    timeout: float = 5.0
-    """Seconds per completion."""
-    on_timeout: float = 0.0
-    """Reward of a completion whose scoring timed out."""
-    stop_on_timeout: bool = False
-    """Raise `RewardError` instead of scoring a timeout."""
-    workers: int = 1
-    """Scoring processes."""
-    isolation: str = "process"
-    """`process` (time-limited) or `inline` (in the calling process, no hard limit)."""
-    memory_mb: int | None = 4096
-    """Address-space limit of a scoring process in MiB; None: no limit."""
-    r_max: float = 1.0
-    """Largest valid reward."""
-    on_hung: str = "stop"
-    """`stop`: a hung user function stops the run; `continue`: its completions score `on_timeout`."""
-
-
 class Scorer:
-    """Scores completions with a reward function under `settings` (see the module docstring).
+    """Scores completions with a reward function under the `scoring:` settings (see the module docstring); a reward
+    outside [0, r_max] is an error.
 
     `fn` is a picklable reward function (the built-in scorers are), or a `package.module:function` path that each
     scoring process imports. `builtin` says whether it is one of hacrl's scorers (called per completion; errors score
     0) or a user's (called per slice; errors stop the run).
     """
 
-    def __init__(self, fn: RewardFn | str, settings: ScoringSettings, *, builtin: bool) -> None:
+    def __init__(self, fn: RewardFn | str, settings: ScoringConfig, *, builtin: bool, r_max: float = 1.0) -> None:
         self.settings = settings
+        self.r_max = r_max
         self.builtin = builtin
         self._fn = fn
         self._local = import_reward_function(fn) if isinstance(fn, str) else fn
@@ -151,14 +134,12 @@ class Scorer:
         result = ScoreResult([0.0] * len(completions))
         if not self.builtin:
             raw = call_reward(self._local, prompts, completions, columns, name=self.name)
-            result.rewards = validate_rewards(self.name, raw, completions, r_max=self.settings.r_max)
+            result.rewards = validate_rewards(self.name, raw, completions, r_max=self.r_max)
             return result
         for i in range(len(completions)):
             try:
                 raw = self._local(prompts=[prompts[i]], completions=[completions[i]], **_pick(columns, i))
-                result.rewards[i] = validate_rewards(self.name, raw, completions[i : i + 1], r_max=self.settings.r_max)[
-                    0
-                ]
+                result.rewards[i] = validate_rewards(self.name, raw, completions[i : i + 1], r_max=self.r_max)[0]
             except Exception:  # noqa: BLE001 - model output broke a built-in scorer: that completion scores 0
                 result.errors.append(i)
         return result
@@ -200,7 +181,7 @@ class Scorer:
                         self._send(w, job, prompts, completions, columns)
                         continue
                     index = job.indexes[job.next]
-                    self._timeout(index, result, completions)  # stops first with data.stop_on_reward_timeout
+                    self._timeout(index, result, completions)  # stops first with scoring.stop_on_timeout
                     self._stop_if_hung(job)
                     self._restart(w)
                     job.next += 1
@@ -305,7 +286,7 @@ class Scorer:
     def _checked(self, raw: Any, texts: list[str], offset: int) -> list[float]:
         if isinstance(raw, _Unusable):  # not a list: say what it was
             raise RewardError(f"reward function {self.name} must return a list of {len(texts)} floats, got {raw}")
-        return validate_rewards(self.name, raw, texts, r_max=self.settings.r_max, offset=offset)
+        return validate_rewards(self.name, raw, texts, r_max=self.r_max, offset=offset)
 
     def _stop_if_hung(self, job: _Job) -> None:
         """Called at a timeout of completion `job.next` in the one-at-a-time retry: with nothing scored yet, every
@@ -316,11 +297,11 @@ class Scorer:
             return
         raise RewardError(
             f"reward function {self.name} is hung: its call on a slice of {len(job.indexes)} completion(s) ran past "
-            f"{self._slice_limit(len(job.indexes)):g}s, then it ran past data.reward_timeout={s.timeout:g}s on each "
+            f"{self._slice_limit(len(job.indexes)):g}s, then it ran past scoring.timeout={s.timeout:g}s on each "
             f"of the first {hung_after} completion(s) retried alone without returning once. The run stops instead "
-            f"of training on data.reward_on_timeout={s.on_timeout:g} rewards. If the function is only slow, raise "
-            "data.reward_timeout or data.reward_workers; to score such completions data.reward_on_timeout and go "
-            "on, set data.reward_on_hung=continue."
+            f"of training on scoring.on_timeout={s.on_timeout:g} rewards. If the function is only slow, raise "
+            "scoring.timeout or scoring.workers; to score such completions scoring.on_timeout and go "
+            "on, set scoring.on_hung=continue."
         )
 
     def _restart(self, w: int) -> None:
@@ -331,8 +312,8 @@ class Scorer:
         s = self.settings
         if s.stop_on_timeout:
             raise RewardError(
-                f"reward function {self.name} ran past data.reward_timeout={s.timeout:g}s on sample {index} "
-                f"({_short(completions[index])!r}); the run stops because data.stop_on_reward_timeout=true"
+                f"reward function {self.name} ran past scoring.timeout={s.timeout:g}s on sample {index} "
+                f"({_short(completions[index])!r}); the run stops because scoring.stop_on_timeout=true"
             )
         result.rewards[index] = s.on_timeout
         result.timeouts.append(index)
@@ -345,10 +326,10 @@ class Scorer:
                 self._next_warning *= 10
             s = self.settings
             warn(
-                f"reward function {self.name} ran past data.reward_timeout={s.timeout:g}s on "
+                f"reward function {self.name} ran past scoring.timeout={s.timeout:g}s on "
                 f"{self.total_timeouts} completion(s) so far (the latest: "
-                f"{_short(completions[result.timeouts[-1]])!r}); each scored data.reward_on_timeout="
-                f"{s.on_timeout:g}. Raise data.reward_timeout if the function is only slow, or make it return "
+                f"{_short(completions[result.timeouts[-1]])!r}); each scored scoring.on_timeout="
+                f"{s.on_timeout:g}. Raise scoring.timeout if the function is only slow, or make it return "
                 "faster on such text."
             )
 
@@ -536,27 +517,17 @@ _SHARED: dict[tuple, Scorer] = {}
 _MAX_SHARED = 4
 
 
-def shared_scorer(fn: RewardFn | str, settings: ScoringSettings, *, builtin: bool) -> Scorer:
+def shared_scorer(fn: RewardFn | str, settings: ScoringConfig, *, builtin: bool, r_max: float) -> Scorer:
     """A `Scorer` for this function and settings, reused across trainers in one process (its processes start
     once); the least recently used is closed when more than a few are alive."""
-    key = (fn if isinstance(fn, str) else pickle.dumps(fn), settings, builtin)
-    scorer = _SHARED.pop(key, None) or Scorer(fn, settings, builtin=builtin)
+    key = (fn if isinstance(fn, str) else pickle.dumps(fn), astuple(settings), builtin, r_max)
+    scorer = _SHARED.pop(key, None) or Scorer(fn, settings, builtin=builtin, r_max=r_max)
     _SHARED[key] = scorer
     while len(_SHARED) > _MAX_SHARED:
         _SHARED.pop(next(iter(_SHARED))).close()
     return scorer
 
 
-def scorer_for(task, data, *, r_max: float) -> Scorer:
-    """The scorer of a loaded task (`hacrl.data.TaskData`) under the `data.reward_*` settings of the config."""
-    settings = ScoringSettings(
-        timeout=data.reward_timeout,
-        on_timeout=data.reward_on_timeout,
-        stop_on_timeout=data.stop_on_reward_timeout,
-        workers=data.reward_workers,
-        isolation=data.reward_isolation,
-        memory_mb=data.reward_memory_mb,
-        r_max=r_max,
-        on_hung=data.reward_on_hung,
-    )
-    return shared_scorer(task.reward_source, settings, builtin=task.builtin)
+def scorer_for(task, scoring: ScoringConfig, *, r_max: float) -> Scorer:
+    """The scorer of a loaded task (`hacrl.data.TaskData`) under the config's `scoring:` settings."""
+    return shared_scorer(task.reward_source, scoring, builtin=task.builtin, r_max=r_max)

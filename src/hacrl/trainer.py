@@ -41,7 +41,7 @@ from hacrl.checkpoint import (
     resume_point,
     save_checkpoint,
 )
-from hacrl.config import TrainConfig, config_to_yaml, resume_differences, save_config
+from hacrl.config import TrainConfig, config_to_yaml, resume_differences, resume_rules, save_config
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
@@ -82,8 +82,8 @@ class Trainer:
         state = read_checkpoint_state(checkpoint, names) if checkpoint else None
         if checkpoint:
             self._check_resume_settings(checkpoint, state)
-        self.task = load_task(config.data)
-        self.scorer = scorer_for(self.task, config.data, r_max=self.params.r_max).start()
+        self.task = load_task(config.data, config.scoring)
+        self.scorer = scorer_for(self.task, config.scoring, r_max=self.params.r_max).start()
         self.stream = PromptStream(self.task.train, seed=config.trainer.seed)
         self.tracker = CapabilityTracker(
             len(config.agents),
@@ -158,9 +158,8 @@ class Trainer:
             raise CheckpointError(
                 f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "
                 "continue that run: " + "; ".join(refused) + ". Set them back, or start a new run in another "
-                "trainer.output_dir. Safe to change on resume: trainer.steps, eval.*, logging.*, checkpoint.*, "
-                "data.reward_* (timeouts, workers); allowed but no longer bit-exact: agents.<i>.device / model / "
-                "tokenizer paths, trainer.micro_batch_size, trainer.logprob_batch_size. To resume anyway, set "
+                f"trainer.output_dir. Safe to change on resume: {', '.join(resume_rules('safe'))}; allowed but no "
+                f"longer bit-exact: {', '.join(resume_rules('not_exact'))}. To resume anyway, set "
                 "checkpoint.strict_resume=false."
             )
         for line in refused:

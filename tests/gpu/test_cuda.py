@@ -34,8 +34,8 @@ def _set_devices(path, devices: dict[str, str], dtype: str = "float32"):
     for file, numbers in ((train, range(9)), (held_out, range(10, 13))):
         file.write_text("".join(json.dumps({"prompt": f"{a} + {b} =", "answer": str(a + b)}) + "\n"
                                 for a in numbers for b in numbers))  # fmt: skip
-    cfg["data"] = {"source": "file", "train_file": str(train), "eval_file": str(held_out), "eval_size": 8,
-                   "reward_function": "tests.reward_fixtures:digits"}  # fmt: skip
+    cfg["data"] = {"source": "file", "train_file": str(train), "eval_file": str(held_out), "eval_size": 8}
+    cfg["scoring"] = {"function": "tests.reward_fixtures:digits"}
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -50,7 +50,7 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
             trainer={"steps": 3},
             checkpoint={"every": 0},
             runtime={"backend": backend, "torch_threads": 2},
-            data={"reward_function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
+            scoring={"function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
         )
         assert main(["train", str(cfg)]) == 0
         runs[backend] = run

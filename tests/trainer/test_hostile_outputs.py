@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hacrl.config import ScoringConfig
 from hacrl.rewards import MathReward, ReasoningGymReward, extract_answer
-from hacrl.scoring import Scorer, ScoringSettings
+from hacrl.scoring import Scorer
 
 TIMEOUT = 2.0
 
@@ -44,7 +45,7 @@ CATALOG = [
 
 @pytest.fixture(scope="module")
 def math_scorer():
-    scorer = Scorer(MathReward(TIMEOUT), ScoringSettings(timeout=TIMEOUT, workers=2), builtin=True).start()
+    scorer = Scorer(MathReward(TIMEOUT), ScoringConfig(timeout=TIMEOUT, workers=2), builtin=True).start()
     yield scorer
     scorer.close()
 
@@ -76,7 +77,7 @@ def test_every_hostile_output_is_scored_by_a_reasoning_gym_task_in_bounded_time(
     for text in texts:
         answer = extract_answer(text)
         expected.append(0.0 if len(answer) > MAX_ANSWER_CHARS else dataset.score_answer(answer, entry))
-    scorer = Scorer(ReasoningGymReward(dataset), ScoringSettings(timeout=TIMEOUT), builtin=True)
+    scorer = Scorer(ReasoningGymReward(dataset), ScoringConfig(timeout=TIMEOUT), builtin=True)
     try:
         start = time.perf_counter()
         result = scorer.score([""] * len(texts), texts, {"entry": [entry] * len(texts)})

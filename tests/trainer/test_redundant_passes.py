@@ -43,7 +43,7 @@ def test_the_old_logprob_pass_covers_only_the_rows_that_need_it(
     cfg = write_config(
         tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm},
         trainer={"steps": 1, "mini_batch_size": mini_batch, "micro_batch_size": mini_batch // 2},
-        data={"reward_function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+        scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
     )  # fmt: skip
     assert main(["train", str(cfg)]) == 0
     assert counted == [rows_per_agent, rows_per_agent]  # 2 prompts x G = 4: 8 rows per agent
@@ -63,7 +63,7 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
 
     cfg = write_config(
         tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1},
-        data={"reward_function": "tests.reward_fixtures:digits"},
+        scoring={"function": "tests.reward_fixtures:digits"},
     )  # fmt: skip
     received, sampled = {}, {}
     real_learn, real_sample = hacrl.worker.AgentWorker.learn, hacrl.worker.AgentWorker.sample
@@ -121,7 +121,7 @@ def test_sampler_logprobs_replace_the_pass_within_float_rounding(backend, tiny_a
             tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode], algorithm={"name": "hacpo"},
             rollout={"backend": backend},
             trainer={"steps": 1, "mini_batch_size": 4, "micro_batch_size": 2, "old_logprobs": mode},
-            data={"reward_function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+            scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
         )  # fmt: skip
         assert main(["train", str(cfg)]) == 0
     assert counted == [8, 8]  # the recomputing run's two agents; the sampler run adds none
@@ -146,7 +146,7 @@ def test_sampler_logprobs_refuse_top_p(tiny_agents, tmp_path):
 
     cfg = write_config(
         tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", rollout={"top_p": 0.9},
-        trainer={"old_logprobs": "sampler"}, data={"reward_function": "tests.reward_fixtures:digits"},
+        trainer={"old_logprobs": "sampler"}, scoring={"function": "tests.reward_fixtures:digits"},
     )  # fmt: skip
     with pytest.raises(ConfigError, match="old_logprobs=recompute"):
         load_config(cfg)

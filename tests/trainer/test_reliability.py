@@ -158,7 +158,8 @@ def test_resume_refuses_a_changed_algorithm_naming_the_key_and_both_values(tiny_
     err = capsys.readouterr().err
     assert "algorithm.name: 'gspo' in the checkpoint, 'hacpo' now" in err
     assert "agents.0.lr: 0.003 in the checkpoint, 0.01 now" in err
-    assert "Safe to change on resume: trainer.steps" in err and "checkpoint.strict_resume=false" in err
+    safe = err.split("Safe to change on resume:")[1].split("allowed but no longer bit-exact")[0]
+    assert "trainer.steps" in safe and "eval.*" in safe and "checkpoint.strict_resume=false" in err
     # safe and not-exact changes are allowed; the latter is announced
     assert main(["train", str(cfg), "--resume", "trainer.steps=2", "eval.every=1", "trainer.micro_batch_size=4"]) == 0
     assert "trainer.micro_batch_size: 2 in the checkpoint, 4 now: allowed, but no longer bit-identical" in (
@@ -281,7 +282,7 @@ def test_hacrl_eval_takes_a_run_directory(tiny_agents, tmp_path, capsys):
 def test_reward_and_checkpoint_errors_take_the_error_path_and_debug_shows_the_traceback(
     tiny_agents, tmp_path, capsys, monkeypatch
 ):
-    cfg = _config(tiny_agents, tmp_path, data={"reward_function": "tests.reward_fixtures:raises_on_x"})
+    cfg = _config(tiny_agents, tmp_path, scoring={"function": "tests.reward_fixtures:raises_on_x"})
     err = _fails_cleanly(capsys, ["train", str(cfg), "trainer.steps=1"], "reward error: reward function")
     assert "KeyError: 'oops'" in err
     _fails_cleanly(capsys, ["train", str(cfg), "checkpoint.resume=/no/such/checkpoint"], "/no/such/checkpoint")
@@ -418,12 +419,12 @@ def test_a_hung_reward_function_stops_the_run_with_one_message(tiny_agents, tmp_
     import time
 
     fixture = "tests.reward_fixtures:sleeps_forever"
-    cfg = _config(tiny_agents, tmp_path, data={"reward_function": fixture, "reward_timeout": 0.5})
+    cfg = _config(tiny_agents, tmp_path, scoring={"function": fixture, "timeout": 0.5})
     start = time.perf_counter()
     assert main(["train", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert f"reward function {fixture} is hung" in err and "data.reward_timeout=0.5s" in err, err
-    assert "data.reward_on_hung=continue" in err and "Traceback" not in err
+    assert f"reward function {fixture} is hung" in err and "scoring.timeout=0.5s" in err, err
+    assert "scoring.on_hung=continue" in err and "Traceback" not in err
     assert time.perf_counter() - start < 60
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained on made-up rewards
 
@@ -555,7 +556,7 @@ def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
     ("override", "message"),
     [
         ("agents.0.lr=.inf", "agents.0.lr=inf must be a finite number"),
-        ("data.reward_timeout=.inf", "data.reward_timeout=inf must be a finite number"),
+        ("scoring.timeout=.inf", "scoring.timeout=inf must be a finite number"),
         ("algorithm.r_max=.nan", "algorithm.r_max"),
         ("rollout.group_size=1000000", "2 x 1000000 = 2,000,000 responses per agent and step is past hacrl's limits"),
         ("trainer.output_dir=${oc.env:HOME}/run", "is an interpolation"),

@@ -10,22 +10,23 @@ import warnings
 
 import pytest
 
+from hacrl.config import ScoringConfig
 from hacrl.errors import HacrlWarning, RewardError
 from hacrl.rewards import MathReward, import_reward_function
-from hacrl.scoring import Scorer, ScoringSettings
+from hacrl.scoring import Scorer
 
 FIX = "tests.reward_fixtures"
 
 
 def _user(name: str, **settings) -> Scorer:
-    return Scorer(f"{FIX}:{name}", ScoringSettings(**settings), builtin=False)
+    return Scorer(f"{FIX}:{name}", ScoringConfig(**settings), builtin=False)
 
 
 def test_a_user_function_that_never_returns_is_stopped_and_only_its_samples_time_out():
     scorer = _user("hangs_on_hang", timeout=1.0, workers=2)
     texts = ["a", "hang", "b", "c", "d", "hang"]
     try:
-        with pytest.warns(HacrlWarning, match="tests.reward_fixtures:hangs_on_hang ran past data.reward_timeout=1s"):
+        with pytest.warns(HacrlWarning, match="tests.reward_fixtures:hangs_on_hang ran past scoring.timeout=1s"):
             start = time.perf_counter()
             result = scorer.score(["p"] * 6, texts, {})
             seconds = time.perf_counter() - start
@@ -47,7 +48,7 @@ def test_a_timeout_scores_reward_on_timeout_or_stops_the_run():
     finally:
         scorer.close()
     stopping = _user("hangs_on_hang", timeout=0.5, stop_on_timeout=True)
-    with pytest.raises(RewardError, match="ran past data.reward_timeout=0.5s on sample 0 .*stop_on_reward_timeout"):
+    with pytest.raises(RewardError, match="ran past scoring.timeout=0.5s on sample 0 .*stop_on_timeout"):
         stopping.score(["p"], ["hang"], {})
     stopping.close()
 
@@ -96,7 +97,7 @@ def test_a_reward_module_in_the_working_directory_imports_like_under_python_m(tm
     (tmp_path / "cwd_rewards.py").write_text("def f(prompts, completions, **kw):\n    return [1.0] * len(completions)")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    scorer = Scorer("cwd_rewards:f", ScoringSettings(), builtin=False)
+    scorer = Scorer("cwd_rewards:f", ScoringConfig(), builtin=False)
     try:
         assert scorer.score(["p", "q"], ["a", "b"], {}).rewards == [1.0, 1.0]
     finally:
@@ -108,7 +109,7 @@ def test_rewards_do_not_depend_on_the_number_of_workers_or_on_isolation():
     texts = [f"work\nanswer: {i % 5}" if i % 3 else f"\\boxed{{{i % 7}}}" for i in range(40)]
     results = []
     for workers, isolation in ((1, "process"), (3, "process"), (1, "inline")):
-        scorer = Scorer(MathReward(), ScoringSettings(workers=workers, isolation=isolation), builtin=True)
+        scorer = Scorer(MathReward(), ScoringConfig(workers=workers, isolation=isolation), builtin=True)
         results.append(scorer.score([""] * 40, texts, {"answer": golds}).rewards)
         scorer.close()
     in_process = MathReward()([""] * 40, texts, golds)
@@ -142,7 +143,7 @@ def test_the_gold_answer_is_parsed_once_not_once_per_completion(monkeypatch):
 
 
 def test_scorer_processes_have_a_memory_limit():
-    scorer = Scorer(f"{FIX}:digits", ScoringSettings(memory_mb=512), builtin=False).start()
+    scorer = Scorer(f"{FIX}:digits", ScoringConfig(memory_mb=512), builtin=False).start()
     try:
         scorer.score(["p"], ["1"], {})
         pid = scorer._workers[0].process.pid
@@ -170,7 +171,7 @@ def test_a_hung_user_function_stops_within_its_limits_naming_the_knobs():
     start = time.perf_counter()
     expected = (
         r"sleeps_forever is hung: its call on a slice of 8 completion\(s\) ran past 4s, then it ran past "
-        r"data.reward_timeout=0.5s on each of the first 3 .*data.reward_on_hung=continue"
+        r"scoring.timeout=0.5s on each of the first 3 .*scoring.on_hung=continue"
     )
     with pytest.raises(RewardError, match=expected):
         scorer.score(["p"] * 8, ["a"] * 8, {})

@@ -43,9 +43,9 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
 
     run = tmp_path / "run"
     # graded rewards (a quarter point per digit), so that groups are informative even for untrained agents
-    graded = {"reward_function": "tests.reward_fixtures:digits"}
+    graded = {"function": "tests.reward_fixtures:digits"}
     cfg = write_config(
-        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm}, data=graded
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm}, scoring=graded
     )
     assert main(["train", str(cfg)]) == 0
 
@@ -119,7 +119,17 @@ def test_help_is_fast_and_does_not_import_torch():
     help_text = subprocess.run(
         [sys.executable, "-m", "hacrl", "train", "--help-config"], capture_output=True, text=True, check=True
     ).stdout
-    for group in ("agents:", "algorithm:", "rollout:", "data:", "trainer:", "eval:", "logging:", "checkpoint:"):
+    for group in (
+        "agents:",
+        "algorithm:",
+        "rollout:",
+        "data:",
+        "scoring:",
+        "trainer:",
+        "eval:",
+        "logging:",
+        "checkpoint:",
+    ):
         assert group in help_text
     assert "capability_window = 5" in help_text
 
@@ -155,6 +165,7 @@ def test_every_config_field_has_a_docstring():
         c.AlgorithmConfig,
         c.RolloutConfig,
         c.DataConfig,
+        c.ScoringConfig,
         c.TrainerConfig,
         c.EvalConfig,
         c.LoggingConfig,
@@ -217,7 +228,7 @@ def test_each_foreign_ratio_mode_trains_across_tokenizers_and_reports_its_distri
     run = tmp_path / "run"
     cfg = write_config(
         tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
-        algorithm={"foreign_ratio": mode}, data={"reward_function": "tests.reward_fixtures:digits"},
+        algorithm={"foreign_ratio": mode}, scoring={"function": "tests.reward_fixtures:digits"},
     )  # fmt: skip
     assert main(["train", str(cfg)]) == 0
     last = _metrics(run)[-1]

@@ -53,7 +53,7 @@ def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
         algorithm={"kl_coef": 0.1},
         trainer={"steps": 2},
         checkpoint={"every": 0},
-        data={"reward_function": "tests.reward_fixtures:digits"},  # graded: the agents move from step 1 on
+        scoring={"function": "tests.reward_fixtures:digits"},  # graded: the agents move from step 1 on
     )
     assert main(["train", str(cfg)]) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -79,7 +79,7 @@ def test_user_reward_function_from_the_config(tiny_agents, tmp_path):
         ["llama", "qwen"],
         run,
         trainer={"steps": 1},
-        data={"reward_function": "tests.trainer.test_trainer_features:three_eighths"},
+        scoring={"function": "tests.trainer.test_trainer_features:three_eighths"},
     )
     assert main(["train", str(cfg)]) == 0
     assert _last(run)["llama/reward_mean"] == _last(run)["qwen/reward_mean"] == 0.375

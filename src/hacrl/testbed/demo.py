@@ -252,8 +252,7 @@ def data_config(recipe: BootstrapRecipe, out: str | Path | None = None) -> DataC
             eval_file=str(files / "eval.jsonl"),
             eval_size=recipe.eval_size,
             seed=recipe.seed,
-            reward="math",
-        )
+        )  # scored by the math scorer: `scoring.builtin: auto` picks it for files
     return DataConfig(
         task=recipe.data["task"],
         task_options=dict(recipe.data["task_options"]),
@@ -377,7 +376,7 @@ def _warm_start_agent(
     import torch
 
     from hacrl.agents import Agent
-    from hacrl.config import AgentConfig, RolloutConfig
+    from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
     from hacrl.data import load_task
     from hacrl.evaluation import evaluate
     from hacrl.scoring import scorer_for
@@ -432,7 +431,7 @@ def _warm_start_agent(
     directory = save_agent(model, tokenizer, Path(out) / name)
     accuracy = None
     if evaluate_agent:
-        scorer = scorer_for(task, data_config(recipe, out), r_max=1.0).start()
+        scorer = scorer_for(task, ScoringConfig(), r_max=1.0).start()
         try:
             agent = Agent(0, AgentConfig(name=name, model=str(directory)), RolloutConfig(max_new_tokens=24))
             accuracy = evaluate(agent, task.eval, scorer)["pass@1"]
