@@ -125,12 +125,17 @@ class Agent:
                 f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
                 f"embedding only {self.model.get_input_embeddings().num_embeddings}"
             )
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
+        self.frozen = cfg.frozen
+        self.optimizer: torch.optim.Optimizer | None = None
+        if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
+            self.model.eval().requires_grad_(False)
+        else:
+            self.model.train()
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+            )
         self.ref_model = None
-        if with_reference:  # frozen initial weights for the KL term (only when kl_coef > 0)
+        if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)
             self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
         self.temperature = cfg.temperature if cfg.temperature is not None else rollout.temperature
         self.top_p = cfg.top_p if cfg.top_p is not None else rollout.top_p

@@ -5,8 +5,8 @@ Layout of `<output_dir>/checkpoints/step_000010/` (each worker writes its agent'
     optimizer/<name>.pt   the agent's AdamW state (tensors and numbers only; loaded with weights_only=True)
     rng/<name>.pt         the agent's random stream (CPU / CUDA generator states; tensors only)
     config.yaml           the run's resolved config
-    state.json            step, agent names, capability history, data position, and the size and SHA-256 of every
-                          other file of the checkpoint
+    state.json            step, agent names (and which are frozen: their part is rng/<name>.pt only), capability
+                          history, data position, and the size and SHA-256 of every other file of the checkpoint
 
 Rules:
 1. A checkpoint is written into a directory private to its writer (`step_000010.tmp-<pid>-<random>`), `state.json`
@@ -173,8 +173,17 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
                 problems.append(f"{name} has {file.stat().st_size} bytes, {info.get('size')} were written (cut off?)")
             elif verify_digests and _sha256(file) != info.get("sha256"):
                 problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
+    frozen = set(state.get("frozen") or [])
     for name in state["agents"]:
         part = agent_part(path, name)
+        rng = part.rng_file
+        if not rng.exists() and part.legacy_rng_file.exists():
+            rng = part.legacy_rng_file  # written before each agent had its own random stream
+        problem = _torch_file_problem(rng)
+        if problem:
+            problems.append(f"{rng.relative_to(path)}: {problem}")
+        if name in frozen:  # a frozen agent's part is its random stream only
+            continue
         agent_dir = part.weights_dir
         for weights in sorted(agent_dir.glob("*.safetensors")) or [agent_dir / "model.safetensors"]:
             problem = _safetensors_problem(weights)
@@ -184,12 +193,6 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
         problem = _torch_file_problem(optimizer)
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
-        rng = part.rng_file
-        if not rng.exists() and part.legacy_rng_file.exists():
-            rng = part.legacy_rng_file  # written before each agent had its own random stream
-        problem = _torch_file_problem(rng)
-        if problem:
-            problems.append(f"{rng.relative_to(path)}: {problem}")
     return sorted(set(problems), key=problems.index)
 
 

@@ -64,6 +64,10 @@ class AgentConfig:
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
     rollout_backend: Literal["hf", "static"] | None = field(default=None, metadata=NOT_EXACT)
     """This agent's sampler; None: `rollout.backend`."""
+    frozen: bool = False
+    """A peer that shares without learning: it samples, is scored, has its capability tracked and its rollouts go
+    into the others' pools, but it never computes a loss or steps an optimizer (none is allocated; checkpoints
+    keep only its random stream, its weights stay those of `model`). Needs a sharing algorithm (hacpo, naive)."""
     gradient_checkpointing: bool = field(default=False, metadata=NOT_EXACT)
     """Recompute each layer's activations in the backward pass instead of keeping them (less memory, ~30 % more
     compute in the update); for long responses on a GPU."""
@@ -644,6 +648,16 @@ def validate(config: TrainConfig) -> None:
             f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
+    frozen = [i for i, a in enumerate(config.agents) if a.frozen]
+    if frozen and not (algo.name in ("hacpo", "naive") and algo.share_rollouts):
+        raise ConfigError(
+            f"agents.{frozen[0]}.frozen=true: a frozen agent contributes only its rollouts to the others' pools, "
+            f"but algorithm.name={algo.name!r} with algorithm.share_rollouts={algo.share_rollouts} shares nothing, "
+            "so it would only cost sampling. Use algorithm.name=hacpo (or naive) with share_rollouts=true, or "
+            "remove the agent."
+        )
+    if frozen and len(frozen) == n:
+        raise ConfigError("every agent is frozen, so nothing would learn: set agents.<i>.frozen=false for one")
     top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
     if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
         raise ConfigError(

@@ -163,9 +163,10 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing)
         weights = shape.params * shape.dtype_bytes
         p.parts["weights"] = weights
-        p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 else 0
-        p.parts["gradients"] = shape.trainable * shape.dtype_bytes
-        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * shape.dtype_bytes
+        learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
+        p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
+        p.parts["gradients"] = shape.trainable * shape.dtype_bytes * learns
+        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * shape.dtype_bytes * learns
         total = _device_total(agent.device, device_memory)
         p.device_total = total
         per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
@@ -189,8 +190,10 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
         p.parts["sampling step floats"] = p.rows * shape.vocab * 16
         micro = t.micro_batch_size
-        p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False)
-        p.parts["activations, gradient checkpointing"] = activation_bytes(shape, micro, tokens, checkpointing=True)
+        p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
+        p.parts["activations, gradient checkpointing"] = (
+            activation_bytes(shape, micro, tokens, checkpointing=True) * learns
+        )
         p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, t.logprob_chunk_size)
         held = (
             p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["optimizer state (AdamW)"]

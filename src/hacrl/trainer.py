@@ -80,6 +80,7 @@ class Trainer:
         checkpoint = self._choose_checkpoint(resume)
         names = [a.name for a in config.agents]
         state = read_checkpoint_state(checkpoint, names) if checkpoint else None
+        self.frozen = [a.frozen for a in config.agents]
         if checkpoint:
             self._check_resume_settings(checkpoint, state)
         self.task = load_task(config.data, config.scoring)
@@ -100,7 +101,7 @@ class Trainer:
                 rollout=config.rollout,
                 trainer=config.trainer,
                 algorithm=config.algorithm,
-                weights_from=str(agent_weights_dir(checkpoint, cfg.name)) if checkpoint else None,
+                weights_from=str(agent_weights_dir(checkpoint, cfg.name)) if checkpoint and not cfg.frozen else None,
                 torch_threads=config.runtime.torch_threads,
                 eval_batch_size=config.eval.batch_size,
                 num_agents=len(config.agents),
@@ -282,7 +283,12 @@ class Trainer:
             caps = capabilities.tolist()
             learned = self.workers.learn(
                 [
-                    LearnCall(step, list(scored[k].rewards), foreign_trajectories(pool, k, shared=shared), caps)
+                    LearnCall(
+                        step,
+                        list(scored[k].rewards),
+                        [] if self.frozen[k] else foreign_trajectories(pool, k, shared=shared),
+                        caps,
+                    )
                     for k in range(n)
                 ]
             )
@@ -341,7 +347,7 @@ class Trainer:
             "finished_frac": sum(t.finish_reason == "eos" for t in own) / len(own),
             "informative_group_frac": sum(max(x) > min(x) for x in groups) / len(groups),
         }
-        if self.algorithm.pool_is_shared(self.params) and len(self.names) > 1:
+        if self.algorithm.pool_is_shared(self.params) and len(self.names) > 1 and not self.frozen[j]:
             rho = self.tracker.loss_coefficients(j)
             for src, other in enumerate(self.names):
                 if src != j:
@@ -380,6 +386,7 @@ class Trainer:
             "capability": self.tracker.state_dict(),
             "data": self.stream.state_dict(),
             "algorithm": self.config.algorithm.name,
+            "frozen": [name for name, frozen in zip(self.names, self.frozen, strict=True) if frozen],
         }
 
         def write_parts(directory: Path) -> None:

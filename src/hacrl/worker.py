@@ -145,6 +145,9 @@ class AgentWorker:
                 f"agent {self.name!r}: {len(call.rewards)} rewards for the {len(rollout.trajectories)} responses it "
                 f"sampled at step {step}"
             )
+        if self.agent.frozen:  # a peer that shares without learning (agents.<i>.frozen)
+            self._rollout = None
+            return Learned({}, 0.0)
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
         rows = learner_rows(
@@ -174,8 +177,8 @@ class AgentWorker:
 
     def save(self, directory: str) -> None:
         """Write this agent's part of a checkpoint under `directory` (`hacrl.checkpoint.AgentPart`: a plain Hugging
-        Face model directory, its optimizer state, its random stream)."""
-        bad = first_nonfinite(self.agent.model)
+        Face model directory, its optimizer state, its random stream; a frozen agent's random stream only)."""
+        bad = None if self.agent.frozen else first_nonfinite(self.agent.model)
         if bad is not None:  # never a checkpoint from a non-finite state: the previous one stays the newest
             raise NonFiniteError(
                 f"agent {self.name!r}: its weights hold NaN or inf after {self.optimizer_steps} optimizer steps "
@@ -186,10 +189,11 @@ class AgentWorker:
         root = Path(directory)
         part = agent_part(root, self.name)
         try:
-            self.agent.model.save_pretrained(part.weights_dir, safe_serialization=True)
-            self.agent.tokenizer.save_pretrained(part.weights_dir)
-            part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
+            if not self.agent.frozen:  # a frozen agent's weights are those of its model directory, unchanged
+                self.agent.model.save_pretrained(part.weights_dir, safe_serialization=True)
+                self.agent.tokenizer.save_pretrained(part.weights_dir)
+                part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
             part.rng_file.parent.mkdir(parents=True, exist_ok=True)
             torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, part.rng_file)
         except OSError:
@@ -208,8 +212,9 @@ class AgentWorker:
         part = agent_part(directory, self.name)
         file = part.optimizer_file
         try:
-            state = torch.load(file, weights_only=True, map_location=self.agent.device)
-            self.agent.optimizer.load_state_dict(state)
+            if self.agent.optimizer is not None:  # a frozen agent has none
+                state = torch.load(file, weights_only=True, map_location=self.agent.device)
+                self.agent.optimizer.load_state_dict(state)
         except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
             raise CheckpointError(
                 f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "

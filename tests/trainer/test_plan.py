@@ -132,3 +132,13 @@ def test_the_plan_bounds_the_log_prob_memory_measured_on_gpus(tmp_path):
     for checkpointing, measured, over in ((False, 126.1, 1.2), (True, 9.1, 1.35)):
         planned = (fixed + activation_bytes(shape, 16, 4096, checkpointing=checkpointing, padded=False)) / 2**30
         assert measured <= planned <= over * measured, (checkpointing, planned, measured)
+
+
+def test_a_frozen_peer_is_planned_with_its_weights_and_sampling_only(families, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {"a": families["llama"], "b": families["qwen3"]}, ["a", "b"],
+                       tmp_path / "run", algorithm={"kl_coef": 0.1})  # fmt: skip
+    learner, frozen = plan(load_config(cfg, ["agents.1.frozen=true"]))
+    for part in ("gradients", "optimizer state (AdamW)", "reference model (KL)", "activations, one micro-batch"):
+        assert frozen.parts[part] == 0, part
+    assert learner.parts["optimizer state (AdamW)"] > 0 and frozen.parts["KV cache (sampling)"] > 0
+    assert frozen.update_peak < learner.update_peak

@@ -1,0 +1,102 @@
+"""A frozen peer (`agents.<i>.frozen`): it samples, is scored and shares its rollouts, but never learns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hacrl.cli import main
+from hacrl.config import ConfigError, load_config
+from tests.conftest import write_config
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _three(tiny_agents, tmp_path, run, **sections):
+    cfg = write_config(tmp_path / f"{run.name}.yaml", tiny_agents, ["llama", "qwen", "tiny"], run, **sections)
+    text = cfg.read_text().replace("name: tiny", "frozen: true\n  name: tiny", 1)
+    cfg.write_text(text)
+    return cfg
+
+
+def test_a_frozen_peer_shares_its_rollouts_and_never_changes(tiny_agents, tmp_path, monkeypatch):
+    import hacrl.worker
+
+    seen: dict[int, list[int]] = {}
+    real_rows = hacrl.worker.learner_rows
+
+    def recording_rows(learner, *args):
+        rows = real_rows(learner, *args)
+        seen[learner.index] = [r.source for r in rows]
+        return rows
+
+    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
+    run = tmp_path / "run"
+    cfg = _three(tiny_agents, tmp_path, run, trainer={"steps": 2}, eval={"at_start": True})
+    assert load_config(cfg).agents[2].frozen
+    assert main(["train", str(cfg)]) == 0
+    per_agent = 2 * 4  # prompts x group size
+    for k in (0, 1):  # each learner's pool: its own rows, then the others', the frozen peer's included
+        others = [j for j in range(3) if j != k]
+        assert seen[k] == [k] * per_agent + [j for j in others for _ in range(per_agent)]
+    assert 2 not in seen  # the frozen peer builds no pool and computes no loss
+    last = _records(run)[-1]
+    assert "tiny/reward_mean" in last and "tiny/capability" in last and "eval/tiny/pass@1" in last
+    assert "tiny/loss" not in last and "tiny/optimizer_steps" not in last and "tiny/rho/llama" not in last
+    assert last["llama/optimizer_steps"] == 6  # 3 agents x 8 responses / mini-batch 4
+    checkpoint = run / "checkpoints" / "step_000002"
+    assert not (checkpoint / "agents" / "tiny").exists() and not (checkpoint / "optimizer" / "tiny.pt").exists()
+    assert (checkpoint / "rng" / "tiny.pt").is_file()
+    assert json.loads((checkpoint / "state.json").read_text())["frozen"] == ["tiny"]
+    # the learners moved, the frozen peer did not: its model directory is the run's only copy, and it is unchanged
+    before = load_file(tiny_agents["llama"] / "model.safetensors")
+    after = load_file(checkpoint / "agents" / "llama" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_identical(tiny_agents, tmp_path):
+    from hacrl.trainer import Trainer
+
+    cfg = _three(tiny_agents, tmp_path, tmp_path / "run", trainer={"steps": 1})
+    trainer = Trainer(load_config(cfg))
+    try:
+        frozen = trainer.workers.workers[2].agent
+        assert frozen.optimizer is None and frozen.ref_model is None
+        assert not any(p.requires_grad for p in frozen.model.parameters())
+        before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
+        trainer.train_step()
+        assert all(torch.equal(before[k], v) for k, v in frozen.model.state_dict().items())
+    finally:
+        trainer.close()
+
+
+def test_a_run_with_a_frozen_peer_resumes_exactly(tiny_agents, tmp_path):
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    assert main(["train", str(_three(tiny_agents, tmp_path, full_run, trainer={"steps": 2}))]) == 0
+    cut = _three(tiny_agents, tmp_path, cut_run, trainer={"steps": 2})
+    assert main(["train", str(cut), "trainer.steps=1"]) == 0
+    assert main(["train", str(cut), "--resume"]) == 0
+    expected, resumed = _records(full_run)[-1], _records(cut_run)[-1]
+    timing = ("time/", "tokens_per_second")
+    assert {k: v for k, v in resumed.items() if not k.startswith(timing) and "/time/" not in k} == {
+        k: v for k, v in expected.items() if not k.startswith(timing) and "/time/" not in k
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.name=gspo"], "a frozen agent contributes only its rollouts to the others' pools"),
+        (["algorithm.share_rollouts=false"], "share_rollouts=False shares nothing"),
+        (["agents.0.frozen=true", "agents.1.frozen=true"], "every agent is frozen, so nothing would learn"),
+    ],
+)
+def test_a_frozen_peer_that_could_not_share_is_refused(overrides, message, tiny_agents, tmp_path):
+    cfg = _three(tiny_agents, tmp_path, tmp_path / "run")
+    with pytest.raises(ConfigError, match=message):
+        load_config(cfg, overrides)
