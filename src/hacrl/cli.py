@@ -73,6 +73,20 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     plan.add_argument("--device-memory", type=float, default=None, help="GiB per GPU where CUDA is not present")
 
+    data = sub.add_parser("data", help="the paper's named datasets: list them, or prepare local copies")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    data_sub.add_parser("list", help="the named sets: Hub id, split, rows, how the gold answer is read")
+    prepare = data_sub.add_parser(
+        "prepare",
+        help="write named sets as local files (DIR/<set>/<split>.jsonl + manifest.json) for data.datasets_dir",
+        description="Download each named set with `datasets` (or read it from --from DIR), read its gold answers and "
+        "write DIR/<set>/<split>.jsonl (question, answer, the other columns) with a manifest (rows, skipped rows, "
+        "SHA-256). A config with data.datasets_dir=DIR then reads them without the network.",
+    )
+    prepare.add_argument("names", nargs="+", help="named sets (hacrl data list)")
+    prepare.add_argument("--out", required=True, help="output directory (use it as data.datasets_dir)")
+    prepare.add_argument("--from", dest="source", default=None, help="read DIR/<set> instead of the Hub")
+
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
@@ -111,11 +125,35 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = previous_format
 
 
+def _data(args) -> int:
+    from hacrl.sources import NAMED_SETS, prepare
+
+    if args.data_command == "list":
+        for s in NAMED_SETS.values():
+            config = f" ({s.config})" if s.config else ""
+            print(f"{s.name:14s} {s.hub}{config}, split {s.split}, {s.rows:,} rows, gold: {s.gold} of {s.answer!r}")
+            print(f"{'':14s} {s.about}")
+        return 0
+    for entry in prepare(args.names, args.out, source=args.source):
+        skipped = f", {entry['skipped']} skipped (gold answer unreadable)" if entry["skipped"] else ""
+        expected = (
+            ""
+            if entry["rows"] + entry["skipped"] == entry["expected_rows"]
+            else (f" (the Hub's split has {entry['expected_rows']:,})")
+        )
+        print(f"{entry['set']}: {entry['rows']:,} rows{skipped}{expected} -> {entry['file']} "
+              f"(sha256 {entry['sha256'][:12]}...)")  # fmt: skip
+    print(f"use them with data.datasets_dir={args.out}")
+    return 0
+
+
 def _run(args) -> int:
     if args.command == "train":
         return _train(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "data":
+        return _data(args)
     if args.command == "plan":
         from hacrl.config import load_config
 

@@ -178,11 +178,55 @@ class RolloutConfig:
 
 
 @dataclass
+class DatasetSpec:
+    """Rows through the `datasets` library (`data.source: datasets`; `hacrl.sources`): one of the paper's named
+    sets, or any Hub id, local directory or data file, with how to read its question and gold answer."""
+
+    set: str | None = None
+    """A named set: math (training), math_test, math500, gsm8k, aime25, amc23, minerva, olympiadbench (`hacrl data
+    prepare --list`). Read from `data.datasets_dir/<set>/<split>.jsonl` when prepared there, else from the Hub."""
+    path: str | None = None
+    """A Hub id (`openai/gsm8k`), a local directory, or a .parquet / .json / .jsonl / .arrow file; with `set`, a
+    local copy of that set in its original columns."""
+    name: str | None = None
+    """The Hub dataset's config (`main` for gsm8k); None: the set's, or the default."""
+    split: str | None = None
+    """Split to read; None: the set's (train for math, test for the benchmarks), else `train`."""
+    question_column: str | None = None
+    """Column of the question; None: the set's, else `question`."""
+    answer_column: str | None = None
+    """Column that holds the gold answer; None: the set's, else `answer`."""
+    gold: Literal["plain", "boxed", "after_hash", "first"] | None = None
+    """How the gold answer is written in that column: `plain`, `boxed` (the last \\boxed{} of a worked solution),
+    `after_hash` (after `####`), `first` (first entry of a list); None: the set's rule, else `plain`. A row whose
+    gold answer cannot be read is skipped and counted."""
+    template: str | None = None
+    """The user message, with `{question}` where the question goes; None: with a named set the paper's math prompt
+    (the question, then "Please reason step by step, and put your final answer within \\boxed{}."), else the
+    question alone."""
+    filter: dict[str, Any] = field(default_factory=dict)
+    """Keep only rows whose column holds one of the listed values, e.g. `{level: [Level 4, Level 5]}`."""
+    max_rows: int | None = None
+    """Read at most this many usable rows (None: all)."""
+
+    def check(self, where: str) -> None:
+        if self.set is None and self.path is None:
+            raise ConfigError(f"{where} names no data: set {where}.set (a named set) or {where}.path")
+        if self.template is not None and "{question}" not in self.template:
+            raise ConfigError(f"{where}.template must contain {{question}} where the question goes")
+        if any(not isinstance(v, list) for v in self.filter.values()):
+            raise ConfigError(f"{where}.filter maps a column to a list of allowed values, got {dict(self.filter)}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"{where}.max_rows must be >= 1 or null, got {self.max_rows}")
+
+
+@dataclass
 class DataConfig:
     """Prompts and answers (how responses are scored: `scoring`)."""
 
-    source: Literal["reasoning_gym", "file"] = "reasoning_gym"
-    """`reasoning_gym`: a procedural task by name; `file`: local JSONL/parquet files."""
+    source: Literal["reasoning_gym", "file", "datasets"] = "reasoning_gym"
+    """`reasoning_gym`: a procedural task by name; `file`: local JSONL/parquet files; `datasets`: `train` and
+    `eval` through the `datasets` library (the paper's named sets, a Hub id, a local directory or file)."""
     task: str = "chain_sum"
     """reasoning-gym task name (source: reasoning_gym)."""
     task_options: dict[str, Any] = field(default_factory=dict)
@@ -207,7 +251,21 @@ class DataConfig:
     system_prompt: str | None = None
     """System message put before every prompt given as a plain string."""
 
+    train: DatasetSpec | None = None
+    """source: datasets: the training rows, e.g. `{set: math}` (see `DatasetSpec`)."""
+    eval: DatasetSpec | None = field(default=None, metadata=SAFE)
+    """source: datasets: the evaluation rows, e.g. `{set: math500}`; None: no evaluation split."""
+    datasets_dir: str = "data"
+    """Where `hacrl data prepare --out` wrote the named sets (`<dir>/<set>/<split>.jsonl`); a set found there is
+    read from there, never from the Hub."""
+
     def check(self, where: str = "data") -> None:
+        if self.source == "datasets":
+            if self.train is None:
+                raise ConfigError(f"{where}.source=datasets needs {where}.train, e.g. {{set: math}}")
+            self.train.check(f"{where}.train")
+            if self.eval is not None:
+                self.eval.check(f"{where}.eval")
         if self.source == "file" and not self.train_file:
             raise ConfigError(f"{where}.source=file needs {where}.train_file (a .jsonl or .parquet file)")
         if self.source == "reasoning_gym" and (self.train_size < 1 or self.eval_size < 1):

@@ -55,6 +55,10 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
         builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars)
+    elif cfg.source == "datasets":  # scored by the math verifier against each row's gold answer
+        train = _dataset_rows(cfg, cfg.train, "data.train")
+        eval_ = _dataset_rows(cfg, cfg.eval, "data.eval") if cfg.eval is not None else []
+        builtin = None
     else:
         train = _read_rows(cfg, cfg.train_file)
         eval_ = _read_rows(cfg, cfg.eval_file)[: cfg.eval_size] if cfg.eval_file else []
@@ -70,6 +74,25 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     else:
         reward = builtin
     return TaskData(train=train, eval=eval_, reward=reward, reward_source=reward, builtin=True)
+
+
+def _dataset_rows(cfg: DataConfig, spec, role: str) -> list[Example]:
+    """A `DatasetSpec`'s rows as examples: the question in its template, the gold answer as `answer`."""
+    from hacrl.sources import MATH_TEMPLATE, read_rows
+
+    rows = read_rows(spec, cfg.datasets_dir, role=role)
+    if rows.skipped:
+        warn(f"{role}: {rows.skipped} row(s) of {rows.where} skipped: their gold answer could not be read")
+    template = spec.template or (MATH_TEMPLATE if spec.set else "{question}")
+    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    return [
+        Example(
+            messages=[*system, {"role": "user", "content": template.replace("{question}", question)}],
+            prompt=question,
+            columns={**columns, "answer": answer},
+        )
+        for question, answer, columns in zip(rows.questions, rows.answers, rows.columns, strict=True)
+    ]
 
 
 def _warn_about_overlap(cfg: DataConfig, train: list[Example], eval_: list[Example]) -> None:

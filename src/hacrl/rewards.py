@@ -69,7 +69,7 @@ def extract_answer(text: str) -> str:
     >>> extract_answer("The answer is: -7")
     '-7'
     """
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
     # r"####\s*(.+)", then r"answer\s*(?:is)?\s*[:=]\s*(.+)" (case-insensitive)
@@ -80,7 +80,7 @@ def extract_answer(text: str) -> str:
     return _last_line(text)
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{` / `\\fbox{` up to its matching brace; None when there is none or it is open."""
     last = None
     for m in _BOXED.finditer(text):

@@ -101,9 +101,9 @@ _PIECES += ["\x85", "####", "#", "\\boxed{", "\\fbox {", "{", "}", "3", "x", "\x
 
 def _old_extract(text: str) -> str:
     """The extraction of commit 88a5284 (quadratic regexes): the reference the linear one must equal."""
-    from hacrl.rewards import _last_boxed
+    from hacrl.rewards import last_boxed
 
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
     for pattern in (_OLD_HASHES, _OLD_ANSWER):

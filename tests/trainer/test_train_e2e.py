@@ -221,6 +221,7 @@ def test_the_paper_presets_load_validate_and_carry_the_papers_hyper_parameters(p
         assert agent.device.startswith("cuda") and agent.model.startswith("/path/to/")
     assert config.rollout.backend == "static" and config.rollout.batch_size == "auto"
     assert config.trainer.logprob_chunk_size == "auto"
+    assert config.data.source == "datasets" and (config.data.train.set, config.data.eval.set) == ("math", "math500")
 
 
 @pytest.mark.parametrize("mode", ["learner_length", "bytes"])

@@ -1,0 +1,343 @@
+"""Rows through the `datasets` library, and the paper's named sets (`data.source: datasets`, `hacrl data prepare`).
+
+A `DatasetSpec` (the config's `data.train` and `data.eval`) says where rows come from and how to read them:
+
+- `set`: one of the paper's named sets (`NAMED_SETS`: MATH for training; MATH-500, MATH, GSM8K, AIME 2025, AMC 2023,
+  Minerva Math and OlympiadBench for evaluation). A named set knows its Hub id, config and split, which columns
+  hold the question and the gold answer, and how the gold answer is written (a plain value, the last `\\boxed{}`
+  of a worked solution, the text after `####`, the first entry of a list). Its rows come from the files that
+  `hacrl data prepare` wrote under `data.datasets_dir` when they are there, else from the Hub.
+- `path`: anything `datasets` loads: a Hub id (with `name` = its config and `split`), a local directory, or a
+  .parquet / .json / .jsonl / .arrow file. Column names, `gold` and `template` then say how to read it (a named
+  `set` given with a `path` reads that path with the set's columns and gold rule: local copies of a set).
+
+Every row becomes a prompt (the question in `template`, a user message; the scorer is the math verifier, which
+compares the response's last `\\boxed{}` with the gold answer) and an `answer` column. A gold answer that cannot be
+read (no `\\boxed{}` in a solution, no `####`, an empty list) skips its row; the count is reported, never a
+crash. No network is touched unless a Hub id is loaded; with HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set, or
+without a connection, the error says how to bring the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hacrl.errors import DataError
+from hacrl.rewards import last_boxed
+
+MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+"""The prompt of the paper's math sets (Qwen2.5-Math's instruction): the question, then where the answer goes."""
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+"""With either set, a Hub id is refused at once with how to bring the files (no network is tried)."""
+
+GOLD_RULES = ("plain", "boxed", "after_hash", "first")
+"""How a gold answer is written: `plain` the value itself; `boxed` the last `\\boxed{}` of a worked solution;
+`after_hash` the text after the last `####` (GSM8K); `first` the first entry of a list (OlympiadBench)."""
+
+
+@dataclass(frozen=True)
+class NamedSet:
+    """One of the paper's datasets: where it lives and how its rows read."""
+
+    name: str
+    hub: str
+    config: str | None
+    split: str
+    """The split the paper trains or evaluates on."""
+    question: str
+    answer: str
+    gold: str
+    rows: int
+    """Rows of that split on the Hub (what `hacrl data prepare` expects to write)."""
+    about: str
+
+
+NAMED_SETS = {
+    s.name: s
+    for s in (
+        NamedSet(
+            "math",
+            "DigitalLearningGmbH/MATH-lighteval",
+            "default",
+            "train",
+            "problem",
+            "solution",
+            "boxed",
+            7500,
+            "MATH, the training set: 7,500 competition problems with worked solutions",
+        ),
+        NamedSet(
+            "math_test",
+            "DigitalLearningGmbH/MATH-lighteval",
+            "default",
+            "test",
+            "problem",
+            "solution",
+            "boxed",
+            5000,
+            "MATH's 5,000 test problems (the paper's `MATH` column)",
+        ),
+        NamedSet(
+            "math500",
+            "HuggingFaceH4/MATH-500",
+            None,
+            "test",
+            "problem",
+            "answer",
+            "plain",
+            500,
+            "MATH-500: 500 of MATH's test problems (Lightman et al.)",
+        ),
+        NamedSet(
+            "gsm8k",
+            "openai/gsm8k",
+            "main",
+            "test",
+            "question",
+            "answer",
+            "after_hash",
+            1319,
+            "GSM8K's test set: grade-school word problems, the answer after ####",
+        ),
+        NamedSet(
+            "aime25",
+            "math-ai/aime25",
+            None,
+            "test",
+            "problem",
+            "answer",
+            "plain",
+            30,
+            "AIME 2025 I and II: 30 problems with integer answers",
+        ),
+        NamedSet("amc23", "math-ai/amc23", None, "test", "question", "answer", "plain", 40, "AMC 2023: 40 problems"),
+        NamedSet(
+            "minerva",
+            "math-ai/minervamath",
+            None,
+            "test",
+            "question",
+            "answer",
+            "plain",
+            272,
+            "Minerva Math: 272 undergraduate science and math problems",
+        ),
+        NamedSet(
+            "olympiadbench",
+            "math-ai/olympiadbench",
+            None,
+            "test",
+            "question",
+            "final_answer",
+            "first",
+            675,
+            "OlympiadBench, English open-ended math: 675 problems, the answer first of a list",
+        ),
+    )  # fmt: skip
+}
+
+
+def gold_answer(value: Any, rule: str) -> str | None:
+    """The gold answer in `value` under `rule` (`GOLD_RULES`), or None when it cannot be read.
+
+    >>> gold_answer("so $x = \\\\frac{1}{2}$, giving \\\\boxed{\\\\frac{1}{2}}.", "boxed")
+    '\\\\frac{1}{2}'
+    >>> gold_answer("48/2 = 24 clips\\n#### 1,024", "after_hash")
+    '1024'
+    >>> gold_answer(["$\\\\sqrt{2}$", "2"], "first"), gold_answer(27.0, "plain"), gold_answer("", "plain")
+    ('\\\\sqrt{2}', '27', None)
+    """
+    if rule == "first":
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        rule = "plain"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value)
+    if rule == "boxed":
+        found = last_boxed(text)
+        text = found if found is not None else ""
+    elif rule == "after_hash":
+        head, sep, tail = text.rpartition("####")
+        text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", tail) if sep else ""
+    elif rule != "plain":
+        raise ValueError(f"gold rule must be one of {GOLD_RULES}, got {rule!r}")
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == "$":  # OlympiadBench writes answers as inline math
+        text = text[1:-1].strip()
+    return text or None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What a spec read: prompts with their gold answers, and what was skipped."""
+
+    questions: list[str]
+    answers: list[str]
+    columns: list[dict[str, Any]]
+    """Every other column of each row (reward functions receive them by name)."""
+    skipped: int
+    """Rows whose gold answer could not be read."""
+    where: str
+    """Where they came from (a file, a directory, or `hub:<id>[/<config>]:<split>`)."""
+
+
+def read_rows(spec, datasets_dir: str | Path = "data", *, role: str = "data.train") -> Rows:
+    """The rows of a `DatasetSpec` (see the module docstring); `role` names the spec in messages."""
+    named = NAMED_SETS.get(spec.set) if spec.set else None
+    if spec.set and named is None:
+        raise DataError(f"{role}.set={spec.set!r} is not a named set; choose one of {sorted(NAMED_SETS)}")
+    question_col = spec.question_column or (named.question if named else "question")
+    answer_col = spec.answer_column or (named.answer if named else "answer")
+    rule = spec.gold or (named.gold if named else "plain")
+    split = spec.split or (named.split if named else "train")
+    path, config = spec.path, spec.name
+    if path is None and named is not None:
+        prepared = Path(datasets_dir) / named.name / f"{split}.jsonl"
+        if prepared.is_file():  # `hacrl data prepare` wrote it: question / answer, the gold answer already read
+            path, question_col, answer_col, rule, config = str(prepared), "question", "answer", "plain", None
+        else:
+            path, config = named.hub, spec.name or named.config
+    if path is None:
+        raise DataError(f"{role} names no data: set {role}.set (one of {sorted(NAMED_SETS)}) or {role}.path")
+    table, where = _load(path, config, split, role, named)
+    if len(table) == 0:
+        raise DataError(f"{role}: {where} holds no rows (split {split!r}); check {role}.split and {role}.path")
+    names = list(table.column_names)
+    for col, key in ((question_col, "question_column"), (answer_col, "answer_column")):
+        if col not in names:
+            raise DataError(
+                f"{role}: {where} has no column {col!r} (its columns: {names}); set {role}.{key} to the one that "
+                "holds it"
+            )
+    for col in spec.filter:
+        if col not in names:
+            raise DataError(f"{role}.filter: {where} has no column {col!r} (its columns: {names})")
+    questions, answers, others, skipped = [], [], [], 0
+    for row in table:
+        if any(row[col] not in allowed for col, allowed in spec.filter.items()):
+            continue
+        gold = gold_answer(row[answer_col], rule)
+        question = row[question_col]
+        if gold is None or not isinstance(question, str) or not question.strip():
+            skipped += 1
+            continue
+        questions.append(question)
+        answers.append(gold)
+        others.append({k: v for k, v in row.items() if k not in (question_col, answer_col)})
+        if spec.max_rows is not None and len(questions) >= spec.max_rows:
+            break
+    if not questions:
+        raise DataError(
+            f"{role}: no usable row in {where}"
+            + (f" ({skipped} with a gold answer that `{rule}` cannot read)" if skipped else "")
+            + (f" after {role}.filter={dict(spec.filter)}" if spec.filter else "")
+        )
+    return Rows(questions, answers, others, skipped, where)
+
+
+def _load(path: str, config: str | None, split: str, role: str, named):
+    """`datasets` rows of a local directory or file, or of a Hub dataset."""
+    local = Path(path)
+    try:
+        import datasets
+    except ImportError:
+        raise DataError('data.source=datasets needs the `datasets` library: pip install "datasets>=3"') from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if local.exists():
+        kind = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}.get(local.suffix)
+        try:
+            if local.is_dir() and (local / "dataset_info.json").is_file():  # written by Dataset.save_to_disk
+                return datasets.load_from_disk(str(local)), str(local)
+            if local.is_dir():
+                loaded = datasets.load_dataset(str(local), config, split=split)
+            elif kind is None:
+                raise DataError(f"{role}.path={path!r}: use a .parquet, .json, .jsonl or .arrow file, or a directory")
+            else:
+                loaded = datasets.load_dataset(kind, data_files=str(local), split="train")
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - datasets raises many types for a file it cannot read
+            raise DataError(
+                f"{role}.path={path!r}: `datasets` cannot read it ({type(e).__name__}: {_first(e)})"
+            ) from None
+        return loaded, str(local)
+    where = f"hub:{path}{f'/{config}' if config else ''}:{split}"
+    offline = any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+    how = (
+        f"run `hacrl data prepare {named.name} --out DIR` on a machine with internet and copy DIR to data.datasets_dir"
+        if named
+        else f"download it where you have internet (datasets.load_dataset({path!r}).save_to_disk(DIR)) and set "
+        f"{role}.path to that directory"
+    )
+    if offline:
+        raise DataError(f"{role}: {path!r} is not a local path and the Hub is off (HF_HUB_OFFLINE / "
+                        f"HF_DATASETS_OFFLINE is set): {how}")  # fmt: skip
+    try:
+        return datasets.load_dataset(path, config, split=split), where
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, gated: one message with what to do
+        raise DataError(
+            f"{role}: cannot load {path!r} from the Hugging Face Hub ({type(e).__name__}: {_first(e)}); if this "
+            f"machine is offline, {how}"
+        ) from None
+
+
+def _first(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def prepare(names: list[str], out: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:
+    """`hacrl data prepare`: each named set's split as `<out>/<name>/<split>.jsonl` (question, answer: the gold
+    answer already read; the other columns kept) with a `manifest.json` of row counts and SHA-256. `source`: read
+    the sets from this local directory (`<source>/<name>` as `datasets` reads it) instead of the Hub."""
+    from hacrl.config import DatasetSpec
+
+    unknown = [n for n in names if n not in NAMED_SETS]
+    if unknown:
+        raise DataError(f"unknown named set(s) {unknown}; choose from {sorted(NAMED_SETS)}")
+    report = []
+    for name in names:
+        named = NAMED_SETS[name]
+        path = str(Path(source) / name) if source else named.hub
+        rows = read_rows(DatasetSpec(set=name, path=path), role=f"hacrl data prepare {name}")
+        target = Path(out) / name / f"{named.split}.jsonl"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".jsonl.tmp")
+        digest = hashlib.sha256()
+        with open(tmp, "w", encoding="utf-8") as f:
+            for q, a, extra in zip(rows.questions, rows.answers, rows.columns, strict=True):
+                line = json.dumps({"question": q, "answer": a, **_plain(extra)}, ensure_ascii=False) + "\n"
+                digest.update(line.encode("utf-8"))
+                f.write(line)
+        os.replace(tmp, target)  # a half-written file never stands under the real name
+        entry = {"set": name, "file": str(target), "rows": len(rows.questions), "skipped": rows.skipped,
+                 "expected_rows": named.rows, "sha256": digest.hexdigest(), "from": rows.where}  # fmt: skip
+        manifest = Path(out) / name / "manifest.json"
+        manifest.write_text(json.dumps(entry, indent=2) + "\n")
+        report.append(entry)
+    return report
+
+
+def _plain(columns: dict[str, Any]) -> dict[str, Any]:
+    """Columns as JSON can hold them (a value it cannot is written as its text)."""
+    out = {}
+    for key, value in columns.items():
+        try:
+            json.dumps(value)
+            out[key] = value
+        except (TypeError, ValueError):
+            out[key] = str(value)
+    return out
