@@ -43,6 +43,22 @@ def tiny_agents(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
+    """{learner index: the source of each row of its pool, in pool order}, filled as learners build their rows."""
+    import hacrl.worker
+
+    seen: dict[int, list[int]] = {}
+    real_rows = hacrl.worker.learner_rows
+
+    def recording_rows(learner, *args):
+        rows = real_rows(learner, *args)
+        seen[learner.index] = [r.source for r in rows]
+        return rows
+
+    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
+    return seen
+
+
 def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir: Path, **sections) -> Path:
     """A small training config; `sections` replace or extend the default groups."""
     cfg = {

@@ -45,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("paths", nargs="+", help="HF model directories, or a checkpoint directory (step_*)")
     ev.add_argument("--config", required=True, help="YAML config whose data/rollout/eval sections to use")
     ev.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted key=value overrides")
+    ev.add_argument(
+        "--benchmarks",
+        nargs="+",
+        default=None,
+        help="named sets (hacrl data list) instead of the eval split: a table per agent and benchmark (greedy "
+        "pass@1; avg@k / pass@k with eval.num_samples=k), also written as markdown and JSON with --out",
+    )
+    ev.add_argument("--out", default=None, help="with --benchmarks: directory for benchmarks_step_*.md / .json")
 
     boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
     boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
@@ -253,6 +261,11 @@ def _eval(args) -> int:
     _quiet_transformers()
     from hacrl.evaluation import evaluate_paths
 
+    if args.benchmarks:
+        from hacrl.evaluation import evaluate_benchmarks
+
+        evaluate_benchmarks(config, [Path(p) for p in args.paths], args.benchmarks, out=args.out)
+        return 0
     evaluate_paths(config, [Path(p) for p in args.paths])
     return 0
 

@@ -402,8 +402,19 @@ class EvalConfig:
     save_completions: bool = True
     """Write each evaluation's greedy completions and rewards, one line per prompt with every agent's, to
     `<output_dir>/eval/step_NNNNNN.jsonl` (for reading what the agents answer, and for paired comparisons)."""
+    benchmarks: list[str] = field(default_factory=list)
+    """Named sets to evaluate every agent on at each evaluation, beside the eval split (e.g. `[math500, gsm8k,
+    aime25]`; `hacrl data list`): greedy pass@1, and avg@k / pass@k with `num_samples` = k, per benchmark, logged as
+    `eval/<agent>/<benchmark>/...`, with a table in `<output_dir>/eval/benchmarks/` (markdown and JSON) and the
+    per-prompt records in `eval/<benchmark>/`. At most `max_prompts` prompts each; scored by the math verifier."""
 
     def check(self, where: str = "eval") -> None:
+        if self.benchmarks:
+            from hacrl.sources import NAMED_SETS
+
+            unknown = [b for b in self.benchmarks if b not in NAMED_SETS]
+            if unknown:
+                raise ConfigError(f"{where}.benchmarks: {unknown} are not named sets; choose from {sorted(NAMED_SETS)}")
         if self.every < 0 or self.num_samples < 0 or self.batch_size < 1:
             raise ConfigError(f"{where}.every and {where}.num_samples must be >= 0, {where}.batch_size >= 1")
         if self.max_prompts is not None and self.max_prompts < 1:

@@ -76,6 +76,13 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     return TaskData(train=train, eval=eval_, reward=reward, reward_source=reward, builtin=True)
 
 
+def load_benchmark(cfg: DataConfig, name: str, max_rows: int | None = None) -> list[Example]:
+    """A named set's evaluation rows (`eval.benchmarks`), from `cfg.datasets_dir` when prepared there."""
+    from hacrl.config import DatasetSpec
+
+    return _dataset_rows(cfg, DatasetSpec(set=name, max_rows=max_rows), f"eval.benchmarks ({name})")
+
+
 def _dataset_rows(cfg: DataConfig, spec, role: str) -> list[Example]:
     """A `DatasetSpec`'s rows as examples: the question in its template, the gold answer as `answer`."""
     from hacrl.sources import MATH_TEMPLATE, read_rows

@@ -25,7 +25,8 @@ def completion_metrics(
     num_samples: int = 0,
     rewards_out: list[float] | None = None,
 ) -> dict[str, float]:
-    """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (sampled, k = num_samples),
+    """`pass@1` (greedy accuracy: reward == r_max), `reward_mean` (greedy), `avg@k` (the mean accuracy of k
+    sampled answers per prompt, k = num_samples), `pass@k` (the share of prompts with at least one of the k right),
     `length_mean`, `finished` (fraction ending with EOS) and `reward_timeouts` of one agent. `rewards_out`, when
     given, receives the greedy reward of every example, in order."""
     r_max = scorer.r_max
@@ -43,7 +44,10 @@ def completion_metrics(
     if num_samples > 0 and sampled is not None:
         repeated = [ex for ex in examples for _ in range(num_samples)]
         sampled_result = _score(scorer, repeated, [c.text for c in sampled])
-        out[f"avg@{num_samples}"] = sum(r >= r_max for r in sampled_result.rewards) / len(sampled_result.rewards)
+        right = [r >= r_max for r in sampled_result.rewards]
+        out[f"avg@{num_samples}"] = sum(right) / len(right)
+        per_prompt = [right[i : i + num_samples] for i in range(0, len(right), num_samples)]
+        out[f"pass@{num_samples}"] = sum(any(p) for p in per_prompt) / len(per_prompt)
         timeouts += len(sampled_result.timeouts)
     out["reward_timeouts"] = timeouts
     return out
@@ -132,6 +136,43 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     return results
 
 
+def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> dict[str, dict[str, dict[str, float]]]:
+    """`hacrl eval PATH... --benchmarks NAME...`: every agent alone on each named set (at most `eval.max_prompts`
+    prompts each, scored by the math verifier); prints the table, and writes it (markdown and JSON) under `out`."""
+    from dataclasses import replace
+
+    from hacrl.config import AgentConfig
+    from hacrl.data import load_benchmark
+    from hacrl.errors import ConfigError
+    from hacrl.rewards import math_reward
+    from hacrl.scoring import shared_scorer
+    from hacrl.sources import NAMED_SETS
+
+    unknown = [b for b in benchmarks if b not in NAMED_SETS]
+    if unknown:
+        raise ConfigError(f"--benchmarks: {unknown} are not named sets; choose from {sorted(NAMED_SETS)}")
+    dirs = [d for path in paths for d in _model_dirs(path)]
+    rows = {b: load_benchmark(config.data, b, config.eval.max_prompts) for b in benchmarks}
+    sc = config.scoring
+    scorer = shared_scorer(math_reward(sc.timeout, sc.max_answer_chars), sc, builtin=True,
+                           r_max=config.algorithm.r_max).start()  # fmt: skip
+    by_name = {a.name: a for a in config.agents}
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for i, (label, model_dir) in enumerate(dirs):
+        base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
+        agent = Agent(i, replace(base, model=str(model_dir), tokenizer=None, frozen=True), config.rollout)
+        results[label] = {
+            b: evaluate(agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size)
+            for b, examples in rows.items()
+        }
+        del agent
+    print(benchmark_table(results))
+    if out is not None:
+        write_benchmark_table(out, 0, results)
+        print(f"written: {out}/benchmarks_step_000000.md and .json")
+    return results
+
+
 def _model_dirs(path) -> list[tuple[str, Any]]:
     """A model directory as it is; every agent of a checkpoint; every agent of a run directory's newest checkpoint."""
     from hacrl.checkpoint import AGENTS_DIR, checkpoint_root, latest_checkpoint
@@ -167,20 +208,24 @@ def _print_table(results: list[dict[str, Any]], num_prompts: int) -> None:
     Console().print(table)
 
 
-def eval_records_path(run_dir, step: int):
+def eval_records_path(run_dir, step: int, benchmark: str | None = None):
+    """`<run_dir>/eval/step_NNNNNN.jsonl`, or `<run_dir>/eval/<benchmark>/step_NNNNNN.jsonl` for a benchmark."""
     from pathlib import Path
 
-    return Path(run_dir) / "eval" / f"step_{step:06d}.jsonl"
+    folder = Path(run_dir) / "eval"
+    return (folder / benchmark if benchmark else folder) / f"step_{step:06d}.jsonl"
 
 
-def write_eval_records(run_dir, step: int, examples: list[Example], names, greedy, rewards) -> None:
-    """`<run_dir>/eval/step_NNNNNN.jsonl`: one line per eval prompt, `{"index", "prompt", "agents": {name:
+def write_eval_records(
+    run_dir, step: int, examples: list[Example], names, greedy, rewards, benchmark: str | None = None
+) -> None:
+    """`eval_records_path(...)`: one line per eval prompt, `{"index", "prompt", "agents": {name:
     {"completion", "reward", "num_tokens", "finished"}}}`. Written to a temporary file, then renamed, so a reader
     (or a crash) never sees half of one."""
     import json
     import os
 
-    path = eval_records_path(run_dir, step)
+    path = eval_records_path(run_dir, step, benchmark)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".jsonl.tmp")
     with open(tmp, "w") as f:
@@ -196,6 +241,44 @@ def write_eval_records(run_dir, step: int, examples: list[Example], names, greed
             }
             f.write(json.dumps({"index": i, "prompt": ex.prompt, "agents": agents}) + "\n")
     os.replace(tmp, path)
+
+
+BENCHMARK_COLUMNS = ("pass@1", "avg@", "pass@")
+"""What the benchmark table shows per agent and benchmark: greedy pass@1 (the paper's accuracy: its evaluation is
+greedy), then avg@k and pass@k when eval.num_samples = k."""
+
+
+def benchmark_table(results: dict[str, dict[str, dict[str, float]]], step: int | None = None) -> str:
+    """`results[agent][benchmark]` (`completion_metrics`) as a markdown table: a row per agent, a column per
+    benchmark and metric, in percent, and the mean over benchmarks of each metric (the paper's "average")."""
+    benchmarks = list(next(iter(results.values())))
+    metrics = [k for k in next(iter(next(iter(results.values())).values())) if k.startswith(BENCHMARK_COLUMNS)]
+    head = ["agent", *(f"{b} {m}" for b in benchmarks for m in metrics), *(f"mean {m}" for m in metrics)]
+    lines = [f"Benchmarks{f' at step {step}' if step is not None else ''} (accuracy, %)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for agent, per_bench in results.items():
+        cells = [f"{100 * per_bench[b][m]:.1f}" for b in benchmarks for m in metrics]
+        means = [f"{100 * sum(per_bench[b][m] for b in benchmarks) / len(benchmarks):.1f}" for m in metrics]
+        lines.append("| " + " | ".join([agent, *cells, *means]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_benchmark_table(directory, step: int, results: dict[str, dict[str, dict[str, float]]]) -> None:
+    """`<directory>/benchmarks_step_NNNNNN.json` (every metric) and `.md` (the table), each written whole."""
+    import json
+    import os
+    from pathlib import Path
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix, text in (
+        (".json", json.dumps({"step": step, "results": results}, indent=2) + "\n"),
+        (".md", benchmark_table(results, step)),
+    ):
+        path = folder / f"benchmarks_step_{step:06d}{suffix}"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def read_eval_records(run_dir, step: int) -> list[dict[str, Any]]:

@@ -75,6 +75,14 @@ EVAL = _table(
     ("length_mean", "mean greedy answer length, in its own tokens"),
     ("finished", "share of greedy answers that ended with EOS"),
     ("reward_timeouts", "eval answers whose scoring ran past scoring.timeout"),
+    ("pass@{k}", "share of prompts with at least one of k sampled answers right (eval.num_samples = k)"),
+    ("{benchmark}/pass@1", "greedy accuracy on a named benchmark (eval.benchmarks)"),
+    ("{benchmark}/reward_mean", "mean greedy reward on a benchmark"),
+    ("{benchmark}/avg@{k}", "mean accuracy of k sampled answers per benchmark prompt"),
+    ("{benchmark}/pass@{k}", "share of a benchmark's prompts with at least one of k sampled answers right"),
+    ("{benchmark}/length_mean", "mean greedy answer length on a benchmark"),
+    ("{benchmark}/finished", "share of greedy answers on a benchmark that ended with EOS"),
+    ("{benchmark}/reward_timeouts", "benchmark answers whose scoring ran past scoring.timeout"),
 )
 
 STEP = _table(

@@ -1,4 +1,5 @@
-"""`hacrl plot RUN_DIR`: training reward and eval accuracy per agent, one PNG."""
+"""`hacrl plot RUN_DIR`: training reward and eval accuracy per agent, one PNG; with `eval.benchmarks`, a second one
+(`benchmarks.png`) with each benchmark's greedy accuracy over the steps."""
 
 from __future__ import annotations
 
@@ -44,4 +45,31 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out_path = Path(out) if out else run_dir / "curves.png"
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
+    _plot_benchmarks(records, out_path.with_name("benchmarks.png"), plt)
     return out_path
+
+
+def _plot_benchmarks(records: list[dict], out: Path, plt) -> None:
+    """One panel per benchmark (`eval/<agent>/<benchmark>/pass@1`), a line per agent; nothing without benchmarks."""
+    from hacrl.metrics import parse
+
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for record in records:
+        for key, value in record.items():
+            parsed = parse(key)
+            if parsed and parsed[0] == "eval" and parsed[2].name == "{benchmark}/pass@1":
+                benchmark = key.split("/")[2]
+                curves.setdefault(benchmark, {}).setdefault(parsed[1], []).append((record["step"], value))
+    if not curves:
+        return
+    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.5), squeeze=False)
+    for ax, (benchmark, agents) in zip(axes[0], sorted(curves.items()), strict=True):
+        for agent, points in sorted(agents.items()):
+            steps, values = zip(*sorted(dict(points).items()), strict=True)
+            ax.plot(steps, [100 * v for v in values], marker="o", label=agent)
+        ax.set(title=f"{benchmark}, greedy pass@1", xlabel="step", ylabel="%")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

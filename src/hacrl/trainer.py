@@ -43,15 +43,16 @@ from hacrl.checkpoint import (
 )
 from hacrl.config import TrainConfig, config_to_yaml, resume_differences, resume_rules, save_config
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
-from hacrl.data import Example, PromptStream, load_task
+from hacrl.data import Example, PromptStream, load_benchmark, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
-from hacrl.evaluation import evaluate_agents, write_eval_records
+from hacrl.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.exchange import foreign_trajectories
 from hacrl.logger import MetricsLogger
 from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
 from hacrl.metrics import agent_key, eval_key
+from hacrl.rewards import math_reward
 from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
-from hacrl.scoring import ScoreResult, scorer_for
+from hacrl.scoring import ScoreResult, scorer_for, shared_scorer
 
 
 class Trainer:
@@ -86,6 +87,14 @@ class Trainer:
         self.task = load_task(config.data, config.scoring)
         self.scorer = scorer_for(self.task, config.scoring, r_max=self.params.r_max).start()
         self.stream = PromptStream(self.task.train, seed=config.trainer.seed)
+        self.benchmarks = {  # eval.benchmarks: named sets, each agent alone, scored by the math verifier
+            name: load_benchmark(config.data, name, config.eval.max_prompts) for name in config.eval.benchmarks
+        }
+        self.benchmark_scorer = (
+            shared_scorer(math_reward(config.scoring.timeout, config.scoring.max_answer_chars), config.scoring,
+                          builtin=True, r_max=self.params.r_max).start()
+            if self.benchmarks else None
+        )  # fmt: skip
         self.tracker = CapabilityTracker(
             len(config.agents),
             window=config.algorithm.capability_window,
@@ -360,23 +369,30 @@ class Trainer:
         training."""
         cfg, n = self.config, len(self.names)
         examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
-        if not examples:
-            return {}
-        what = f"evaluating at step {self.step}"
-        seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j for j in range(n)]
-        results, greedy, rewards = evaluate_agents(
-            examples,
-            lambda calls: self.workers.generate(calls, what=what),
-            self.scorer,
-            num_agents=n,
-            num_samples=cfg.eval.num_samples,
-            seeds=seeds,
-        )
         out: dict[str, float] = {}
-        for name, result in zip(self.names, results, strict=True):
-            out.update({eval_key(name, k): v for k, v in result.items()})
-        if cfg.eval.save_completions:
-            write_eval_records(self.run_dir, self.step, examples, self.names, greedy, rewards)
+        splits = [(None, examples, self.scorer)] if examples else []
+        splits += [(name, rows, self.benchmark_scorer) for name, rows in self.benchmarks.items()]
+        table: dict[str, dict[str, dict[str, float]]] = {name: {} for name in self.names}
+        for b, (benchmark, rows, scorer) in enumerate(splits):
+            what = f"evaluating{f' on {benchmark}' if benchmark else ''} at step {self.step}"
+            seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j + 7_919 * b for j in range(n)]
+            results, greedy, rewards = evaluate_agents(
+                rows,
+                lambda calls, what=what: self.workers.generate(calls, what=what),
+                scorer,
+                num_agents=n,
+                num_samples=cfg.eval.num_samples,
+                seeds=seeds,
+            )
+            prefix = f"{benchmark}/" if benchmark else ""
+            for name, result in zip(self.names, results, strict=True):
+                out.update({eval_key(name, prefix + k): v for k, v in result.items()})
+                if benchmark:
+                    table[name][benchmark] = result
+            if cfg.eval.save_completions:
+                write_eval_records(self.run_dir, self.step, rows, self.names, greedy, rewards, benchmark)
+        if self.benchmarks:
+            write_benchmark_table(self.run_dir / "eval" / "benchmarks", self.step, table)
         return out
 
     def save(self) -> Path:

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from hacrl.cli import main
 from hacrl.config import ConfigError, load_config
-from tests.conftest import write_config
+from tests.conftest import record_pool_sources, write_config
 
 
 def _records(run):
@@ -25,17 +25,7 @@ def _three(tiny_agents, tmp_path, run, **sections):
 
 
 def test_a_frozen_peer_shares_its_rollouts_and_never_changes(tiny_agents, tmp_path, monkeypatch):
-    import hacrl.worker
-
-    seen: dict[int, list[int]] = {}
-    real_rows = hacrl.worker.learner_rows
-
-    def recording_rows(learner, *args):
-        rows = real_rows(learner, *args)
-        seen[learner.index] = [r.source for r in rows]
-        return rows
-
-    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
+    seen = record_pool_sources(monkeypatch)
     run = tmp_path / "run"
     cfg = _three(tiny_agents, tmp_path, run, trainer={"steps": 2}, eval={"at_start": True})
     assert load_config(cfg).agents[2].frozen

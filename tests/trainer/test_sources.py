@@ -187,3 +187,82 @@ def test_the_data_commands(tmp_path, capsys):
     assert main(["data", "prepare", "aime25", "--out", str(tmp_path / "out"), "--from", str(tmp_path / "src")]) == 0
     out = capsys.readouterr().out
     assert "aime25: 1 rows" in out and "the Hub's split has 30" in out and "data.datasets_dir=" in out
+
+
+def test_benchmarks_are_evaluated_during_training_and_after_it(tiny_agents, tmp_path, capsys):
+    """eval.benchmarks: each agent alone on named sets read from prepared files; per benchmark greedy pass@1,
+    avg@k and pass@k in the metrics, a table (markdown + JSON), per-prompt records and curves; then `hacrl eval
+    RUN_DIR --benchmarks` on the checkpoint."""
+    from hacrl.cli import main
+    from hacrl.metrics import unknown_keys
+    from tests.conftest import write_config
+
+    source = tmp_path / "downloads"
+    for name in ("math500", "gsm8k"):
+        _write(source, name)
+    prepare(["math500", "gsm8k"], tmp_path / "data", source=source)
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
+                       data={"datasets_dir": str(tmp_path / "data")}, trainer={"steps": 1},
+                       eval={"at_start": True, "benchmarks": ["math500", "gsm8k"], "num_samples": 2})  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [key for r in records for key in unknown_keys(r)] == []
+    for record in records:  # step 0 and step 1
+        for key in ("pass@1", "avg@2", "pass@2", "length_mean"):
+            assert 0 <= record[f"eval/qwen/gsm8k/{key}"] and f"eval/llama/math500/{key}" in record
+        assert "eval/qwen/pass@1" in record  # the eval split is still evaluated beside them
+    assert len((run / "eval" / "gsm8k" / "step_000001.jsonl").read_text().splitlines()) == 2
+    table = (run / "eval" / "benchmarks" / "benchmarks_step_000001.md").read_text()
+    assert "| agent | math500 pass@1 | math500 avg@2 | math500 pass@2 | gsm8k pass@1 |" in table
+    saved = json.loads((run / "eval" / "benchmarks" / "benchmarks_step_000001.json").read_text())
+    assert saved["results"]["qwen"]["gsm8k"]["pass@1"] == records[-1]["eval/qwen/gsm8k/pass@1"]
+    assert main(["plot", str(run)]) == 0 and (run / "benchmarks.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    out = tmp_path / "table"
+    assert main(["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm8k", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| llama (step_000001) |" in printed and "gsm8k pass@1" in printed
+    assert (out / "benchmarks_step_000000.json").is_file()
+    assert main(["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm9k"]) == 2
+
+
+def test_pass_at_k_avg_at_k_and_the_table_hand_computed():
+    """Two prompts, k = 2 samples each: right / wrong and wrong / wrong -> avg@2 = 1/4, pass@2 = 1/2."""
+    from hacrl.data import Example
+    from hacrl.evaluation import benchmark_table, completion_metrics
+    from hacrl.messages import Completion
+    from hacrl.scoring import ScoreResult
+
+    class Exact:
+        r_max = 1.0
+
+        def score(self, prompts, completions, columns):
+            return ScoreResult([float(c == a) for c, a in zip(completions, columns["answer"], strict=True)])
+
+    examples = [Example(messages=[], prompt=f"q{i}", columns={"answer": str(i)}) for i in range(2)]
+    greedy = [Completion("0", 1, True), Completion("5", 1, False)]
+    sampled = [Completion(t, 1, True) for t in ("0", "9", "7", "8")]
+    m = completion_metrics(examples, greedy, sampled, Exact(), num_samples=2)
+    assert (m["pass@1"], m["avg@2"], m["pass@2"], m["finished"]) == (0.5, 0.25, 0.5, 0.5)
+    table = benchmark_table({"a": {"gsm8k": m, "aime25": {**m, "pass@1": 0.0}}}, step=3)
+    assert "| a | 50.0 | 25.0 | 50.0 | 0.0 | 25.0 | 50.0 | 25.0 | 25.0 | 50.0 |" in table  # means: 25, 25, 50
+
+
+def test_an_unknown_benchmark_is_a_config_error():
+    with pytest.raises(Exception, match=r"eval.benchmarks: \['gsm9k'\] are not named sets"):
+        load_config("configs/demo.yaml", ["eval.benchmarks=[gsm9k]"])
+
+
+def test_arrow_files_and_saved_datasets_are_read_too(tmp_path):
+    """The other local forms `datasets` writes: an Arrow stream file and a `save_to_disk` directory."""
+    import datasets
+    import pyarrow as pa
+
+    split, rows = REAL["aime25"]
+    table = pa.Table.from_pylist(rows)
+    with pa.ipc.new_stream(tmp_path / f"{split}.arrow", table.schema) as writer:
+        writer.write_table(table)
+    assert read_rows(DatasetSpec(set="aime25", path=str(tmp_path / f"{split}.arrow"))).answers == ["70"]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    assert read_rows(DatasetSpec(set="aime25", path=str(tmp_path / "saved"))).answers == ["70"]

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hacrl.cli import main
 from hacrl.config import load_config
 from hacrl.metrics import unknown_keys
-from tests.conftest import write_config
+from tests.conftest import record_pool_sources, write_config
 
 PER_AGENT_KEYS = [
     "reward_mean",
@@ -180,17 +180,7 @@ def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_
     """Spec 2, step 5a: each learner's pool is its own responses, then the others' in config order, so its own rows
     take the first optimizer steps (m = 0, 1, ...) whatever its index; the learner that is not first in the config
     must not see foreign rows first."""
-    import hacrl.worker
-
-    seen: dict[int, list[int]] = {}
-    real_rows = hacrl.worker.learner_rows
-
-    def recording_rows(learner, *args):
-        rows = real_rows(learner, *args)
-        seen[learner.index] = [r.source for r in rows]
-        return rows
-
-    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
+    seen = record_pool_sources(monkeypatch)
     run = tmp_path / "run"
     cfg = write_config(
         tmp_path / "c.yaml",
