@@ -57,6 +57,33 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     return tokenizer
 
 
+def _with_lora(model, lora, *, adapters_from: str | Path | None, seed: int):
+    """`model` with LoRA adapters (peft): new ones (zero-initialised up-projections, so the model computes exactly
+    what it did; the down-projections drawn from a stream seeded `seed`, so a run is repeatable whatever the
+    process drew before), or the ones saved in `adapters_from` (a checkpoint's agent directory); only they train."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    if adapters_from is not None and (Path(adapters_from) / "adapter_config.json").is_file():
+        return PeftModel.from_pretrained(model, str(adapters_from), is_trainable=True)
+    config = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        device = next(model.parameters()).device  # on a GPU the adapters are drawn from its generator
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
+    except ValueError as e:  # no module of that name in this model
+        from hacrl.errors import ModelError
+
+        raise ModelError(f"LoRA target_modules={list(lora.target_modules)}: {str(e).splitlines()[0]}") from None
+
+
 def first_nonfinite(model: torch.nn.Module) -> str | None:
     """The name of the first parameter holding NaN or inf (None: all finite); one host sync for the whole model."""
     named = list(model.named_parameters())
@@ -106,8 +133,10 @@ class Agent:
         *,
         with_reference: bool = False,
         weights_from: str | Path | None = None,
+        init_seed: int = 0,
     ) -> None:
-        """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`)."""
+        """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
+        `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream."""
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
@@ -119,7 +148,13 @@ class Agent:
             source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
         self.tokenizer = load_tokenizer(source, key=key)
         self.device = torch.device(cfg.device)
-        self.model = _load_model(weights_from or cfg.model, cfg, index)
+        self.lora = cfg.lora if not cfg.frozen else None
+        # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
+        self.model = _load_model(cfg.model if self.lora else (weights_from or cfg.model), cfg, index)
+        self.peft_model = None
+        if self.lora is not None:
+            self.peft_model = _with_lora(self.model, self.lora, adapters_from=weights_from, seed=init_seed)
+            self.model = self.peft_model.base_model.model  # the same HF model, the adapters injected in place
         if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
             raise ModelError(
                 f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
@@ -132,7 +167,7 @@ class Agent:
         else:
             self.model.train()
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+                self.trainable_parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
             )
         self.ref_model = None
         if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)

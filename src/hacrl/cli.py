@@ -95,6 +95,18 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", required=True, help="output directory (use it as data.datasets_dir)")
     prepare.add_argument("--from", dest="source", default=None, help="read DIR/<set> instead of the Hub")
 
+    export = sub.add_parser(
+        "export",
+        help="write a trained agent as a plain Hugging Face model directory (LoRA adapters merged)",
+        description="Agent NAME of RUN_DIR's newest checkpoint (or of a checkpoint directory) to OUT: a fully "
+        "trained agent is copied; a LoRA agent's adapters are merged into its base model, so OUT loads with "
+        "AutoModelForCausalLM.from_pretrained alone (--adapters-only: the adapters in peft's format).",
+    )
+    export.add_argument("path", help="a run directory or a checkpoint directory (step_*)")
+    export.add_argument("--agent", required=True, help="the agent's name")
+    export.add_argument("out", help="output directory (new or empty)")
+    export.add_argument("--adapters-only", action="store_true", help="a LoRA agent's adapters, not merged")
+
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
@@ -162,6 +174,13 @@ def _run(args) -> int:
         return _eval(args)
     if args.command == "data":
         return _data(args)
+    if args.command == "export":
+        _quiet_transformers()
+        from hacrl.export import export_agent
+
+        out = export_agent(args.path, args.agent, args.out, adapters_only=args.adapters_only)
+        print(f"agent {args.agent!r} written to {out}")
+        return 0
     if args.command == "plan":
         from hacrl.config import load_config
 

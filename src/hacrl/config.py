@@ -31,6 +31,34 @@ random draws then differ from an uninterrupted run)."""
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (peft, `pip install "hacrl[lora]"`): the agent trains these only; its base weights never
+    change, its optimizer state and gradients are the adapters' (a few MB instead of 3x the model)."""
+
+    r: int = 16
+    """Rank of each adapter."""
+    alpha: float = 32.0
+    """Scale: the adapter's output is multiplied by alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get an adapter (every attention and MLP projection of Llama / Qwen)."""
+
+    def check(self, where: str) -> None:
+        import importlib.util
+
+        if self.r < 1 or not self.alpha > 0 or not 0 <= self.dropout < 1 or not self.target_modules:
+            raise ConfigError(
+                f"{where}: r >= 1, alpha > 0, dropout in [0, 1) and at least one target module, got r={self.r}, "
+                f"alpha={self.alpha}, dropout={self.dropout}, target_modules={list(self.target_modules)}"
+            )
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f'{where} needs peft, an optional extra: pip install "hacrl[lora]" (or pip install peft)')
+
+
+@dataclass
 class AgentConfig:
     """One agent: a Hugging Face causal LM directory with its tokenizer and chat template."""
 
@@ -64,6 +92,9 @@ class AgentConfig:
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
     rollout_backend: Literal["hf", "static"] | None = field(default=None, metadata=NOT_EXACT)
     """This agent's sampler; None: `rollout.backend`."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight, e.g. `{r: 16, alpha: 32}` (see `LoraConfig`); None: full
+    fine-tuning. Checkpoints hold the adapters (the base stays `model`); `hacrl export` merges them."""
     frozen: bool = False
     """A peer that shares without learning: it samples, is scored, has its capability tracked and its rollouts go
     into the others' pools, but it never computes a loss or steps an optimizer (none is allocated; checkpoints
@@ -108,6 +139,11 @@ class AgentConfig:
             raise ConfigError(f"{where}.num_cpus and num_gpus must be >= 0, got {self.num_cpus}, {self.num_gpus}")
         if self.num_gpus > 0 and not self.device.startswith("cuda"):
             raise ConfigError(f"{where}.num_gpus={self.num_gpus} asks for a GPU: set {where}.device=cuda")
+        if self.lora is not None:
+            if self.frozen:
+                raise ConfigError(f"{where}: a frozen agent trains nothing, so {where}.lora has nothing to do; "
+                                  "remove one of them")  # fmt: skip
+            self.lora.check(f"{where}.lora")
 
 
 @dataclass

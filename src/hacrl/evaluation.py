@@ -109,9 +109,7 @@ def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> S
 
 def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     """`hacrl eval`: evaluate model directories, or every agent of a checkpoint, and print a table."""
-    from dataclasses import replace
 
-    from hacrl.config import AgentConfig
     from hacrl.data import load_task
     from hacrl.errors import DataError
     from hacrl.scoring import scorer_for
@@ -125,8 +123,7 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     by_name = {a.name: a for a in config.agents}
     results = []
     for i, (label, model_dir) in enumerate(dirs):
-        base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
-        agent = Agent(i, replace(base, model=str(model_dir), tokenizer=None), config.rollout)
+        agent = _saved_agent(i, by_name, model_dir, config.rollout)
         result = evaluate(
             agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size
         )
@@ -139,9 +136,7 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
 def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> dict[str, dict[str, dict[str, float]]]:
     """`hacrl eval PATH... --benchmarks NAME...`: every agent alone on each named set (at most `eval.max_prompts`
     prompts each, scored by the math verifier); prints the table, and writes it (markdown and JSON) under `out`."""
-    from dataclasses import replace
 
-    from hacrl.config import AgentConfig
     from hacrl.data import load_benchmark
     from hacrl.errors import ConfigError
     from hacrl.rewards import math_reward
@@ -159,8 +154,7 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
     by_name = {a.name: a for a in config.agents}
     results: dict[str, dict[str, dict[str, float]]] = {}
     for i, (label, model_dir) in enumerate(dirs):
-        base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
-        agent = Agent(i, replace(base, model=str(model_dir), tokenizer=None, frozen=True), config.rollout)
+        agent = _saved_agent(i, by_name, model_dir, config.rollout)
         results[label] = {
             b: evaluate(agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size)
             for b, examples in rows.items()
@@ -173,12 +167,31 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
     return results
 
 
+def _saved_agent(index: int, by_name, model_dir, rollout) -> Agent:
+    """An agent of a saved directory, for evaluation only (no optimizer state): a model directory, or a LoRA
+    agent's adapters on the base model they name."""
+    from dataclasses import replace
+
+    from hacrl.config import AgentConfig, LoraConfig
+    from hacrl.export import adapter_base
+
+    base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
+    base_model = adapter_base(model_dir)
+    if base_model is None:
+        return Agent(index, replace(base, model=str(model_dir), tokenizer=None, frozen=True, lora=None), rollout)
+    cfg = replace(base, model=base_model, tokenizer=None, frozen=False, lora=base.lora or LoraConfig())
+    agent = Agent(index, cfg, rollout, weights_from=model_dir)
+    agent.model.eval().requires_grad_(False)
+    agent.optimizer = None
+    return agent
+
+
 def _model_dirs(path) -> list[tuple[str, Any]]:
     """A model directory as it is; every agent of a checkpoint; every agent of a run directory's newest checkpoint."""
     from hacrl.checkpoint import AGENTS_DIR, checkpoint_root, latest_checkpoint
     from hacrl.errors import ModelError
 
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return [(path.name, path)]
     if not (path / AGENTS_DIR).is_dir() and checkpoint_root(path).is_dir():  # a run directory
         newest = latest_checkpoint(path)

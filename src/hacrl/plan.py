@@ -45,6 +45,7 @@ class Shape:
 
     params: int
     trainable: int
+    """Parameters that train (all of them; a LoRA agent's adapters only, kept in float32 by peft)."""
     dtype_bytes: int
     layers: int
     hidden: int
@@ -93,8 +94,9 @@ class AgentPlan:
         return None if self.device_total is None else self.peak <= self.device_total
 
 
-def model_shape(model_dir: str | Path, dtype: torch.dtype) -> Shape:
-    """The memory-relevant shape of a local model directory, without reading its weights."""
+def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
+    """The memory-relevant shape of a local model directory, without reading its weights; with `lora`
+    (`LoraConfig`), `trainable` is the adapters' parameter count: r x (inputs + outputs) of each targeted layer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -104,12 +106,20 @@ def model_shape(model_dir: str | Path, dtype: torch.dtype) -> Shape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if lora is not None:
+        targets = set(lora.target_modules)
+        trainable = sum(
+            lora.r * (m.in_features + m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     qk_norm = any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
     return Shape(
         params=params,
-        trainable=params,
+        trainable=trainable,
         dtype_bytes=torch.empty((), dtype=dtype).element_size(),
         layers=config.num_hidden_layers,
         hidden=config.hidden_size,
@@ -154,7 +164,8 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
     plans = []
     for i, agent in enumerate(config.agents):
         dtype = DTYPES[agent.dtype]
-        shape = model_shape(agent.model, dtype)
+        lora = agent.lora if not agent.frozen else None
+        shape = model_shape(agent.model, dtype, lora)
         r, t = config.rollout, config.trainer
         prompt = agent.max_prompt_tokens or r.max_prompt_tokens
         new = agent.max_new_tokens or r.max_new_tokens
@@ -165,8 +176,11 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         p.parts["weights"] = weights
         learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
         p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
-        p.parts["gradients"] = shape.trainable * shape.dtype_bytes * learns
-        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * shape.dtype_bytes * learns
+        trained_bytes = 4 if lora is not None else shape.dtype_bytes  # peft keeps adapters in float32
+        if lora is not None:
+            p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
+        p.parts["gradients"] = shape.trainable * trained_bytes * learns
+        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * trained_bytes * learns
         total = _device_total(agent.device, device_memory)
         p.device_total = total
         per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)

@@ -82,6 +82,7 @@ class AgentWorker:
             spec.rollout,
             with_reference=spec.algorithm.kl_coef > 0,
             weights_from=spec.weights_from,
+            init_seed=rng_seed(spec.trainer.seed, spec.index) + 1,
         )
         cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
         self._cuda_devices = cuda
@@ -190,7 +191,8 @@ class AgentWorker:
         part = agent_part(root, self.name)
         try:
             if not self.agent.frozen:  # a frozen agent's weights are those of its model directory, unchanged
-                self.agent.model.save_pretrained(part.weights_dir, safe_serialization=True)
+                # a LoRA agent: its adapters (peft's format; the base is its model directory, `hacrl export` merges)
+                (self.agent.peft_model or self.agent.model).save_pretrained(part.weights_dir, safe_serialization=True)
                 self.agent.tokenizer.save_pretrained(part.weights_dir)
                 part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)

@@ -142,3 +142,18 @@ def test_a_frozen_peer_is_planned_with_its_weights_and_sampling_only(families, t
         assert frozen.parts[part] == 0, part
     assert learner.parts["optimizer state (AdamW)"] > 0 and frozen.parts["KV cache (sampling)"] > 0
     assert frozen.update_peak < learner.update_peak
+
+
+def test_the_plan_counts_adapter_state_only(families, tmp_path):
+    pytest.importorskip("peft")
+    from hacrl.agents import Agent
+    from hacrl.config import AgentConfig, LoraConfig, RolloutConfig
+
+    cfg = write_config(tmp_path / "c.yaml", {"a": families["qwen3"], "b": families["qwen3"]}, ["a", "b"],
+                       tmp_path / "run")  # fmt: skip
+    full, lora = plan(load_config(cfg, ["agents.1.lora={r: 2, target_modules: [q_proj]}"]))
+    spec = LoraConfig(r=2, target_modules=["q_proj"])
+    agent = Agent(1, AgentConfig(name="b", model=str(families["qwen3"]), lora=spec), RolloutConfig())
+    adapters = sum(p.numel() for p in agent.model.parameters() if p.requires_grad)
+    assert lora.parts["gradients"] == 4 * adapters and lora.parts["optimizer state (AdamW)"] == 8 * adapters
+    assert lora.parts["optimizer state (AdamW)"] < full.parts["optimizer state (AdamW)"] / 10

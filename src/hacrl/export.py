@@ -1,0 +1,73 @@
+"""`hacrl export RUN_DIR --agent NAME OUT`: one trained agent as a plain Hugging Face model directory.
+
+A fully trained agent's checkpoint part already is one (it is copied). A LoRA agent's part holds its adapters in
+peft's format, with the path of its base model: `export` loads the base, merges the adapters into its weights and
+writes a directory that `AutoModelForCausalLM.from_pretrained` loads with nothing of hacrl or peft installed;
+`--adapters-only` copies the adapters instead (for `PeftModel.from_pretrained`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from hacrl.errors import CheckpointError, ModelError
+
+
+def adapter_base(directory: str | Path) -> str | None:
+    """The base model directory a LoRA agent's adapters were trained on, or None when `directory` holds no
+    adapters (a full model directory)."""
+    config = Path(directory) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text())["base_model_name_or_path"]
+
+
+def merged_model(directory: str | Path):
+    """The base model of a LoRA agent's checkpoint part with its adapters merged into the weights (a plain
+    `PreTrainedModel`: no peft layers left)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = adapter_base(directory)
+    if base is None or not (Path(base) / "config.json").is_file():
+        raise ModelError(
+            f"{directory}: the adapters' base model {base!r} is not a local model directory; the base a LoRA "
+            "agent trained on must stay where the run found it (agents.<i>.model)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype="auto")
+    return PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+
+
+def export_agent(path: str | Path, agent: str, out: str | Path, *, adapters_only: bool = False) -> Path:
+    """Write agent `agent` of a run directory's newest checkpoint (or of the checkpoint `path`) to `out`."""
+    from hacrl.agents import load_tokenizer
+    from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, latest_checkpoint
+
+    path, out = Path(path), Path(out)
+    checkpoint = path if (path / AGENTS_DIR).is_dir() else latest_checkpoint(path)
+    if checkpoint is None:
+        raise CheckpointError(f"{str(path)!r} is neither a checkpoint nor a run directory with a complete one")
+    source = agent_weights_dir(checkpoint, agent)
+    if not source.is_dir():
+        names = sorted(p.name for p in (checkpoint / AGENTS_DIR).iterdir() if p.is_dir())
+        raise CheckpointError(f"{checkpoint} has no agent {agent!r} (it holds {names}; a frozen agent has none)")
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{str(out)!r} exists and is not empty: choose a new directory")
+    lora = adapter_base(source) is not None
+    if adapters_only and not lora:
+        raise CheckpointError(f"agent {agent!r} was fully fine-tuned: it has no adapters; export it without "
+                              "--adapters-only")  # fmt: skip
+    if adapters_only or not lora:
+        shutil.copytree(source, out, dirs_exist_ok=True)
+        return out
+    model = merged_model(source)
+    tmp = out.with_name(out.name + ".tmp-export")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    load_tokenizer(source).save_pretrained(tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)  # a half-written export never stands under the name asked for
+    return out

@@ -1,0 +1,139 @@
+"""LoRA agents (`agents.<i>.lora`, peft): only the adapters train, a LoRA + full pair trains and resumes exactly,
+the samplers decode with the adapters, and `hacrl export` gives a plain Hugging Face model directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("peft")
+
+from hacrl.agents import Agent  # noqa: E402
+from hacrl.cli import main  # noqa: E402
+from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config  # noqa: E402
+from hacrl.logprobs import TokenBatch, token_logprobs  # noqa: E402
+from tests.conftest import write_config  # noqa: E402
+
+LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
+
+
+def _config(tiny_agents, tmp_path, run, **sections):
+    cfg = write_config(tmp_path / f"{run.name}.yaml", tiny_agents, ["llama", "qwen"], run, **sections)
+    data = cfg.read_text().replace("name: llama", "lora: " + json.dumps(LORA) + "\n  name: llama", 1)
+    cfg.write_text(data)
+    return cfg
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_zero_initialised_adapter_computes_exactly_the_base_model(tiny_agents):
+    rollout = RolloutConfig(max_new_tokens=8, max_prompt_tokens=64)
+    base = Agent(0, AgentConfig(name="a", model=str(tiny_agents["qwen"])), rollout)
+    lora = Agent(0, AgentConfig(name="a", model=str(tiny_agents["qwen"]), lora=LoraConfig(**LORA)), rollout)
+    prompts, responses = [[5, 6, 7], [8, 9]], [[10, 11, 12], [13]]
+    batch = TokenBatch.build(prompts, responses, base.pad_id, "cpu")
+    assert torch.equal(token_logprobs(base.model, batch, 1.0), token_logprobs(lora.model, batch, 1.0))
+    trainable = {n for n, p in lora.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {id(p) for group in lora.optimizer.param_groups for p in group["params"]} == {
+        id(p) for p in lora.model.parameters() if p.requires_grad
+    }
+
+
+def test_the_base_weights_of_a_lora_agent_never_change(tiny_agents, tmp_path):
+    from hacrl.trainer import Trainer
+
+    cfg = _config(tiny_agents, tmp_path, tmp_path / "run", trainer={"steps": 1},
+                  scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
+    trainer = Trainer(load_config(cfg))
+    try:
+        model = trainer.workers.workers[0].agent.model
+        base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+        lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+        trainer.train_step()
+        after = dict(model.named_parameters())
+        assert all(torch.equal(base[n], after[n]) for n in base)
+        assert any(not torch.equal(lora[n], after[n]) for n in lora)
+    finally:
+        trainer.close()
+
+
+def test_a_lora_and_full_pair_resumes_exactly(tiny_agents, tmp_path):
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    assert main(["train", str(_config(tiny_agents, tmp_path, full_run, trainer={"steps": 3}))]) == 0
+    cut = _config(tiny_agents, tmp_path, cut_run, trainer={"steps": 3})
+    assert main(["train", str(cut), "trainer.steps=2"]) == 0
+    assert main(["train", str(cut), "--resume"]) == 0
+    timing = ("time/", "tokens_per_second")
+    expected, resumed = _records(full_run)[-1], _records(cut_run)[-1]
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith(timing) and "/time/" not in k}  # noqa: E731
+    assert strip(resumed) == strip(expected)
+    a = load_file(full_run / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
+    b = load_file(cut_run / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_static_sampler_decodes_with_the_adapters_like_hf(tiny_agents):
+    from hacrl.samplers.hf import HFSampler
+    from hacrl.samplers.static import StaticSampler
+
+    rollout = RolloutConfig(max_new_tokens=10, max_prompt_tokens=64)
+    agent = Agent(0, AgentConfig(name="a", model=str(tiny_agents["qwen"]), lora=LoraConfig(**LORA)), rollout)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-zero adapters: the samplers must read them
+        for name, p in agent.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12]]
+    hf = HFSampler(agent).sample(prompts, 1, greedy=True, batch_size=3)
+    static = StaticSampler(agent, compile_backend="eager").sample(prompts, 1, greedy=True, batch_size=3)
+    assert [s.response_ids for s in static] == [s.response_ids for s in hf]
+
+
+def test_export_merges_the_adapters_into_a_plain_model(tiny_agents, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    cfg = _config(
+        tiny_agents, tmp_path, run, trainer={"steps": 1}, scoring={"function": "tests.reward_fixtures:digits"}
+    )
+    assert main(["train", str(cfg)]) == 0
+    part = run / "checkpoints" / "step_000001" / "agents" / "llama"  # the adapters only, in peft's format
+    assert (part / "adapter_config.json").is_file() and not (part / "model.safetensors").exists()
+    adapters = load_file(part / "adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)
+    assert any(v.abs().sum() > 0 for k, v in adapters.items() if "lora_B" in k)  # the up-projections moved
+    base = json.loads((part / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str(tiny_agents["llama"])
+    last = _records(run)[-1]
+    assert last["llama/optimizer_steps"] == 4 and last["qwen/optimizer_steps"] == 4  # a LoRA + full pair trained
+    out = tmp_path / "llama-merged"
+    assert main(["export", str(run), "--agent", "llama", str(out)]) == 0
+    assert not (out / "adapter_config.json").exists() and (out / "config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(out)  # nothing of peft or hacrl needed
+    assert not any("lora_" in n for n, _ in merged.named_parameters())
+    rollout = RolloutConfig(max_new_tokens=8, max_prompt_tokens=64)
+    trained = Agent(0, AgentConfig(name="llama", model=str(tiny_agents["llama"]), lora=LoraConfig(**LORA)), rollout,
+                    weights_from=part)  # fmt: skip
+    batch = TokenBatch.build([[3, 4, 5]], [[6, 7]], trained.pad_id, "cpu")
+    trained.model.eval()
+    torch.testing.assert_close(token_logprobs(merged, batch, 1.0), token_logprobs(trained.model, batch, 1.0))
+    assert main(["export", str(run), "--agent", "llama", str(tmp_path / "adapters"), "--adapters-only"]) == 0
+    assert (tmp_path / "adapters" / "adapter_model.safetensors").is_file()
+    assert main(["export", str(run), "--agent", "qwen", str(tmp_path / "q"), "--adapters-only"]) == 2
+    assert "fully fine-tuned" in capsys.readouterr().err
+    assert main(["export", str(run), "--agent", "qwen", str(tmp_path / "q")]) == 0  # a full agent: copied
+    assert main(["eval", str(run), "--config", str(cfg)]) == 0  # the checkpoint's LoRA agent evaluates
+
+
+def test_lora_settings_that_cannot_work_are_refused(tiny_agents, tmp_path):
+    cfg = _config(tiny_agents, tmp_path, tmp_path / "run")
+    with pytest.raises(ConfigError, match="a frozen agent trains nothing"):
+        load_config(cfg, ["agents.0.frozen=true"])
+    with pytest.raises(ConfigError, match="r >= 1"):
+        load_config(cfg, ["agents.0.lora.r=0"])
