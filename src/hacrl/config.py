@@ -458,6 +458,34 @@ class EvalConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (`pip install "hacrl[wandb]"`): every metric of every step, the resolved config, the run
+    directory. A resumed run continues the same W&B run (its id is derived from the run directory)."""
+
+    project: str = "hacrl"
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (team or user); None: your default."""
+    name: str | None = None
+    """Run name; None: the run directory's name."""
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """`offline` writes under `<output_dir>/wandb` without a network (`wandb sync` uploads it later)."""
+
+
+@dataclass
+class TrackioConfig:
+    """trackio (`pip install "hacrl[trackio]"`), local-first: every metric of every step and the resolved config,
+    in trackio's local store (TRACKIO_DIR) or a Space; `trackio show` draws them."""
+
+    project: str = "hacrl"
+    """trackio project."""
+    name: str | None = None
+    """Run name; None: the run directory's name."""
+    space_id: str | None = None
+    """A Hugging Face Space to log to; None: local only."""
+
+
+@dataclass
 class LoggingConfig:
     """Where metrics go."""
 
@@ -469,6 +497,20 @@ class LoggingConfig:
     """`metrics.jsonl` in the run directory, one JSON object per step."""
     tensorboard: bool = True
     """TensorBoard event files in `<output_dir>/tensorboard`."""
+    wandb: WandbConfig | None = None
+    """Also log to Weights & Biases, e.g. `{project: my-runs, mode: offline}` (see `WandbConfig`)."""
+    trackio: TrackioConfig | None = None
+    """Also log to trackio, e.g. `{project: my-runs}` (see `TrackioConfig`)."""
+
+    def check(self, where: str = "logging") -> None:
+        import importlib.util
+
+        for key, module in (("wandb", "wandb"), ("trackio", "trackio")):
+            if getattr(self, key) is not None and importlib.util.find_spec(module) is None:
+                raise ConfigError(
+                    f'{where}.{key} needs {module}, an optional extra: pip install "hacrl[{key}]" (or pip install '
+                    f"{module}), or remove {where}.{key}"
+                )
 
 
 @dataclass

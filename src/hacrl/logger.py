@@ -1,4 +1,6 @@
-"""Metric sinks: console (rich progress bar + one summary line per step), JSONL and TensorBoard.
+"""Metric sinks: console (rich progress bar + one summary line per step), JSONL, TensorBoard, and optionally
+Weights & Biases and trackio (`logging.wandb`, `logging.trackio`: every finite numeric metric of every step, with the
+resolved config).
 
 Metric keys are `<agent>/<metric>` for per-agent values (`llama/reward_mean`, `qwen/rho/llama`), `eval/<agent>/...`
 for evaluation and `time/...` for the step's time split: `hacrl.metrics` lists them all.
@@ -25,9 +27,10 @@ class MetricsLogger:
         agent_names: list[str],
         *,
         purge_step: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         """`purge_step`: a resumed run's first new step; TensorBoard hides events of that step and later that an
-        interrupted earlier attempt wrote."""
+        interrupted earlier attempt wrote. `config`: the resolved config, for the trackers."""
         self.cfg = cfg
         self.agent_names = agent_names
         self._jsonl = open(run_dir / "metrics.jsonl", "a") if cfg.jsonl else None  # noqa: SIM115 - closed in close()
@@ -36,6 +39,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+        self._trackers = _start_trackers(cfg, run_dir, config or {})
         self._console = None
         self._progress = None
         if cfg.console:
@@ -67,11 +71,13 @@ class MetricsLogger:
             faults.hit("metrics.write", before=lambda: (self._jsonl.write(line[: len(line) // 2]), self._jsonl.flush()))
             self._jsonl.write(line)
             self._jsonl.flush()
+        numbers = {k: v for k, v in clean.items() if _finite_number(v)}
         if self._tb is not None:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        for tracker in self._trackers:
+            tracker.log(numbers, step=step)
 
     def step_done(self, step: int, metrics: dict[str, Any]) -> None:
         parts = [f"step {step}"]
@@ -105,6 +111,55 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.finish()
+        self._trackers = []
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _start_trackers(cfg: LoggingConfig, run_dir: Path | None, config: dict[str, Any]) -> list[Any]:
+    """The experiment trackers the config asks for, started (each has `log(metrics, step=)` and `finish()`)."""
+    trackers: list[Any] = []
+    name = run_dir.name if run_dir is not None else "hacrl"
+    if cfg.wandb is not None:
+        import hashlib
+
+        import wandb
+
+        w = cfg.wandb
+        run_id = hashlib.sha256(str(run_dir.resolve() if run_dir else name).encode()).hexdigest()[:16]
+        trackers.append(
+            wandb.init(
+                project=w.project,
+                entity=w.entity,
+                name=w.name or name,
+                mode=w.mode,
+                dir=str(run_dir) if run_dir is not None else None,
+                config={**config, "run_dir": str(run_dir)},
+                id=run_id,  # the same W&B run when this run directory resumes
+                resume="allow",
+                reinit="create_new",
+            )
+        )
+    if cfg.trackio is not None:
+        import trackio
+
+        t = cfg.trackio
+        trackers.append(
+            trackio.init(
+                project=t.project,
+                name=t.name or name,
+                space_id=t.space_id,
+                config={**config, "run_dir": str(run_dir)},
+                resume="allow",
+                auto_log_cpu=False,
+                auto_log_gpu=False,
+            )
+        )
+    return trackers
 
 
 def _plain(value: Any) -> Any:

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,9 @@ class Trainer:
             self._prepare_run_dir()
             save_config(cfg, self.run_dir / "config.yaml")
             purge = self.step + 1 if self.resumed_from else 0 if self.restarting else None
-            self._logger = MetricsLogger(cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=purge)
+            self._logger = MetricsLogger(
+                cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=purge, config=asdict(cfg)
+            )
             if self.resumed_from:
                 self._logger.print(f"resumed from {self.resumed_from} at step {self.step}")
             with _GracefulStop(self.notice, lambda: self.step) as stop:
