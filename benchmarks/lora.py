@@ -1,13 +1,14 @@
 """A LoRA agent against the same agent fully trained: step time, peak memory and optimizer state (issue 27).
 
-    python benchmarks/lora.py                  # CPU: a 12M-parameter Qwen2-shaped agent, 3 timed GSPO steps each
+    python benchmarks/lora.py                  # CPU: a 13M-parameter Qwen2-shaped agent, 3 timed GSPO steps each
     python benchmarks/lora.py --device cuda    # the same on a GPU (peak from torch.cuda.max_memory_allocated)
 
-Each mode runs in its own process (a clean peak): the real trainer path (`Trainer.train_step`), one agent, GSPO,
-16 prompts x 4 samples, 24 new tokens. Reported per mode: the median step time after one warm-up step and the
-update's share; the process's peak resident memory (CPU) or the device's peak allocation (GPU); the bytes of
-AdamW state and of the trainable parameters, counted from the tensors. Writes benchmarks/results/lora-<device>.md
-and .json.
+Modes: full fine-tuning; LoRA (r 16, every projection) sampling through the unmerged adapters; LoRA sampling from a
+merged copy (`lora.merge_for_sampling`). Each mode runs in its own process (a clean peak): the real trainer path
+(`Trainer.train_step`), one agent, GSPO, 16 prompts x 4 samples, 24 new tokens. Reported per mode: the median step
+time after one warm-up step and the update's share; the process's peak resident memory (CPU) or the device's peak
+allocation (GPU); the bytes of AdamW state and of the trainable parameters, counted from the tensors. Writes
+benchmarks/results/lora-<device>.md and .json.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"full": None, "lora r=16": {"r": 16, "alpha": 32.0}}
+MODES = {
+    "full": None,
+    "lora r=16": {"r": 16, "alpha": 32.0},
+    "lora r=16, merged sampling": {"r": 16, "alpha": 32.0, "merge_for_sampling": True},
+}
 
 
 def build_agent(out: Path) -> Path:

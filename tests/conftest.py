@@ -59,6 +59,29 @@ def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
     return seen
 
 
+def assert_resumes_exactly(make_config, tmp_path: Path, steps: int) -> tuple[Path, Path]:
+    """`make_config(run_dir)` gives a config of `steps` steps: trained straight through, and stopped one step early
+    then resumed, the last records agree in every value but the timings. Returns (full run, resumed run)."""
+    import json
+
+    from hacrl.cli import main
+
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    assert main(["train", str(make_config(full_run))]) == 0
+    cut = make_config(cut_run)
+    assert main(["train", str(cut), f"trainer.steps={steps - 1}"]) == 0
+    assert main(["train", str(cut), "--resume"]) == 0
+
+    def last(run: Path) -> dict:
+        record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+        return {
+            k: v for k, v in record.items() if not k.startswith(("time/", "tokens_per_second")) and "/time/" not in k
+        }
+
+    assert last(cut_run) == last(full_run)
+    return full_run, cut_run
+
+
 def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir: Path, **sections) -> Path:
     """A small training config; `sections` replace or extend the default groups."""
     cfg = {

@@ -57,6 +57,33 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     return tokenizer
 
 
+class _MergedSampling:
+    """What a sampler reads of a LoRA agent that samples from a merged copy (`lora.merge_for_sampling`): the agent
+    itself, except `model`, a copy of the base whose targeted layers hold W + the adapter's delta."""
+
+    def __init__(self, agent: Agent, copy: torch.nn.Module) -> None:
+        self._agent = agent
+        self.model = copy.requires_grad_(False)
+        self.stale = True
+        self.merge()
+
+    def __getattr__(self, name: str):
+        return getattr(self._agent, name)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Each targeted layer of the copy := the base layer's weight + its adapter's delta (peft's own)."""
+        from peft.tuners.lora import LoraLayer
+
+        targets = dict(self.model.named_modules())
+        for name, layer in self._agent.model.named_modules():
+            if isinstance(layer, LoraLayer):
+                base = layer.get_base_layer()
+                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+                targets[name].weight.copy_((base.weight.float() + delta.float()).to(base.weight.dtype))
+        self.stale = False
+
+
 def _with_lora(model, lora, *, adapters_from: str | Path | None, seed: int):
     """`model` with LoRA adapters (peft): new ones (zero-initialised up-projections, so the model computes exactly
     what it did; the down-projections drawn from a stream seeded `seed`, so a run is repeatable whatever the
@@ -191,7 +218,23 @@ class Agent:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         from hacrl.samplers import make_sampler
 
-        self.sampler = make_sampler(cfg.rollout_backend or rollout.backend, self, cuda_graphs=rollout.cuda_graphs)
+        self._merged: _MergedSampling | None = None
+        sampling = self
+        if self.lora is not None and self.lora.merge_for_sampling:
+            sampling = self._merged = _MergedSampling(self, _load_model(cfg.model, cfg, index).eval())
+        self.sampler = make_sampler(cfg.rollout_backend or rollout.backend, sampling, cuda_graphs=rollout.cuda_graphs)
+
+    def weights_changed(self) -> None:
+        """After an optimizer step: what samples from these weights must follow (a merged copy, a sampler's own
+        state) before the next sampling."""
+        if self._merged is not None:
+            self._merged.stale = True
+        self.sampler.refresh()
+
+    def sync_sampling_weights(self) -> None:
+        """Before sampling: bring a merged sampling copy up to the current adapters (nothing when up to date)."""
+        if self._merged is not None and self._merged.stale:
+            self._merged.merge()
 
     def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
         """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""

@@ -45,6 +45,10 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Names of the linear layers that get an adapter (every attention and MLP projection of Llama / Qwen)."""
+    merge_for_sampling: bool = False
+    """Sample from a copy of the base with the adapters merged into its weights (refreshed before each sampling
+    after an update): plain matmuls instead of two extra small ones per targeted layer, for one more copy of the
+    base's weights in memory. The loss always uses the unmerged model (the base never changes)."""
 
     def check(self, where: str) -> None:
         import importlib.util

@@ -104,6 +104,7 @@ class AgentWorker:
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(messages)[0] for messages in call.prompts]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
+        agent.sync_sampling_weights()
         with self._own_rng(), self._guarded("sampling", step):
             samples = generate(agent, prompt_ids, group_size, batch_size=batch_size, logprobs=from_sampler)
         faults.hit("sampling")
@@ -171,6 +172,7 @@ class AgentWorker:
         with torch.random.fork_rng(devices=self._cuda_devices):
             if call.seed is not None:
                 torch.manual_seed(call.seed)
+            self.agent.sync_sampling_weights()
             with self._guarded("evaluation", None):
                 return generate_completions(
                     self.agent, call.prompts, call.num_samples, greedy=call.greedy, batch_size=self.spec.eval_batch_size
@@ -374,7 +376,7 @@ class AgentWorker:
             grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
             if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
                 agent.optimizer.step()
-                agent.sampler.refresh()
+                agent.weights_changed()
                 self.optimizer_steps += 1
                 grad_norms.append(grad_norm)
                 faults.hit("update.optimizer")

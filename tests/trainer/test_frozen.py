@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from hacrl.cli import main
 from hacrl.config import ConfigError, load_config
-from tests.conftest import record_pool_sources, write_config
+from tests.conftest import assert_resumes_exactly, record_pool_sources, write_config
 
 
 def _records(run):
@@ -66,16 +66,7 @@ def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_ident
 
 
 def test_a_run_with_a_frozen_peer_resumes_exactly(tiny_agents, tmp_path):
-    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
-    assert main(["train", str(_three(tiny_agents, tmp_path, full_run, trainer={"steps": 2}))]) == 0
-    cut = _three(tiny_agents, tmp_path, cut_run, trainer={"steps": 2})
-    assert main(["train", str(cut), "trainer.steps=1"]) == 0
-    assert main(["train", str(cut), "--resume"]) == 0
-    expected, resumed = _records(full_run)[-1], _records(cut_run)[-1]
-    timing = ("time/", "tokens_per_second")
-    assert {k: v for k, v in resumed.items() if not k.startswith(timing) and "/time/" not in k} == {
-        k: v for k, v in expected.items() if not k.startswith(timing) and "/time/" not in k
-    }
+    assert_resumes_exactly(lambda run: _three(tiny_agents, tmp_path, run, trainer={"steps": 2}), tmp_path, 2)
 
 
 @pytest.mark.parametrize(

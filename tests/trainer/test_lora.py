@@ -15,7 +15,7 @@ from hacrl.agents import Agent  # noqa: E402
 from hacrl.cli import main  # noqa: E402
 from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config  # noqa: E402
 from hacrl.logprobs import TokenBatch, token_logprobs  # noqa: E402
-from tests.conftest import write_config  # noqa: E402
+from tests.conftest import assert_resumes_exactly, write_config  # noqa: E402
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
 
@@ -64,15 +64,9 @@ def test_the_base_weights_of_a_lora_agent_never_change(tiny_agents, tmp_path):
 
 
 def test_a_lora_and_full_pair_resumes_exactly(tiny_agents, tmp_path):
-    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
-    assert main(["train", str(_config(tiny_agents, tmp_path, full_run, trainer={"steps": 3}))]) == 0
-    cut = _config(tiny_agents, tmp_path, cut_run, trainer={"steps": 3})
-    assert main(["train", str(cut), "trainer.steps=2"]) == 0
-    assert main(["train", str(cut), "--resume"]) == 0
-    timing = ("time/", "tokens_per_second")
-    expected, resumed = _records(full_run)[-1], _records(cut_run)[-1]
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith(timing) and "/time/" not in k}  # noqa: E731
-    assert strip(resumed) == strip(expected)
+    full_run, cut_run = assert_resumes_exactly(
+        lambda run: _config(tiny_agents, tmp_path, run, trainer={"steps": 3}), tmp_path, 3
+    )
     a = load_file(full_run / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
     b = load_file(cut_run / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -137,3 +131,36 @@ def test_lora_settings_that_cannot_work_are_refused(tiny_agents, tmp_path):
         load_config(cfg, ["agents.0.frozen=true"])
     with pytest.raises(ConfigError, match="r >= 1"):
         load_config(cfg, ["agents.0.lora.r=0"])
+
+
+def test_a_merged_sampling_copy_follows_the_adapters_and_leaves_the_base_alone(tiny_agents):
+    from hacrl.samplers.hf import HFSampler
+
+    rollout = RolloutConfig(max_new_tokens=10, max_prompt_tokens=64)
+    spec = LoraConfig(**LORA, merge_for_sampling=True)
+    agent = Agent(0, AgentConfig(name="a", model=str(tiny_agents["qwen"]), lora=spec), rollout)
+    sampling_model = agent.sampler.agent.model
+    assert sampling_model is not agent.model and not any("lora_" in n for n, _ in sampling_model.named_parameters())
+    base = load_file(tiny_agents["qwen"] / "model.safetensors")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # an update moved the adapters
+        for name, p in agent.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    agent.weights_changed()
+    agent.sync_sampling_weights()
+    batch = TokenBatch.build([[5, 6, 7], [8, 9]], [[10, 11], [12]], agent.pad_id, "cpu")
+    agent.model.eval()
+    torch.testing.assert_close(token_logprobs(sampling_model, batch, 1.0), token_logprobs(agent.model, batch, 1.0))
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12]]
+    merged = agent.sampler.sample(prompts, 1, greedy=True, batch_size=3)
+    unmerged = HFSampler(agent).sample(prompts, 1, greedy=True, batch_size=3)
+    assert [s.response_ids for s in merged] == [s.response_ids for s in unmerged]
+    weights = {n.removeprefix("base_model.model."): p for n, p in agent.peft_model.named_parameters()}
+    checked = 0
+    for key, value in base.items():  # the training model's base weights are untouched by the merge
+        name = key.replace(".weight", ".base_layer.weight") if f"{key[:-7]}.base_layer.weight" in weights else key
+        if name in weights:
+            assert torch.equal(weights[name], value), key
+            checked += name.endswith("base_layer.weight")
+    assert checked == 3 * 2  # q, v and up projections of both layers
