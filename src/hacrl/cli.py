@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _data(args) -> int:
-    from hacrl.sources import NAMED_SETS, prepare
+    from hacrl.named_sets import NAMED_SETS
+    from hacrl.sources import prepare
 
     if args.data_command == "list":
         for s in NAMED_SETS.values():

@@ -450,7 +450,7 @@ class EvalConfig:
 
     def check(self, where: str = "eval") -> None:
         if self.benchmarks:
-            from hacrl.sources import NAMED_SETS
+            from hacrl.named_sets import NAMED_SETS
 
             unknown = [b for b in self.benchmarks if b not in NAMED_SETS]
             if unknown:

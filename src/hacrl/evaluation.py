@@ -139,9 +139,9 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
 
     from hacrl.data import load_benchmark
     from hacrl.errors import ConfigError
+    from hacrl.named_sets import NAMED_SETS
     from hacrl.rewards import math_reward
     from hacrl.scoring import shared_scorer
-    from hacrl.sources import NAMED_SETS
 
     unknown = [b for b in benchmarks if b not in NAMED_SETS]
     if unknown:
