@@ -284,12 +284,12 @@ def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
     from hacrl.evaluation import read_eval_records
-    from hacrl.metrics import parse
+    from hacrl.metrics import scope
     from hacrl.testbed.demo import sub_skill
 
     out = _round1().summarize_agents(work, config, DIAGNOSTICS)
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    eval_steps = [r["step"] for r in records if any(parse(k) and parse(k)[0] == "eval" for k in r)]
+    eval_steps = [r["step"] for r in records if any(scope(k) == "eval" for k in r)]
     elapsed, clock = {}, 0.0
     for r in records:
         clock += r.get("time/step", 0.0)

@@ -450,11 +450,11 @@ class EvalConfig:
 
     def check(self, where: str = "eval") -> None:
         if self.benchmarks:
-            from hacrl.named_sets import NAMED_SETS
+            from hacrl.named_sets import not_named
 
-            unknown = [b for b in self.benchmarks if b not in NAMED_SETS]
-            if unknown:
-                raise ConfigError(f"{where}.benchmarks: {unknown} are not named sets; choose from {sorted(NAMED_SETS)}")
+            problem = not_named(self.benchmarks)
+            if problem:
+                raise ConfigError(f"{where}.benchmarks: {problem}")
         if self.every < 0 or self.num_samples < 0 or self.batch_size < 1:
             raise ConfigError(f"{where}.every and {where}.num_samples must be >= 0, {where}.batch_size >= 1")
         if self.max_prompts is not None and self.max_prompts < 1:

@@ -109,7 +109,6 @@ def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> S
 
 def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     """`hacrl eval`: evaluate model directories, or every agent of a checkpoint, and print a table."""
-
     from hacrl.data import load_task
     from hacrl.errors import DataError
     from hacrl.scoring import scorer_for
@@ -136,21 +135,17 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
 def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> dict[str, dict[str, dict[str, float]]]:
     """`hacrl eval PATH... --benchmarks NAME...`: every agent alone on each named set (at most `eval.max_prompts`
     prompts each, scored by the math verifier); prints the table, and writes it (markdown and JSON) under `out`."""
-
     from hacrl.data import load_benchmark
     from hacrl.errors import ConfigError
-    from hacrl.named_sets import NAMED_SETS
-    from hacrl.rewards import math_reward
-    from hacrl.scoring import shared_scorer
+    from hacrl.named_sets import not_named
+    from hacrl.scoring import math_scorer
 
-    unknown = [b for b in benchmarks if b not in NAMED_SETS]
-    if unknown:
-        raise ConfigError(f"--benchmarks: {unknown} are not named sets; choose from {sorted(NAMED_SETS)}")
+    problem = not_named(benchmarks)
+    if problem:
+        raise ConfigError(f"--benchmarks: {problem}")
     dirs = [d for path in paths for d in _model_dirs(path)]
     rows = {b: load_benchmark(config.data, b, config.eval.max_prompts) for b in benchmarks}
-    sc = config.scoring
-    scorer = shared_scorer(math_reward(sc.timeout, sc.max_answer_chars), sc, builtin=True,
-                           r_max=config.algorithm.r_max).start()  # fmt: skip
+    scorer = math_scorer(config.scoring, r_max=config.algorithm.r_max).start()
     by_name = {a.name: a for a in config.agents}
     results: dict[str, dict[str, dict[str, float]]] = {}
     for i, (label, model_dir) in enumerate(dirs):

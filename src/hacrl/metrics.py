@@ -105,13 +105,22 @@ def eval_key(agent: str, name: str) -> str:
     return f"eval/{agent}/{name}"
 
 
+def _patterns(table: dict[str, Metric]) -> list[tuple[re.Pattern, Metric]]:
+    """The names with a parameter (`rho/{agent}`) as regexes, the parameter one path component."""
+    return [
+        (re.compile(re.sub(r"\\\{\w+\\\}", r"[^/]+", re.escape(name))), metric)
+        for name, metric in table.items()
+        if "{" in name
+    ]
+
+
+_PATTERNS = {id(table): _patterns(table) for table in (AGENT, EVAL, STEP)}
+
+
 def _match(table: dict[str, Metric], name: str) -> Metric | None:
     if name in table:
         return table[name]
-    for pattern, metric in table.items():
-        if "{" in pattern and re.fullmatch(re.sub(r"\\\{\w+\\\}", r"[^/]+", re.escape(pattern)), name):
-            return metric
-    return None
+    return next((metric for pattern, metric in _PATTERNS[id(table)] if pattern.fullmatch(name)), None)
 
 
 def parse(key: str) -> tuple[str, str | None, Metric] | None:
@@ -135,6 +144,12 @@ def parse(key: str) -> tuple[str, str | None, Metric] | None:
         return ("eval", agent, metric) if metric and agent else None
     metric = _match(AGENT, rest)
     return ("agent", head, metric) if metric and head else None
+
+
+def scope(key: str) -> str | None:
+    """`agent`, `eval` or `step` for a logged key; None for `step` itself and unknown keys."""
+    parsed = parse(key)
+    return parsed[0] if parsed else None
 
 
 def unknown_keys(record: dict[str, object]) -> list[str]:

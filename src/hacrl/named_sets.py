@@ -106,3 +106,9 @@ NAMED_SETS = {
         ),
     )  # fmt: skip
 }
+
+
+def not_named(names) -> str | None:
+    """What of `names` is not a named set, with the choices (for the caller's error); None when all are."""
+    bad = [n for n in names if n not in NAMED_SETS]
+    return f"{bad} are not named sets; choose one of {sorted(NAMED_SETS)}" if bad else None

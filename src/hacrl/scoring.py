@@ -49,7 +49,15 @@ from typing import Any
 
 from hacrl.config import ScoringConfig
 from hacrl.errors import RewardError, warn
-from hacrl.rewards import RewardFn, _short, call_reward, import_reward_function, reward_name, validate_rewards
+from hacrl.rewards import (
+    RewardFn,
+    _short,
+    call_reward,
+    import_reward_function,
+    math_reward,
+    reward_name,
+    validate_rewards,
+)
 
 STARTUP_TIMEOUT = 300.0
 """Seconds a scoring process may take to start (import its reward function); it is not a scoring deadline."""
@@ -526,6 +534,11 @@ def shared_scorer(fn: RewardFn | str, settings: ScoringConfig, *, builtin: bool,
     while len(_SHARED) > _MAX_SHARED:
         _SHARED.pop(next(iter(_SHARED))).close()
     return scorer
+
+
+def math_scorer(scoring: ScoringConfig, *, r_max: float) -> Scorer:
+    """The math verifier under the `scoring:` settings, whatever the training reward (the named benchmarks)."""
+    return shared_scorer(math_reward(scoring.timeout, scoring.max_answer_chars), scoring, builtin=True, r_max=r_max)
 
 
 def scorer_for(task, scoring: ScoringConfig, *, r_max: float) -> Scorer:

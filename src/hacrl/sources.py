@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.errors import DataError
-from hacrl.named_sets import NAMED_SETS
+from hacrl.named_sets import NAMED_SETS, not_named
 from hacrl.rewards import last_boxed
 
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -94,7 +94,7 @@ def read_rows(spec, datasets_dir: str | Path = "data", *, role: str = "data.trai
     """The rows of a `DatasetSpec` (see the module docstring); `role` names the spec in messages."""
     named = NAMED_SETS.get(spec.set) if spec.set else None
     if spec.set and named is None:
-        raise DataError(f"{role}.set={spec.set!r} is not a named set; choose one of {sorted(NAMED_SETS)}")
+        raise DataError(f"{role}.set: {not_named([spec.set])}")
     question_col = spec.question_column or (named.question if named else "question")
     answer_col = spec.answer_column or (named.answer if named else "answer")
     rule = spec.gold or (named.gold if named else "plain")
@@ -204,9 +204,9 @@ def prepare(names: list[str], out: str | Path, *, source: str | None = None) -> 
     the sets from this local directory (`<source>/<name>` as `datasets` reads it) instead of the Hub."""
     from hacrl.config import DatasetSpec
 
-    unknown = [n for n in names if n not in NAMED_SETS]
-    if unknown:
-        raise DataError(f"unknown named set(s) {unknown}; choose from {sorted(NAMED_SETS)}")
+    problem = not_named(names)
+    if problem:
+        raise DataError(f"hacrl data prepare: {problem}")
     report = []
     for name in names:
         named = NAMED_SETS[name]

@@ -50,9 +50,8 @@ from hacrl.exchange import foreign_trajectories
 from hacrl.logger import MetricsLogger
 from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
 from hacrl.metrics import agent_key, eval_key
-from hacrl.rewards import math_reward
 from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
-from hacrl.scoring import ScoreResult, scorer_for, shared_scorer
+from hacrl.scoring import ScoreResult, math_scorer, scorer_for
 
 
 class Trainer:
@@ -91,10 +90,8 @@ class Trainer:
             name: load_benchmark(config.data, name, config.eval.max_prompts) for name in config.eval.benchmarks
         }
         self.benchmark_scorer = (
-            shared_scorer(math_reward(config.scoring.timeout, config.scoring.max_answer_chars), config.scoring,
-                          builtin=True, r_max=self.params.r_max).start()
-            if self.benchmarks else None
-        )  # fmt: skip
+            math_scorer(config.scoring, r_max=self.params.r_max).start() if self.benchmarks else None
+        )
         self.tracker = CapabilityTracker(
             len(config.agents),
             window=config.algorithm.capability_window,

@@ -155,7 +155,7 @@ def test_bad_data_gets_a_clear_error(tmp_path, monkeypatch):
     file = _write(tmp_path, "gsm8k")
     with pytest.raises(DataError, match=r"has no column 'problem' \(its columns: \['question', 'answer'\]\)"):
         read_rows(DatasetSpec(path=str(file), question_column="problem"))
-    with pytest.raises(DataError, match="not a named set; choose one of"):
+    with pytest.raises(DataError, match=r"data.train.set: \['math5000'\] are not named sets; choose one of"):
         read_rows(DatasetSpec(set="math5000"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -499,9 +499,9 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
     train_seconds = time.perf_counter() - train_start
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     from hacrl.evaluation import paired_change
-    from hacrl.metrics import eval_key, parse
+    from hacrl.metrics import eval_key, scope
 
-    first = next(r for r in records if any(parse(k) and parse(k)[0] == "eval" for k in r))
+    first = next(r for r in records if any(scope(k) == "eval" for k in r))
     last = records[-1]
 
     paired = _paired_records(run_dir, first["step"], last["step"]) if config.eval.save_completions else None
