@@ -2,12 +2,15 @@
 
     python benchmarks/gpu_throughput.py                  # on a GPU: the checks below, ~5 minutes on an H200
     python benchmarks/gpu_throughput.py --tiny           # the same code path on CPU with tiny shapes (make test)
-    python benchmarks/gpu_throughput.py --only sampling  # one part: sampling | parity | logprobs | step
+    python benchmarks/gpu_throughput.py --only sampling  # some parts: kernel sampling parity logprobs step long paper
 
 Models are built from the configs below (the public shapes of Qwen3 and Llama-3.2) with random weights; the real
 tokenizers come from `../shared/data/tokenizers/` when present. Random weights never emit EOS, so every response
-runs to the length limit: the worst case for sampling. Parts:
+runs to the length limit: the worst case for sampling. Parts (in this order):
 
+- kernel: the decode-attention kernel alone at the sampler's shapes, for each launch setting of a small sweep
+  (checked against the reference, then timed): GB/s of keys and values read; the fastest overall is used for the
+  rest of the run and named in the result.
 - sampling: tokens per second of each sampler backend (`hf`; `static`; `static` with CUDA graphs on a GPU) at
   ROWS x NEW tokens, against the HBM roofline of the GPU (weights plus the mean KV cache read once per step).
 - parity: greedy `static` vs `hf` in the benchmark's dtype: rows equal token for token, and where they differ,
@@ -15,6 +18,11 @@ runs to the length limit: the worst case for sampling. Parts:
 - logprobs: peak memory of teacher-forced log-probs + backward at 16 x 4096 tokens, full logits vs chunked.
 - step: per-phase times of one 2-agent HACPO step with both agents on the device (32 prompts x 8, 512 new tokens)
   with each sampler backend.
+- long: 256 x 4,096 new tokens on the first shape, rows per call chosen by `rollout.batch_size: auto`, after
+  `StaticSampler.warm_up`: tokens per second, the peak memory against the card's, the roofline at that length.
+- paper: one Qwen3-4B-shape agent through the real trainer at the paper's structure scaled down (8 prompts x 8 x
+  4,096 new tokens, gradient checkpointing, chunked log-probs): per-phase seconds, peak memory against `hacrl
+  plan`'s prediction, the update's tokens per second and model FLOPs utilisation.
 
 Writes benchmarks/results/gpu.md and gpu.json (or --out DIR), stamped with the device, driver, torch and
 transformers versions and the command.
@@ -48,7 +56,11 @@ SHAPES = {  # public configs (hidden, layers, heads, kv heads, head dim, interme
 TINY = {
     "qwen3-0.6b": dict(family="qwen3", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=151_936),
     "llama-3.2-1b": dict(family="llama", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=128_256),
+    "qwen3-4b": dict(family="qwen3", hidden=96, layers=3, heads=8, kv=2, head_dim=16, ffn=160, vocab=151_936),
 }
+BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+"""Dense bf16 tensor-core peak in TFLOP/s by GPU name fragment (vendor figures, SXM parts), for model FLOPs
+utilisation."""
 HBM_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0, "L40S": 0.864, "A10": 0.6}
 """Peak HBM bandwidth in TB/s by GPU name fragment (vendor figures)."""
 
@@ -122,6 +134,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+PARTS = ("kernel", "sampling", "parity", "logprobs", "step", "long", "paper")
+"""The parts of the check, in the order they run."""
 MODES = ("no-stop", "varied")
 """Sampling modes. `no-stop`: no stop token, every row decodes `new` tokens (random weights never emit EOS).
 `varied`: rows end at different lengths with a long tail, as real answers do: a fixed random set of vocabulary ids
@@ -368,6 +382,200 @@ def hacpo_step(dirs: list[Path], device: str, dtype: str, new: int, prompts: int
     return out
 
 
+KERNEL_CASES = (  # (what, rows, query heads, key/value heads, head dim, pool positions, mean filled fraction)
+    ("qwen3-0.6b, 256 x 512", 256, 16, 8, 128, 256 + 512, 0.5),
+    ("qwen3-0.6b, 8 rows (a compacted bucket)", 8, 16, 8, 128, 256 + 512, 0.5),
+    ("qwen3-0.6b, 64 x 4096", 64, 16, 8, 128, 256 + 4096, 0.5),
+    ("qwen3-4b, 16 x 4096", 16, 32, 8, 128, 1024 + 4096, 0.5),
+)
+KERNEL_SWEEP = [
+    {"block_n": n, "num_warps": w, "num_stages": st, "target_programs": tp}
+    for n in (32, 64, 128) for w, st in ((4, 2), (4, 3), (8, 3)) for tp in (1024, 4096)
+]  # fmt: skip
+
+
+def kernel_sweep(device: str, dtype: str, on_result=None) -> dict:
+    """The decode-attention kernel alone at the sampler's shapes, for each launch setting in KERNEL_SWEEP: checked
+    against the plain-torch reference first (a setting that disagrees is dropped), then timed with CUDA events (the
+    mean of 20 calls after 3), as bytes of keys and values read per second. The fastest setting over all cases (the
+    least sum of time relative to each case's best) becomes `attention.KERNEL_CONFIG` for the rest of this process:
+    the result names it. On the CPU: the reference only (no Triton)."""
+    import hacrl.samplers.attention as attention
+
+    torch_dtype = getattr(torch, dtype)
+    default = dict(attention.KERNEL_CONFIG)
+    configs = KERNEL_SWEEP if device == "cuda" and attention._triton_kernel() is not None else [default]
+    g = torch.Generator(device=device).manual_seed(0)
+    cases = []
+    for what, rows, heads, kv, dim, length, fill in KERNEL_CASES:
+        if device != "cuda":
+            rows, length = min(rows, 4), min(length, 96)
+        query = torch.randn(rows, heads, dim, device=device, dtype=torch_dtype, generator=g)
+        key = torch.randn(rows, kv, length, dim, device=device, dtype=torch_dtype, generator=g)
+        value = torch.randn(rows, kv, length, dim, device=device, dtype=torch_dtype, generator=g)
+        lengths = torch.randint(1, int(2 * fill * length) + 1, (rows,), device=device, generator=g).clamp(max=length)
+        expected = attention.reference_decode_attention(query.float(), key.float(), value.float(), lengths, 0.088)
+        read = int(lengths.sum()) * kv * dim * 2 * key.element_size()
+        case = {"case": what, "rows": rows, "positions": length, "mean_filled": float(lengths.float().mean()),
+                "bytes_read": read, "runs": []}  # fmt: skip
+        for config in configs:
+            attention.KERNEL_CONFIG = dict(config)
+            run = {"config": config}
+            try:
+                out = attention.decode_attention(query, key, value, lengths, 0.088)
+                err = float((out.float() - expected).abs().max())
+                if err > 5e-2:
+                    run["error"] = f"max abs difference {err:.3g} from the reference"
+                else:
+                    call = (query, key, value, lengths, 0.088)
+                    run["ms"] = _time_ms(lambda call=call: attention.decode_attention(*call), device)
+                    run["gb_per_s"] = read / run["ms"] / 1e6
+            except Exception as e:  # noqa: BLE001 - e.g. a setting that needs more shared memory than the SM has
+                run["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            case["runs"].append(run)
+        cases.append(case)
+        if on_result is not None:
+            on_result({"cases": cases})
+    scores = []
+    for i in range(len(configs)):
+        times = [c["runs"][i].get("ms") for c in cases]
+        if None in times:
+            continue
+        best = [min(r["ms"] for r in c["runs"] if "ms" in r) for c in cases]
+        scores.append((sum(t / b for t, b in zip(times, best, strict=True)), i))
+    chosen = configs[min(scores)[1]] if scores else default
+    attention.KERNEL_CONFIG = dict(chosen)
+    return {"cases": cases, "default": default, "chosen": chosen}
+
+
+def _time_ms(fn, device: str, warm: int = 3, timed: int = 20) -> float:
+    for _ in range(warm):
+        fn()
+    if device != "cuda":
+        start = time.perf_counter()
+        for _ in range(timed):
+            fn()
+        return 1000 * (time.perf_counter() - start) / timed
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    begin.record()
+    for _ in range(timed):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / timed
+
+
+def long_rollout(directory: Path, device: str, dtype: str, rows: int, new: int) -> dict:
+    """`rows` responses of `new` tokens each (no stop: random weights) with `rollout.batch_size: auto`: the static
+    sampler (CUDA graphs on a GPU) decides the rows per call from the free memory; `warm_up` compiles and captures
+    first (timed apart), then every row in as many calls as auto chose. Tokens per second over those calls, the
+    seconds of each, the peak memory against the card's, and the HBM roofline at the rows per call."""
+    graphs = device == "cuda"
+    agent = _agent(directory, device, dtype, new, "static", graphs)
+    agent.stop_ids = [-1]
+    sampler = agent.sampler
+    prompts = _prompts(agent, rows)
+    per_call = sampler.rows_per_call(prompts)
+    before = _compile_stats()
+    warm_up = sampler.warm_up(per_call)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    calls = []
+    for first in range(0, rows, per_call):
+        torch.manual_seed(first)
+        start = time.perf_counter()
+        samples = sampler.sample(prompts[first : first + per_call], 1, batch_size="auto")
+        _sync(device)
+        calls.append({"rows": len(samples), "seconds": time.perf_counter() - start,
+                      "tokens": sum(len(s.response_ids) for s in samples)})  # fmt: skip
+    after = _compile_stats()
+    seconds, tokens = sum(c["seconds"] for c in calls), sum(c["tokens"] for c in calls)
+    out = {
+        "rows": rows, "new_tokens": new, "rows_per_call": per_call, "pool_rows": sampler.pool.rows,
+        "pool_gib": sampler.pool.bytes / 2**30, "warm_up_s": warm_up, "calls": calls, "seconds": seconds,
+        "tokens": tokens, "tokens_per_second": tokens / seconds,
+        "compiled_graphs": after.get("compiled_graphs", 0) - before.get("compiled_graphs", 0),
+        "cudagraph_skips": after.get("cudagraph_skips", 0) - before.get("cudagraph_skips", 0),
+        "roofline": roofline(directory, device, dtype, per_call, new, 64),
+    }  # fmt: skip
+    if device == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["card_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return out
+
+
+def paper_step(directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path) -> dict:
+    """One agent of the paper's larger shape through the real trainer at the paper's structure, scaled down:
+    `prompts` prompts x 8 samples x `new` new tokens, prompts up to 1,024 tokens, `static` sampler with CUDA graphs
+    and `batch_size: auto`, gradient checkpointing, chunked log-probs (`logprob_chunk_size: auto`), micro-batches
+    of 8, one optimizer step (mini-batch = the step). The sampler is warmed up first (compiled and captured, timed
+    apart); then one step: per-phase seconds, peak memory, the update's tokens per second and model FLOPs
+    utilisation (6 x parameters x the update's tokens / update seconds / the card's bf16 peak), and what
+    `hacrl plan` predicted for the same config."""
+    import yaml
+
+    from hacrl.config import load_config
+    from hacrl.plan import plan
+    from hacrl.trainer import Trainer
+
+    ask = "Please reason step by step, and put your final answer within \\boxed{}."
+    rows = [
+        json.dumps({"problem": f"What is {a} + {b}? {ask}", "answer": str(a + b)}) for a in range(20) for b in range(20)
+    ]
+    data = work / "paper-data.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    config = {
+        "agents": [{"name": directory.name, "model": str(directory), "lr": 1e-6, "device": device, "dtype": dtype,
+                    "gradient_checkpointing": True}],
+        "algorithm": {"name": "gspo"},  # one agent: HACPO with nobody to share with is GSPO
+        "rollout": {"group_size": 8, "max_new_tokens": new, "max_prompt_tokens": 1024, "backend": "static",
+                    "cuda_graphs": device == "cuda", "batch_size": "auto"},
+        "data": {"source": "file", "train_file": str(data), "prompt_column": "problem"},
+        "trainer": {"steps": 1, "prompts_per_step": prompts, "mini_batch_size": prompts * 8, "micro_batch_size": 8,
+                    "logprob_batch_size": 32, "logprob_chunk_size": "auto", "output_dir": str(work / "run-paper")},
+        "eval": {"at_start": False, "max_prompts": 1},
+        "logging": {"console": False, "tensorboard": False},
+        "checkpoint": {"every": 1000},
+    }  # fmt: skip
+    path = work / "paper.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cfg = load_config(path)
+    predicted = plan(cfg)[0]
+    out = {"config": config, "plan": {"rows_per_call": predicted.rows, "peak_gib": predicted.peak / 2**30,
+                                      "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()}}}  # fmt: skip
+    trainer = Trainer(cfg)
+    try:
+        worker = trainer.workers.workers[0]
+        sampler = worker.agent.sampler
+        out["warm_up_s"] = sampler.warm_up()
+        samples = []
+        sample = sampler.sample
+        sampler.sample = lambda *a, **k: samples.extend(drawn := sample(*a, **k)) or drawn  # the step's rows
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        metrics = trainer.train_step()
+        params = sum(p.numel() for p in worker.agent.model.parameters())
+    finally:
+        trainer.close()
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    out.update({k: v for k, v in metrics.items() if "time/" in k})  # the driver's phases and the worker's
+    out.update({
+        "rows_per_call": sampler.pool.rows, "rows": len(samples), "params": params, "update_tokens": tokens,
+        "response_tokens": sum(len(s.response_ids) for s in samples),
+        "update_tokens_per_second": tokens / metrics["time/update"],
+    })  # fmt: skip
+    if device == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["card_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+        name = torch.cuda.get_device_name()
+        peak = next((v for k, v in BF16_TFLOPS.items() if k in name), None)
+        if peak is not None:
+            out["mfu"] = 6 * params * tokens / metrics["time/update"] / (peak * 1e12)
+            out["bf16_peak_tflops"] = peak
+    return out
+
+
 def _stamp(device: str) -> dict:
     import transformers
 
@@ -388,7 +596,7 @@ def _stamp(device: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (checks the script end to end)")
-    parser.add_argument("--only", nargs="*", default=["sampling", "parity", "logprobs", "step"])
+    parser.add_argument("--only", nargs="*", default=list(PARTS), choices=PARTS, help="which parts, in this order")
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -403,13 +611,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="sampling: one more call per sampler, profiled")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="sampling modes")
     parser.add_argument("--step-new", type=int, default=512, help="new tokens per response in the HACPO step")
+    parser.add_argument("--step-backends", nargs="+", default=["static", "hf"], help="the HACPO step's samplers")
+    parser.add_argument("--long", nargs=2, type=int, default=[256, 4096], metavar=("ROWS", "NEW"),
+                        help="long: rows and new tokens (rows per call: auto)")  # fmt: skip
+    parser.add_argument("--paper", nargs=2, type=int, default=[8, 4096], metavar=("PROMPTS", "NEW"),
+                        help="paper: prompts (x 8 samples) and new tokens of the Qwen3-4B-shape step")  # fmt: skip
     parser.add_argument(
         "--merge",
         nargs="+",
         metavar="DIR",
         help="merge the results of parts run separately (their --out directories) into --out, instead of measuring",
     )
+    parser.add_argument("--kernel-config", help="the decode-attention kernel's launch (JSON, as the kernel part "
+                        "names it): gpu_check.sh passes the kernel part's choice to the parts after it")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.kernel_config:
+        import hacrl.samplers.attention as attention
+
+        attention.KERNEL_CONFIG = {**attention.KERNEL_CONFIG, **json.loads(args.kernel_config)}
     if args.merge:
         return merge([Path(d) for d in args.merge], Path(args.out))
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
@@ -421,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     backends = [(b, graphs) for b, graphs in backends if device == "cuda" or not graphs]
     command = "python benchmarks/gpu_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result: dict = {"command": command.strip(), "device": device, "dtype": dtype, **_stamp(device)}
+    if args.kernel_config:
+        result["kernel_config"] = json.loads(args.kernel_config)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "gpu" if device == "cuda" else "gpu-cpu-dry-run"
@@ -435,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         names = args.shapes
         build_device = device if device == "cuda" else "cpu"
         dirs = {n: build_agent(n, shapes[n], models, getattr(torch, dtype), build_device) for n in names}
+        if "kernel" in args.only:
+            result["kernel"] = {}
+            result["kernel"] = kernel_sweep(device, dtype, lambda partial: (result["kernel"].update(partial), save()))
+            save()
         if "sampling" in args.only:
             result["sampling"] = {}
             for n in names:
@@ -464,9 +689,18 @@ def main(argv: list[str] | None = None) -> int:
         if "step" in args.only:
             step_new, step_prompts = (8, 2) if device == "cpu" else (args.step_new, 32)
             result["step"] = {"new_tokens": step_new, "prompts": step_prompts}
-            for b in ("static", "hf"):
+            for b in args.step_backends:
                 result["step"][b] = hacpo_step(list(dirs.values()), device, dtype, step_new, step_prompts, b, work)
                 save()
+        if "long" in args.only:
+            long_rows, long_new = (8, 24) if device == "cpu" else args.long
+            result["long"] = long_rollout(dirs[names[0]], device, dtype, long_rows, long_new)
+            save()
+        if "paper" in args.only:
+            paper_prompts, paper_new = (2, 16) if device == "cpu" else args.paper
+            paper_dir = build_agent("qwen3-4b", shapes["qwen3-4b"], models, getattr(torch, dtype), build_device)
+            result["paper"] = paper_step(paper_dir, device, dtype, paper_prompts, paper_new, work)
+            save()
     save()
     print(markdown(result))
     return 0
@@ -586,7 +820,72 @@ def markdown(r: dict) -> str:
             warm = "-" if t.get("warm_up_step_s") is None else f"{t['warm_up_step_s']:.2f}"
             lines.append(f"| {backend} | {t['time/step']:.2f} | {t['time/sampling']:.2f} | {t['time/scoring']:.2f} | "
                          f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} | {warm} |")  # fmt: skip
+        lines.append("")
+    lines += _markdown_kernel(r.get("kernel")) + _markdown_long(r.get("long")) + _markdown_paper(r.get("paper"))
     return "\n".join(lines) + "\n"
+
+
+def _config_name(c: dict) -> str:
+    return f"block {c['block_n']}, {c['num_warps']} warps, {c['num_stages']} stages, {c['target_programs']} programs"
+
+
+def _markdown_kernel(k: dict | None) -> list[str]:
+    if not k or "chosen" not in k:
+        return []
+    lines = ["## Decode-attention kernel alone", "",
+             f"Default launch: {_config_name(k['default'])}; the fastest over all cases, used for the parts after "
+             f"this one: **{_config_name(k['chosen'])}**. GB/s: keys and values of the filled positions read per "
+             "second.", "",
+             "| case | mean filled positions | default ms | default GB/s | chosen ms | chosen GB/s "
+             "| best for this case | its ms |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in k["cases"]:
+        by = {json.dumps(r["config"], sort_keys=True): r for r in c["runs"]}
+        default = by.get(json.dumps(k["default"], sort_keys=True), {})
+        chosen = by.get(json.dumps(k["chosen"], sort_keys=True), {})
+        timed = [r for r in c["runs"] if "ms" in r]
+        best = min(timed, key=lambda r: r["ms"]) if timed else {}
+        cell = lambda r, key, f: f.format(r[key]) if key in r else "-"  # noqa: E731
+        lines.append(f"| {c['case']} | {c['mean_filled']:.0f} | {cell(default, 'ms', '{:.3f}')} | "
+                     f"{cell(default, 'gb_per_s', '{:,.0f}')} | {cell(chosen, 'ms', '{:.3f}')} | "
+                     f"{cell(chosen, 'gb_per_s', '{:,.0f}')} | {_config_name(best['config']) if best else '-'} | "
+                     f"{cell(best, 'ms', '{:.3f}')} |")  # fmt: skip
+    failed = sorted(
+        {_config_name(r["config"]) + ": " + r["error"] for c in k["cases"] for r in c["runs"] if "error" in r}
+    )
+    if failed:
+        lines += ["", "Settings that failed: " + "; ".join(failed[:6])]
+    return lines + [""]
+
+
+def _markdown_long(g: dict | None) -> list[str]:
+    if not g:
+        return []
+    roof = g.get("roofline")
+    peak = f"{g['peak_gib']:.1f} of {g['card_gib']:.1f} GiB" if "peak_gib" in g else "-"
+    return [f"## Long responses: {g['rows']} x {g['new_tokens']} new tokens, `batch_size: auto`", "",
+            "| rows per call (auto) | pool GiB | warm-up s | calls | seconds | tokens/s | roofline tokens/s "
+            "| compiled / CUDA-graph skips | peak |", "|---|---|---|---|---|---|---|---|---|",
+            f"| {g['rows_per_call']} | {g['pool_gib']:.1f} | {g['warm_up_s']:.1f} | {len(g['calls'])} | "
+            f"{g['seconds']:.1f} | {g['tokens_per_second']:,.0f} | "
+            f"{'-' if not roof else format(roof['tokens_per_second'], ',.0f')} | "
+            f"{g['compiled_graphs']} / {g['cudagraph_skips']} | {peak} |", ""]  # fmt: skip
+
+
+def _markdown_paper(p: dict | None) -> list[str]:
+    if not p or "time/step" not in p:
+        return []
+    t, c = p["config"]["trainer"], p["config"]["rollout"]
+    plan = p["plan"]
+    peak = f"{p['peak_gib']:.1f} of {p['card_gib']:.1f} GiB" if "peak_gib" in p else "-"
+    mfu = f"{100 * p['mfu']:.1f} %" if "mfu" in p else "-"
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in p.items() if "time/" in k)
+    return [f"## One paper-shape step: Qwen3-4B shape, {t['prompts_per_step']} prompts x {c['group_size']} x "
+            f"{c['max_new_tokens']} new tokens, one agent (GSPO)", "",
+            "| warm-up s | step s | sampling s | update s | rows per call | update tokens | update tokens/s | MFU "
+            "| peak | `hacrl plan` peak | plan's rows per call |", "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| {p['warm_up_s']:.1f} | {p['time/step']:.1f} | {p['time/sampling']:.1f} | {p['time/update']:.1f} | "
+            f"{p['rows_per_call']} | {p['update_tokens']:,} | {p['update_tokens_per_second']:,.0f} | {mfu} | {peak} | "
+            f"{plan['peak_gib']:.1f} GiB | {plan['rows_per_call']} |", "", f"Phases: {phases}.", ""]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -93,8 +93,8 @@ def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, ba
     sampler = StaticSampler(agent, sync_every=2, compile_backend=backend)
     row_counts = []
     step = sampler._run_step
-    monkeypatch.setattr(sampler, "_run_step", lambda pool, token, pos: row_counts.append(len(token)) or step(
-        pool, token, pos))  # fmt: skip
+    monkeypatch.setattr(sampler, "_run_step", lambda pool, token, pos, args: row_counts.append(len(token)) or step(
+        pool, token, pos, args))  # fmt: skip
     graphs, breaks = _compile_counts()
     for rows in (20, 17, 9, 20):
         out = sampler.sample(prompts[:rows], 1, greedy=True, batch_size=20)
@@ -102,10 +102,30 @@ def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, ba
     torch.manual_seed(0)
     sampled = sampler.sample(prompts, 2, batch_size=20, temperature=0.8)
     assert len({len(s.response_ids) for s in sampled}) > 3
+    with_logp = sampler.sample(prompts, 1, batch_size=20, temperature=1.3, logprobs=True)  # another temperature
+    assert all(len(s.logprobs) == len(s.response_ids) for s in with_logp)
     assert _compile_counts() == (graphs + 1, breaks)  # a recompilation would be a second graph
     assert {20, 17, 9} < set(row_counts)  # the call sizes, and compacted power-of-two buckets below them
     assert {c for c in row_counts if c < 9} <= {8, 4, 2}
     assert sampler.pool.rows == 32  # one pool, sized once for the largest call (rounded up to a power of two)
+
+
+def test_warm_up_compiles_before_the_first_call_and_allocates_its_pool(lively):
+    """`StaticSampler.warm_up` does the first call's compilation and pool allocation on a few dummy tokens: the
+    real call after it compiles nothing more, keeps the pool (same tensors), and samples as a fresh sampler does."""
+    agent = _agent(lively["qwen3"], max_new_tokens=10)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    reference = StaticSampler(agent).sample(prompts, 1, greedy=True, batch_size=8)
+    sampler = StaticSampler(agent, compile_backend="eager")
+    graphs, breaks = _compile_counts()
+    assert sampler.warm_up(rows=8) > 0
+    assert _compile_counts() == (graphs + 1, breaks)
+    pool = sampler.pool
+    assert (pool.rows, pool.length) == (8, agent.max_prompt_tokens + 10)
+    out = sampler.sample(prompts, 1, greedy=True, batch_size=8)
+    assert [s.response_ids for s in out] == [s.response_ids for s in reference]
+    assert sampler.pool is pool and _compile_counts() == (graphs + 1, breaks)
+    assert agent.model.training  # left in the mode it found it in
 
 
 def test_agents_in_one_process_never_share_a_compile_cache(lively, monkeypatch):

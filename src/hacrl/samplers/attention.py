@@ -71,10 +71,11 @@ def _(query, key, value, lengths, scale):
 
 # -- the Triton kernel ------------------------------------------------------------------------------------------------
 
-BLOCK_N = 64
-"""Positions per inner block of the kernel."""
-TARGET_PROGRAMS = 1024
-"""Splits are added until rows x key/value heads x splits reaches about this many programs (several per SM)."""
+KERNEL_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "target_programs": 1024}
+"""The kernel's launch: positions per inner block (`block_n`), Triton's warps and pipeline stages, and the programs
+that splits are added up to (rows x key/value heads x splits, several per SM). A module setting so that
+`benchmarks/gpu_throughput.py --only kernel` can time the alternatives on a GPU; the sampler captures the launch
+it finds when it records its graphs."""
 MIN_SPLIT = 256
 """A split covers at least this many positions (fewer would cost more in the combine than they save)."""
 
@@ -92,11 +93,12 @@ def _triton_kernel():
 
 
 def split_plan(batch: int, kv_heads: int, length: int) -> tuple[int, int]:
-    """(splits, positions per split) for a call: enough programs to fill the GPU, each split a multiple of
-    BLOCK_N and at least MIN_SPLIT positions."""
-    splits = max(1, min(-(-TARGET_PROGRAMS // (batch * kv_heads)), -(-length // MIN_SPLIT)))
+    """(splits, positions per split) for a call: enough programs to fill the GPU, each split a multiple of the
+    kernel's block and at least MIN_SPLIT positions."""
+    block, target = KERNEL_CONFIG["block_n"], KERNEL_CONFIG["target_programs"]
+    splits = max(1, min(-(-target // (batch * kv_heads)), -(-length // MIN_SPLIT)))
     per_split = -(-length // splits)
-    per_split = -(-per_split // BLOCK_N) * BLOCK_N
+    per_split = -(-per_split // block) * block
     return -(-length // per_split), per_split
 
 
@@ -117,9 +119,9 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
         value.stride(0), value.stride(1), value.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         stats.stride(1), stats.stride(2), stats.stride(3),
-        dim, D=max(16, next_power_of_two(dim)), BLOCK_G=block_g, BLOCK_N=BLOCK_N,
+        dim, D=max(16, next_power_of_two(dim)), BLOCK_G=block_g, BLOCK_N=KERNEL_CONFIG["block_n"],
         IEEE=query.dtype == torch.float32,
-        num_warps=4, num_stages=2,
+        num_warps=KERNEL_CONFIG["num_warps"], num_stages=KERNEL_CONFIG["num_stages"],
     )  # fmt: skip
     top, total = stats[0], stats[1]  # per split: running max and sum of exp(score - max)
     best = top.amax(dim=2, keepdim=True)

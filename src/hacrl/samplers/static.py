@@ -146,8 +146,12 @@ def row_bytes(kv_bytes_per_token: int, positions: int, vocab: int) -> int:
     return kv_bytes_per_token * positions + 16 * vocab
 
 
-def _decode_step(model, pool: KVPool, token: Tensor, position: Tensor) -> Tensor:
-    """One token per row through the model, into and out of the pool: logits (B, vocabulary)."""
+def _decode_step(
+    model, pool: KVPool, token: Tensor, position: Tensor, temperature: Tensor, greedy: Tensor, top_p: float
+) -> tuple[Tensor, Tensor]:
+    """One token per row through the model, into and out of the pool, and the next token drawn from its logits
+    (`draw`): with CUDA graphs the draw is part of the captured step, so the (rows x vocabulary) float logits never
+    leave the fused kernels. Returns (next tokens, their log-probs)."""
     out = model(
         input_ids=token,
         attention_mask=pool.no_mask,
@@ -156,7 +160,34 @@ def _decode_step(model, pool: KVPool, token: Tensor, position: Tensor) -> Tensor
         use_cache=True,
         **{FLAG: True},
     )
-    return out.logits[:, -1]
+    return draw(out.logits[:, -1], temperature, greedy, top_p)
+
+
+def draw(logits: Tensor, temperature: Tensor, greedy: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """The next token of each row and its log-probability: argmax when `greedy` (a 0-d bool tensor), else a draw
+    after temperature and top-p (transformers' rules; the draw follows the same distribution as `hf`'s, not the
+    same random numbers). The log-prob is the drawn token's under the sampling temperature without top-p (greedy: T
+    = 1). Temperature and greedy are tensors, not Python values, so a compiled step serves training's sampled and
+    evaluation's greedy calls with one compilation; a greedy call draws (and discards) the random race too."""
+    scores = logits.float()
+    scaled = scores / torch.where(greedy, torch.ones_like(temperature), temperature)
+    best = scaled.argmax(-1)
+    if top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=False)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - top_p)
+        remove[..., -1:] = False  # keep at least one token
+        candidates = scaled.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    else:
+        candidates = scaled
+    # the exponential race: argmax of p_i / q_i with q_i ~ Exp(1) draws i with probability p_i, like
+    # torch.multinomial, but elementwise and an argmax: no host sync per token (multinomial waits on the device)
+    # and it lives inside the captured graph; q is kept above zero so a p_i of 0 is never drawn
+    probs = candidates.softmax(dim=-1)
+    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
+    token = torch.where(greedy, best, (probs / race).argmax(dim=-1))
+    logp = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None])[:, 0]
+    return token, logp
 
 
 def own_copy(fn, tag: str):
@@ -284,12 +315,39 @@ class StaticSampler(Sampler):
             del out, cache
         return torch.cat(logits)
 
-    def _decode(self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False):
+    def warm_up(self, rows: int | None = None, steps: int = 4) -> float:
+        """Compile the decode step and capture its graph for calls of `rows` rows (default: the rows per call that
+        `rollout.batch_size: auto` chooses) before the first real call, in seconds: the run's pool is allocated as
+        that call would allocate it, then `steps` tokens of `rows` one-token prompts are decoded (a real call then
+        meets a compiled step and a captured graph; a smaller last batch or a compacted bucket still captures its
+        own graph, which is cheap)."""
+        import time
+
         agent = self.agent
-        device, pad, steps = agent.device, agent.pad_id, agent.max_new_tokens
+        if rows is None:
+            rows = self.rows_per_call([[agent.pad_id]] * AUTO_ROWS * 64)
+        rows = max(MIN_ROWS, rows)
+        start = time.perf_counter()
+        self._pool(rows, 0)  # the pool a real call allocates: the prompt limit + max_new_tokens positions
+        model = agent.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                self._decode([[agent.pad_id]] * rows, False, agent.temperature, steps=steps)
+        finally:
+            model.train(was_training)
+        if agent.device.type == "cuda":
+            torch.cuda.synchronize(agent.device)
+        return time.perf_counter() - start
+
+    def _decode(
+        self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False, steps: int | None = None
+    ):
+        agent = self.agent
+        device, pad, steps = agent.device, agent.pad_id, steps or agent.max_new_tokens
         batch, width = len(rows), max(len(r) for r in rows)
         pool = self._pool(batch, width + steps)
-        logits = self._prefill(pool, rows)
         position = torch.tensor([[len(r)] for r in rows], dtype=torch.long, device=device)  # next write, per row
         stops = torch.tensor(agent.stop_ids, device=device)
         out = torch.full((batch, steps), pad, dtype=torch.long, device=device)
@@ -297,21 +355,25 @@ class StaticSampler(Sampler):
         lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
         live = torch.arange(batch, device=device)  # the output row of each decoding row (rows get compacted)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        draw_args = (
+            torch.tensor(float(temperature), dtype=torch.float32, device=device),
+            torch.tensor(bool(greedy), device=device),
+        )
+        token, logp = draw(self._prefill(pool, rows), *draw_args, agent.top_p)  # the first token, from the prompt
         for t in range(steps):
-            token = self._pick(logits, greedy, temperature)
             token = torch.where(finished, torch.full_like(token, pad), token)
             out[live, t] = token
             if out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
-                scaled = logits.float() if greedy else logits.float() / temperature
-                out_logp[live, t] = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None])[:, 0]
+                out_logp[live, t] = logp
             stopped = torch.isin(token, stops) & ~finished
             lengths[live] = torch.where(stopped, torch.full_like(token, t + 1), lengths[live])
             finished = finished | stopped
             if t == steps - 1:
                 break
             if (t + 1) % self.sync_every == 0:
-                # the loop's only host sync, once per `sync_every` steps: rows still running, and finite logits
-                running, bad = torch.stack([(~finished).sum(), (~torch.isfinite(logits)).any()]).tolist()
+                # the loop's only host sync, once per `sync_every` steps: rows still running, and a finite log-prob
+                # of every drawn token (NaN or +inf anywhere in a row's logits makes it NaN)
+                running, bad = torch.stack([(~finished).sum(), (~torch.isfinite(logp)).any()]).tolist()
                 if bad:
                     from hacrl.errors import NonFiniteError
 
@@ -328,41 +390,20 @@ class StaticSampler(Sampler):
                     keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
                     pool.keep_rows(keep, width + t + 1)
                     live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
-            logits = self._run_step(pool, token.unsqueeze(-1), position)
+            token, logp = self._run_step(pool, token.unsqueeze(-1), position, draw_args)
             position = position + 1
         last = out[:, steps - 1]
         done = (lengths < steps) | torch.isin(last, stops)
         token_logp = out_logp.tolist() if out_logp is not None else [None] * batch
         return out.tolist(), lengths.tolist(), done.tolist(), token_logp
 
-    def _run_step(self, pool: KVPool, token: Tensor, position: Tensor) -> Tensor:
+    def _run_step(self, pool: KVPool, token: Tensor, position: Tensor, draw_args) -> tuple[Tensor, Tensor]:
         if self.compiled:
             for tensor in (token, position):  # one compilation for every row count 2 .. pool.rows
                 torch._dynamo.mark_dynamic(tensor, 0, min=MIN_ROWS, max=pool.rows)
             if self.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
-        return self._step(self.agent.model, pool, token, position)
-
-    def _pick(self, logits: Tensor, greedy: bool, temperature: float) -> Tensor:
-        """The next token of each row: argmax, or a draw after temperature and top-p (transformers' rules; the
-        draw follows the same distribution as `hf`'s, not the same random numbers)."""
-        scores = logits.float()
-        if greedy:
-            return scores.argmax(-1)
-        scores = scores / temperature
-        top_p = self.agent.top_p
-        if top_p < 1.0:
-            ordered, order = torch.sort(scores, descending=False)
-            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1 - top_p)
-            remove[..., -1:] = False  # keep at least one token
-            scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-        # the exponential race: argmax of p_i / q_i with q_i ~ Exp(1) draws i with probability p_i, like
-        # torch.multinomial, but elementwise and an argmax: no host sync per token (multinomial waits on the device)
-        # and it can live inside a captured graph; q is kept above zero so a p_i of 0 is never drawn
-        probs = scores.softmax(dim=-1)
-        race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
-        return (probs / race).argmax(dim=-1)
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        return self._step(self.agent.model, pool, token, position, *draw_args, self.agent.top_p)
 
 
 def _layers(cache):
