@@ -96,6 +96,8 @@ def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, dev
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # free memory as the sampler's `batch_size: auto` reads it excludes a cached block
     return out
 
 
