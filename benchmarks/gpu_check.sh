@@ -31,7 +31,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 nproc; lscpu | grep -m1 'Model name' || true
 start=$(date +%s)
 say() { echo "gpu_check: $* ($(( $(date +%s) - start )) s)"; }
-kernel_config() {  # the kernel part's choice, once it has run on this machine
+kernel_config() {  # GPU_CHECK_KERNEL (JSON), else the kernel part's choice once it has run on this machine
+  [ -n "${GPU_CHECK_KERNEL:-}" ] && { echo "$GPU_CHECK_KERNEL"; return; }
   [ -f "$PARTS/kernel/gpu.json" ] && python -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['kernel']['chosen']))" "$PARTS/kernel/gpu.json" 2>/dev/null
 }
 part() {  # part NAME LIMIT ARGS: gpu_throughput.py ARGS under a time limit, then all parts so far merged into gpu.json/md

@@ -217,10 +217,12 @@ def sampling(
                 "calls": calls,
             }
         )
-        if profile:
-            results[-1]["profile"] = _profile_call(agent, prompts, rows, new, device)
         if on_result is not None:  # e.g. save: a run cut by its time limit keeps what it measured
             on_result(results[-1])
+        if profile:  # after the save: profiling a call of CUDA graphs can take long
+            results[-1]["profile"] = _profile_call(agent, prompts, rows, new, device)
+            if on_result is not None:
+                on_result(None)
         if mode == modes[-1]:
             del agent
             if device.startswith("cuda"):
@@ -669,7 +671,10 @@ def main(argv: list[str] | None = None) -> int:
                 entry = result["sampling"][key] = {"rows": rows, "new_tokens": new, "backends": [], "roofline": None}
                 entry["roofline"] = roofline(dirs[n], device, dtype, rows, new, 64)
 
-                def keep(measured: dict, entry=entry, n=n) -> None:  # saved one by one
+                def keep(measured: dict | None, entry=entry, n=n) -> None:  # saved one by one (None: again)
+                    if measured is None:
+                        save()
+                        return
                     entry["backends"].append(measured)
                     save()
                     print(json.dumps({n: {k: v for k, v in measured.items() if k != "profile"}}), flush=True)

@@ -216,6 +216,10 @@ class Agent:
         self.stop_ids = sorted({self.eos_id, *map(int, extra)})
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers also hooks the input embeddings to mark their output as requiring grad, which only the
+            # reentrant checkpoint needs; the hook's `requires_grad_` breaks the static sampler's compiled decode
+            # graph (torch 2.11 on a GPU: a graph break, then a guard failure on the dynamic row dimension)
+            self.model.disable_input_require_grads()
         from hacrl.samplers import make_sampler
 
         self._merged: _MergedSampling | None = None

@@ -128,6 +128,29 @@ def test_warm_up_compiles_before_the_first_call_and_allocates_its_pool(lively):
     assert agent.model.training  # left in the mode it found it in
 
 
+def test_gradient_checkpointing_leaves_the_decode_step_one_graph_and_the_gradients_as_they_were(lively):
+    """`agents.<i>.gradient_checkpointing` (the paper presets set it): no forward hook on the input embeddings (the
+    one transformers adds for the reentrant checkpoint broke the compiled decode step on a GPU), the compiled step
+    still samples in one graph in training mode, and the gradients equal those without checkpointing."""
+    from hacrl.logprobs import TokenBatch, token_logprobs
+
+    grads = []
+    for checkpointing in (False, True):
+        cfg = AgentConfig(name="a", model=str(lively["qwen3"]), gradient_checkpointing=checkpointing)
+        agent = Agent(0, cfg, RolloutConfig(max_new_tokens=8))
+        assert not agent.model.get_input_embeddings()._forward_hooks
+        prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+        agent.model.train()
+        if checkpointing:
+            graphs, breaks = _compile_counts()
+            StaticSampler(agent, compile_backend="eager").sample(prompts, 1, greedy=True, batch_size=8)
+            assert _compile_counts() == (graphs + 1, breaks)
+        batch = TokenBatch.build(prompts, [[5, 6, 7]] * len(prompts), agent.pad_id, agent.device)
+        token_logprobs(agent.model, batch, 1.0)[batch.response_mask].sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in agent.model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_agents_in_one_process_never_share_a_compile_cache(lively, monkeypatch):
     """torch keeps compilations per code object, with a limit (8 by default) past which it silently runs eagerly.
     Each sampler compiles its own copy of the step: with the limit at 1, three samplers (two of them for one model
