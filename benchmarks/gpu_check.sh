@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, end to end, for a lent GPU machine (one H100 or H200 with its own image: torch with CUDA,
 # transformers 5.17, no omegaconf / math-verify / reasoning-gym, no network). All parts take ~25 minutes; a lease of
-# 15 minutes of device time fits about 11 minutes of them, in two calls on the warm machine: pick parts and their
-# time limits with GPU_CHECK (NAME=SECONDS ..., in the order given), GPU_CHECK_PROFILE=1 profiles the Qwen3
-# sampling part. The 2026-11-27 (afternoon) runs: `GPU_CHECK="tests=60 kernel=60 qwen=130 paper=300"` then
-# `GPU_CHECK="long=220"`.
+# 15 minutes of device time fits about 11 minutes of them (a fresh machine compiles everything once): pick parts
+# and their time limits with GPU_CHECK (NAME=SECONDS ..., in the order given); GPU_CHECK_PROFILE=1 profiles the
+# Qwen3 sampling part, GPU_CHECK_KERNEL (JSON) names the decode kernel's launch, GPU_CHECK_PAPER_MARGIN sets the
+# paper step's rollout.kv_cache_margin. The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
+# `GPU_CHECK_PROFILE=1 GPU_CHECK="tests=60 kernel=60 qwen=140 paper=320"`, then on a fresh machine
+# `GPU_CHECK_KERNEL=... GPU_CHECK="qwen=105 paper=320"`.
 #
 #   here:        bash benchmarks/fetch_gpu_wheels.sh          # the wheels hacrl needs there, into .gpu-wheels/
 #                                                             # and a copy of the real tokenizers, .gpu-tokenizers/
@@ -59,7 +61,7 @@ for item in ${GPU_CHECK:-tests=80 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-h
     llama-hf) part llama-hf "$limit" --only sampling --shapes llama-3.2-1b --backends hf --modes varied ;;
     parity) part parity "$limit" --only parity ;;
     long) part long "$limit" --only long --shapes qwen3-0.6b ;;
-    paper) part paper "$limit" --only paper --shapes qwen3-4b ;;
+    paper) part paper "$limit" --only paper --shapes qwen3-4b ${GPU_CHECK_PAPER_MARGIN:+--paper-margin "$GPU_CHECK_PAPER_MARGIN"} ;;
     logprobs) part logprobs "$limit" --only logprobs ;;
     step) part step "$limit" --only step --step-new "${GPU_CHECK_STEP_NEW:-512}" ;;
     *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper logprobs step)"

@@ -521,7 +521,9 @@ def long_rollout(directory: Path, device: str, dtype: str, rows: int, new: int) 
     return out
 
 
-def paper_step(directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path) -> dict:
+def paper_step(
+    directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path, margin: float | None = None
+) -> dict:
     """One agent of the paper's larger shape through the real trainer at the paper's structure, scaled down:
     `prompts` prompts x 8 samples x `new` new tokens, prompts up to 1,024 tokens, `static` sampler with CUDA graphs
     and `batch_size: auto`, gradient checkpointing, chunked log-probs (`logprob_chunk_size: auto`), micro-batches
@@ -554,6 +556,8 @@ def paper_step(directory: Path, device: str, dtype: str, prompts: int, new: int,
         "logging": {"console": False, "tensorboard": False},
         "checkpoint": {"every": 1000},
     }  # fmt: skip
+    if margin is not None:
+        config["rollout"]["kv_cache_margin"] = margin
     path = work / "paper.yaml"
     path.write_text(yaml.safe_dump(config))
     cfg = load_config(path)
@@ -632,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="long: rows and new tokens (rows per call: auto)")  # fmt: skip
     parser.add_argument("--paper", nargs=2, type=int, default=[8, 4096], metavar=("PROMPTS", "NEW"),
                         help="paper: prompts (x 8 samples) and new tokens of the Qwen3-4B-shape step")  # fmt: skip
+    parser.add_argument("--paper-margin", type=float, help="paper: rollout.kv_cache_margin (default: the config's)")
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -718,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         if "paper" in args.only:
             paper_prompts, paper_new = (2, 16) if device == "cpu" else args.paper
             paper_dir = build_agent("qwen3-4b", shapes["qwen3-4b"], models, getattr(torch, dtype), build_device)
-            result["paper"] = paper_step(paper_dir, device, dtype, paper_prompts, paper_new, work)
+            result["paper"] = paper_step(paper_dir, device, dtype, paper_prompts, paper_new, work, args.paper_margin)
             save()
     save()
     print(markdown(result))

@@ -187,8 +187,9 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         rows = r.batch_size
         if rows is None:
             rows = "auto" if backend == "static" else t.logprob_batch_size
+        auto_on_gpu = rows == "auto" and total is not None and agent.device.startswith("cuda")
         if rows == "auto":
-            if total is not None and agent.device.startswith("cuda"):
+            if auto_on_gpu:
                 free = total - p.parts["weights"] - p.parts["reference model (KL)"]
                 pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
                 try:
@@ -218,6 +219,8 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         p.update_peak = update + p.parts["activations, one micro-batch"]
         p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
         _advise(p, i, micro)
+        if auto_on_gpu and p.fits:
+            _suggest_margin(p, r.kv_cache_margin, free - pending, per_row)
         plans.append(p)
     return plans
 
@@ -242,6 +245,30 @@ def _advise(p: AgentPlan, i: int, micro: int) -> None:
         p.advice.append("lower rollout.batch_size (or raise rollout.kv_cache_margin with auto) or max_new_tokens")
     if not p.advice:
         p.advice.append("give the agent a larger GPU, or a GPU of its own")
+
+
+HEADROOM = 0.05
+"""`_suggest_margin` proposes more rows only where the plan's peak stays this fraction of the card below it."""
+
+
+def _suggest_margin(p: AgentPlan, margin: float, budget: int, per_row: int) -> None:
+    """With `rollout.batch_size: auto`: where the plan's own (conservative) update estimate leaves room for twice
+    the rows per call, the `rollout.kv_cache_margin` that gives them. More rows per call read the weights once for
+    more tokens at each decode step (a 4B agent at 16 rows spent 80 % of its step sampling: benchmarks/results/
+    gpu-h100-paper-step.md). `budget`: the free memory after the weights, their gradients and AdamW state."""
+    rows = 2 * p.rows  # auto's rows are a power of two: the pool doubles
+    peak = p.peak + p.rows * per_row
+    if peak > (1 - HEADROOM) * p.device_total:
+        return
+    wanted = (budget - rows * per_row) / p.device_total  # the largest margin whose budget holds the rows
+    wanted = int(wanted * 20) / 20  # down to a multiple of 0.05
+    if wanted <= 0 or wanted >= margin:
+        return
+    p.advice.append(
+        f"rollout.kv_cache_margin={wanted:.2f} (now {margin:g}) gives {rows} rows per generation call instead of "
+        f"{p.rows}, with a planned peak of {peak / GIB:.1f} GiB of {p.device_total / GIB:.1f}: each decode step "
+        "then reads the weights for twice the rows"
+    )
 
 
 def render(plans: list[AgentPlan]) -> str:

@@ -157,3 +157,37 @@ def test_the_plan_counts_adapter_state_only(families, tmp_path):
     adapters = sum(p.numel() for p in agent.model.parameters() if p.requires_grad)
     assert lora.parts["gradients"] == 4 * adapters and lora.parts["optimizer state (AdamW)"] == 8 * adapters
     assert lora.parts["optimizer state (AdamW)"] < full.parts["optimizer state (AdamW)"] / 10
+
+
+def test_the_plan_bounds_the_paper_shape_step_measured_on_an_h100_and_proposes_more_rows(tmp_path):
+    """benchmarks/results/gpu-h100-paper-step.md: one Qwen3-4B-shape agent (8 prompts x 8 x 4,096 new tokens,
+    prompts up to 1,024, `batch_size: auto`, gradient checkpointing, micro-batches of 8) on an H100 80GB (79.18 GiB):
+    16 rows per call, peak 48.9 GiB. The plan predicts the rows exactly and the peak on the safe side (within 20 %),
+    and, its update estimate leaving room, proposes the `kv_cache_margin` that doubles the rows per call, under
+    which it plans 32 rows within the card."""
+    import yaml
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=151_936, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "qwen3-4b")  # fmt: skip
+    (tmp_path / "d.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
+    config = {
+        "agents": [{"name": "qwen3-4b", "model": str(tmp_path / "qwen3-4b"), "lr": 1e-6, "device": "cuda",
+                    "dtype": "bfloat16", "gradient_checkpointing": True}],
+        "algorithm": {"name": "gspo"},
+        "rollout": {"group_size": 8, "max_new_tokens": 4096, "max_prompt_tokens": 1024, "backend": "static",
+                    "cuda_graphs": True, "batch_size": "auto"},
+        "data": {"source": "file", "train_file": str(tmp_path / "d.jsonl"), "prompt_column": "problem"},
+        "trainer": {"steps": 1, "prompts_per_step": 8, "mini_batch_size": 64, "micro_batch_size": 8,
+                    "logprob_batch_size": 32, "output_dir": str(tmp_path / "run")},
+    }  # fmt: skip
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(config))
+    (p,) = plan(load_config(path), device_memory=79.18)
+    assert p.rows == 16
+    assert 48.9 <= p.peak / 2**30 <= 1.2 * 48.9, p.peak / 2**30
+    (advice,) = p.advice
+    assert advice.startswith("rollout.kv_cache_margin=0.30 (now 0.35) gives 32 rows"), advice
+    (more,) = plan(load_config(path, ["rollout.kv_cache_margin=0.30"]), device_memory=79.18)
+    assert more.rows == 32 and more.fits and more.peak <= 0.95 * more.device_total and not more.advice
