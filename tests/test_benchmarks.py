@@ -63,7 +63,8 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
 
 def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (model shapes with the paper's
-    vocabularies, every sampler, parity, log-prob memory, a HACPO step per sampler) with tiny layers on the CPU."""
+    vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
+    responses with auto rows, the paper-shape step) with tiny layers on the CPU."""
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -87,7 +88,14 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
         assert parity["identical"] + parity["differ_at_near_tie"] == parity["rows"]  # float32: equal or near-tie
     assert [r["ok"] for r in result["logprobs"]["runs"]] == [True, True, True]
     assert result["step"]["static"]["time/step"] > 0 and result["step"]["hf"]["time/step"] > 0
-    assert "## One 2-agent HACPO step" in (tmp_path / "gpu-cpu-dry-run.md").read_text()
+    assert len(result["kernel"]["cases"]) == 4 and all("ms" in c["runs"][0] for c in result["kernel"]["cases"])
+    long = result["long"]  # every row to its limit, in the calls auto chose, after a warm-up that compiled
+    assert long["tokens"] == 8 * 24 == sum(c["tokens"] for c in long["calls"]) and long["warm_up_s"] > 0
+    paper = result["paper"]  # one agent through the trainer, and the plan's prediction beside it
+    assert paper["rows"] == 16 and paper["response_tokens"] == 16 * 16 and paper["time/update"] > 0
+    assert paper["plan"]["rows_per_call"] == 64 and paper["update_tokens"] > paper["response_tokens"]
+    text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
+    assert "## One 2-agent HACPO step" in text and "## One paper-shape step" in text and "## Long responses" in text
 
 
 def test_throughput_benchmark_smoke(tmp_path):
