@@ -10,8 +10,10 @@ by a fake implementation), with two implementations of one contract:
 
 - on a CUDA device, a Triton kernel in the split-K "flash decoding" pattern: one program per (row, key/value head,
   split of the positions) loads the query heads of its group once, walks only the blocks below the row's length
-  (a split past it exits at once), keeps a running max and sum; the splits are combined after. The number of splits
-  grows as rows get few, so a small batch of long rows still fills the GPU.
+  (a split past it exits at once), keeps a running max and sum; with one split it normalises and writes the output
+  itself, with several a second small kernel combines the splits (one launch, not a chain of torch operations: in
+  a captured decode step every layer's kernels count). The number of splits grows as rows get few, so a small
+  batch of long rows still fills the GPU.
 - everywhere else (and as the reference the kernel is tested against): plain torch, masked scaled-dot-product
   attention over the pool (reads every position, which on a CPU costs little).
 
@@ -109,25 +111,36 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
     assert key.stride(-1) == 1 and value.stride(-1) == 1, "the pool's head dimension must be contiguous"
     query = query.contiguous()
     splits, per_split = split_plan(batch, kv_heads, length)
-    acc = torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
-    stats = torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
+    out = torch.empty((batch, heads, dim), dtype=query.dtype, device=query.device)
+    direct = splits == 1  # one split: the kernel normalises and writes the output itself
+    acc = (
+        out if direct else torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
+    )
+    stats = (
+        out if direct else torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
+    )
+    top, total = (out, out) if direct else (stats[0], stats[1])
+    acc_strides = (0, 0, 0, 0) if direct else acc.stride()[:4]
+    stat_strides = (0, 0, 0) if direct else stats.stride()[1:4]
     block_g = max(16, next_power_of_two(groups))
-    _KERNEL[(batch, kv_heads, splits)](
-        query, key, value, lengths, acc, stats[0], stats[1], scale, groups, per_split,
+    kernel, combine = _KERNEL
+    kernel[(batch, kv_heads, splits)](
+        query, key, value, lengths, acc, top, total, out, scale, groups, per_split,
         query.stride(0), query.stride(1),
         key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
-        acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
-        stats.stride(1), stats.stride(2), stats.stride(3),
+        *acc_strides, *stat_strides, out.stride(0), out.stride(1),
         dim, D=max(16, next_power_of_two(dim)), BLOCK_G=block_g, BLOCK_N=KERNEL_CONFIG["block_n"],
-        IEEE=query.dtype == torch.float32,
+        IEEE=query.dtype == torch.float32, DIRECT=direct,
         num_warps=KERNEL_CONFIG["num_warps"], num_stages=KERNEL_CONFIG["num_stages"],
     )  # fmt: skip
-    top, total = stats[0], stats[1]  # per split: running max and sum of exp(score - max)
-    best = top.amax(dim=2, keepdim=True)
-    weight = torch.exp(top - best)  # a split past the row's length has max -inf: weight 0
-    out = (acc * weight[..., None]).sum(2) / (total * weight).sum(2)[..., None]
-    return out.reshape(batch, heads, dim).to(query.dtype)
+    if not direct:  # the splits' partial sums, weighted by exp(their max - the row's max), in one more kernel
+        combine[(batch, kv_heads)](
+            acc, top, total, out, splits, groups, dim,
+            *acc_strides, *stat_strides, out.stride(0), out.stride(1),
+            D=max(16, next_power_of_two(dim)), BLOCK_G=block_g,
+        )  # fmt: skip
+    return out
 
 
 def _build_kernel():
@@ -136,9 +149,9 @@ def _build_kernel():
 
     @triton.jit
     def kernel(
-        Q, K, V, Lengths, Acc, Max, Sum, scale, groups, per_split,
-        sqb, sqh, skb, skh, skn, svb, svh, svn, sab, sah, sas, sag, smb, smh, sms, dim,
-        D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+        Q, K, V, Lengths, Acc, Max, Sum, Out, scale, groups, per_split,
+        sqb, sqh, skb, skh, skn, svb, svh, svn, sab, sah, sas, sag, smb, smh, sms, sob, soh, dim,
+        D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0)
         head = tl.program_id(1)
@@ -177,13 +190,47 @@ def _build_kernel():
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             top = new_top
-        tl.store(Acc + row * sab + head * sah + split * sas + g[:, None] * sag + d[None, :], acc,
-                 mask=in_group[:, None] & in_dim[None, :])  # fmt: skip
-        stat = row * smb + head * smh + split * sms + g
-        tl.store(Max + stat, top, mask=in_group)
-        tl.store(Sum + stat, total, mask=in_group)
+        mask = in_group[:, None] & in_dim[None, :]
+        if DIRECT:  # the only split: every row has a position, so total > 0
+            out = acc / total[:, None]
+            tl.store(Out + row * sob + (head * groups + g)[:, None] * soh + d[None, :],
+                     out.to(Out.dtype.element_ty), mask=mask)  # fmt: skip
+        else:
+            tl.store(Acc + row * sab + head * sah + split * sas + g[:, None] * sag + d[None, :], acc, mask=mask)
+            stat = row * smb + head * smh + split * sms + g
+            tl.store(Max + stat, top, mask=in_group)
+            tl.store(Sum + stat, total, mask=in_group)
 
-    return kernel
+    @triton.jit
+    def combine(
+        Acc, Max, Sum, Out, splits, groups, dim, sab, sah, sas, sag, smb, smh, sms, sob, soh,
+        D: tl.constexpr, BLOCK_G: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, D)
+        in_group = g < groups
+        mask = in_group[:, None] & (d < dim)[None, :]
+        stat = Max + row * smb + head * smh + g
+        best = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        for i in range(0, splits):  # split 0 always holds position 0: best is finite
+            best = tl.maximum(best, tl.load(stat + i * sms, mask=in_group, other=float("-inf")))
+        out = tl.zeros([BLOCK_G, D], dtype=tl.float32)
+        denominator = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for i in range(0, splits):  # a split past the row's length has max -inf: weight 0
+            weight = tl.exp(tl.load(stat + i * sms, mask=in_group, other=float("-inf")) - best)
+            weight = tl.where(in_group, weight, 0.0)
+            total = tl.load(Sum + row * smb + head * smh + i * sms + g, mask=in_group, other=0.0)
+            denominator += total * weight
+            part = tl.load(Acc + row * sab + head * sah + i * sas + g[:, None] * sag + d[None, :], mask=mask,
+                           other=0.0)  # fmt: skip
+            out += part * weight[:, None]
+        out = out / tl.where(in_group, denominator, 1.0)[:, None]
+        tl.store(Out + row * sob + (head * groups + g)[:, None] * soh + d[None, :], out.to(Out.dtype.element_ty),
+                 mask=mask)  # fmt: skip
+
+    return kernel, combine
 
 
 # -- wiring into transformers' attention interface --------------------------------------------------------------------
