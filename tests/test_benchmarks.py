@@ -359,3 +359,32 @@ def test_gpu_throughput_parts_merge_into_one_result(tmp_path):
     assert [b["backend"] for b in merged["sampling"]["m"]["backends"]] == ["static", "hf"]
     assert merged["sampling"]["m"]["roofline"] == roof and merged["command"] == "part 1; part 2"
     assert "| m | 4 x 8 | varied | hf |" in (tmp_path / "out" / "gpu.md").read_text()
+
+
+def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
+    """`benchmarks/warm_start_curve.py` (the round-3 bed calibration): greedy accuracy per sub-skill every k
+    warm-start steps, and the warm-started agent is the one a plain bootstrap of the same budget gives, weight for
+    weight (the evaluations leave the weights and the warm-start's random stream alone)."""
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from hacrl.testbed.demo import _warm_start_agent, write_task_files
+
+    spec = importlib.util.spec_from_file_location("warm_start_curve", ROOT / "benchmarks" / "warm_start_curve.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.curve("tiny_gap", "qwen-bpe", 6, 3, 16, 0, tmp_path / "curve")
+    assert [p["step"] for p in result["points"]] == [3, 6]
+    assert all({"all", "+", "-"} <= set(p) for p in result["points"])
+    from beds import recipes
+
+    recipe = recipes()["tiny_gap"]
+    recipe = replace(recipe, agents=[replace(a, sft_steps=6) for a in recipe.agents if a.name == "qwen-bpe"])
+    write_task_files(recipe, tmp_path / "plain")
+    _warm_start_agent(recipe, "qwen-bpe", str(tmp_path / "plain"), torch.get_num_threads(), False)
+    curved, plain = (load_file(d / "qwen-bpe" / "model.safetensors") for d in (tmp_path / "curve", tmp_path / "plain"))
+    assert curved.keys() == plain.keys() and all(curved[k].equal(plain[k]) for k in plain)
+    assert bench.main(["--smoke", "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "tiny_gap-s0-llama-char.json").is_file()

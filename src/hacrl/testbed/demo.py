@@ -370,9 +370,11 @@ def bootstrap(
 
 
 def _warm_start_agent(
-    recipe: BootstrapRecipe, name: str, out: str, threads: int, evaluate_agent: bool, log=_log
+    recipe: BootstrapRecipe, name: str, out: str, threads: int, evaluate_agent: bool, log=_log, on_step=None
 ) -> tuple[str, dict[str, Any]]:
-    """Tokenizer, model and supervised warm-start of one recipe agent, saved to `out/<name>`; (name, report)."""
+    """Tokenizer, model and supervised warm-start of one recipe agent, saved to `out/<name>`; (name, report).
+    `on_step(step, model, tokenizer, task)` after every warm-start step (benchmarks/warm_start_curve.py evaluates
+    there; it must leave the model's weights and the warm-start's random state alone)."""
     import torch
 
     from hacrl.agents import Agent
@@ -418,6 +420,8 @@ def _warm_start_agent(
     def progress(step: int, loss: float) -> None:
         if step % every == 0:
             log(f"  {name} sft step {step}: loss {loss:.3f} ({time.perf_counter() - start:.0f}s)")
+        if on_step is not None:
+            on_step(step, model, tokenizer, task)
 
     sft = SFTConfig(
         steps=recipe_agent.sft_steps,
