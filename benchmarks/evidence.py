@@ -36,8 +36,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEDS = {"demo": "demo", "complement": "complement"}  # bed -> bootstrap recipe
-SMOKE_RECIPES = {"demo": "tiny", "complement": "tiny_complement"}
+BEDS = {"demo": "demo", "complement": "complement", "gap": "gap"}  # bed -> bootstrap recipe
+SMOKE_RECIPES = {"demo": "tiny", "complement": "tiny_complement", "gap": "tiny_gap"}
+ROUND3_BEDS = ("gap",)
+"""Round 3's beds (results in benchmarks/results/round3): one ratio mode (ABLATION_MODE), the five ablations, and
+the frozen-teacher arm."""
+STRONG = {"gap": "llama-char"}
+"""The stronger agent of a round-3 bed (its warm-start budget made it 2-3x as accurate; analysis.md, round 3): the
+frozen-teacher arm freezes it and trains the other with HACPO."""
 MODES = ["source_mean", "learner_length", "bytes"]
 ABLATION_MODE = "learner_length"  # pre-registered: the paper's gradient, without the tokenizers' granularity
 ABLATIONS = {
@@ -73,10 +79,13 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 def methods(bed: str) -> dict[str, list[str]]:
     """Method name -> config overrides (`@delta:<mode>` and `@double_group` are resolved per run)."""
-    out = {f"hacpo_{mode}": [f"algorithm.foreign_ratio={mode}", f"@delta:{mode}"] for mode in MODES}
+    modes = [ABLATION_MODE] if bed in ROUND3_BEDS else MODES
+    out = {f"hacpo_{mode}": [f"algorithm.foreign_ratio={mode}", f"@delta:{mode}"] for mode in modes}
     out |= {"gspo": ["algorithm.name=gspo"], "gspo_x2": ["algorithm.name=gspo", "@double_group"]}
     out["naive"] = ["algorithm.name=naive"]
-    if bed == "complement":
+    if bed in ROUND3_BEDS:
+        out["frozen_teacher"] = [*out[f"hacpo_{ABLATION_MODE}"], f"@frozen:{STRONG[bed]}"]
+    if bed in ("complement", *ROUND3_BEDS):
         for name, overrides in ABLATIONS.items():
             out[f"hacpo_{ABLATION_MODE}_{name}"] = [
                 f"algorithm.foreign_ratio={ABLATION_MODE}",
@@ -89,6 +98,11 @@ def methods(bed: str) -> dict[str, list[str]]:
 def comparison_pairs(bed: str) -> list[tuple[str, str]]:
     """The pre-registered differences (a - b): each HACPO mode against GSPO, GSPOx2 and naive sharing; the
     tokenizer-neutral modes against the paper's; the full method against each ablation (the mechanism's effect)."""
+    if bed in ROUND3_BEDS:
+        method = f"hacpo_{ABLATION_MODE}"
+        pairs = [(method, base) for base in ("gspo", "gspo_x2", "naive", "frozen_teacher")]
+        pairs += [("frozen_teacher", base) for base in ("gspo", "gspo_x2")]
+        return pairs + [(method, f"{method}_{name}") for name in ABLATIONS]
     pairs = [(f"hacpo_{mode}", base) for mode in MODES for base in ("gspo", "gspo_x2", "naive")]
     pairs += [(f"hacpo_{mode}", "hacpo_source_mean") for mode in MODES if mode != "source_mean"]
     if bed == "complement":
@@ -245,6 +259,10 @@ class Grid:
                 overrides.append(f"algorithm.delta={self.delta(bed, item.split(':', 1)[1])}")
             elif item == "@double_group":
                 overrides.append(f"rollout.group_size={2 * base.rollout.group_size}")
+            elif item.startswith("@frozen:"):
+                name = item.split(":", 1)[1]
+                index = next(i for i, a in enumerate(base.agents) if a.name == name)
+                overrides.append(f"agents.{index}.frozen=true")
             else:
                 overrides.append(item)
         config = load_config(
@@ -750,11 +768,12 @@ def _write_json(path: Path, data) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--beds", nargs="+", default=list(BEDS), choices=list(BEDS))
+    parser.add_argument("--beds", nargs="+", default=["demo", "complement"], choices=list(BEDS),
+                        help="round 2: demo complement (the default); round 3: gap")  # fmt: skip
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of each bed's methods")
     parser.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="extra dotted overrides (not for grid)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "round2"), help="results directory")
+    parser.add_argument("--out", help="results directory (default: benchmarks/results/round2, round3 for its beds)")
     parser.add_argument("--calibrate", action="store_true", help="measure the ratio distributions, set the deltas")
     parser.add_argument("--aggregate-only", action="store_true")
     parser.add_argument(
@@ -769,7 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    out = Path(args.out)
+    round3 = set(args.beds) <= set(ROUND3_BEDS)
+    out = Path(args.out or ROOT / "benchmarks" / "results" / ("round3" if round3 else "round2"))
     grid = Grid(out, smoke=args.smoke, extra=args.overrides)
     command = "python benchmarks/evidence.py" + (" --smoke" if args.smoke else "")
     if args.calibrate:

@@ -129,7 +129,7 @@ def summarize_agents(work: Path, config, diagnostics: list[str] = DIAGNOSTICS) -
             "initial_accuracy": curve[0][1],
             "curve": curve,
             "rollouts_generated": len(train) * config.trainer.prompts_per_step * config.rollout.group_size,
-            "sequences_trained": sum(r[agent_key(name, "trained_sequences")] for r in train),
+            "sequences_trained": sum(r.get(agent_key(name, "trained_sequences"), 0) for r in train),  # 0: frozen
             "diagnostics": {k: _mean([r.get(agent_key(name, k)) for r in train]) for k in diagnostics},
             "diagnostic_curves": {k: [list(point) for point in agent_values(train, name, k)] for k in diagnostics},
         }

@@ -388,3 +388,22 @@ def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
     assert curved.keys() == plain.keys() and all(curved[k].equal(plain[k]) for k in plain)
     assert bench.main(["--smoke", "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "tiny_gap-s0-llama-char.json").is_file()
+
+
+def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
+    """Round 3's bed (`gap`) at tiny size: its own results directory, one ratio mode plus the ablations and the
+    frozen-teacher arm, in which the stronger agent is frozen (its greedy accuracy never moves: same weights) while
+    the other learns with HACPO from both agents' rollouts."""
+    bench = _load_evidence()
+    assert set(bench.methods("gap")) == {"hacpo_learner_length", "gspo", "gspo_x2", "naive", "frozen_teacher"} | {
+        f"hacpo_learner_length_{name}" for name in bench.ABLATIONS
+    }
+    # the delta rule and its calibration run are the round-2 smoke's; here a delta as the rule would store it
+    (tmp_path / "deltas.json").write_text(json.dumps({"gap": {"learner_length": {"delta": 0.8, "p10": {}}}}))
+    args = ["--smoke", "--out", str(tmp_path), "--beds", "gap", "--seeds", "0", "--methods", "frozen_teacher"]
+    assert bench.main(args) == 0
+    run = json.loads((tmp_path / "summaries" / "gap" / "frozen_teacher-s0.json").read_text())
+    assert run["overrides"][-1] == "agents.0.frozen=true" and bench.STRONG["gap"] == "llama-char"
+    teacher, learner = run["agents"]["llama-char"], run["agents"]["qwen-bpe"]
+    assert len({a for _, a in teacher["curve"]}) == 1  # frozen: the same accuracy at every evaluation
+    assert learner["sequences_trained"] > 0 and teacher["sequences_trained"] == 0
