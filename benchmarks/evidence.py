@@ -419,7 +419,9 @@ def aggregate(out: Path, command: str) -> dict:
                     comparisons[f"{a} - {b}"] = _compare(by_method[a], by_method[b])
             tta = {}
             if "gspo_x2" in by_method:
-                for method in (f"hacpo_{mode}" for mode in MODES if f"hacpo_{mode}" in by_method):
+                timed = [f"hacpo_{mode}" for mode in MODES]
+                timed += ["naive", "frozen_teacher"] if bed in ROUND3_BEDS else []
+                for method in (m for m in timed if m in by_method):
                     tta[method] = _time_to_accuracy(by_method[method], by_method["gspo_x2"])
             bed_out[agent] = {
                 "methods": rows,
@@ -428,6 +430,7 @@ def aggregate(out: Path, command: str) -> dict:
                 "late_fall": _late_fall(by_method),
             }
     result["primary"] = _primary(cells)
+    result["primary_round3"] = _primary_round3(cells)
     result["partner_skill"] = _partner_skill(cells)
     result["warm_start"] = _warm_start(cells)
     _write_json(out / "evidence.json", result)
@@ -449,6 +452,28 @@ def _primary(cells: dict) -> dict:
     met = complete and all(c["mean"] >= GOAL_POINTS and c["lo"] > 0 for c in agents.values())
     verdict = ("met" if met else "not met") if complete else "no verdict yet"
     return {"bed": bed, "comparison": f"{method} - {baseline}", "agents": agents, "verdict": verdict}
+
+
+PRIMARY3 = {
+    "bed": "gap",
+    "agent": "qwen-bpe",
+    "comparisons": [("hacpo_learner_length", "naive", 2.0), ("hacpo_learner_length", "gspo_x2", 3.0)],
+}
+"""Round 3's pre-registered primary comparisons: the weaker agent's final accuracy, (method, baseline, goal in
+points with the interval above zero)."""
+
+
+def _primary_round3(cells: dict) -> dict:
+    """Each of PRIMARY3's comparisons with its verdict (none before all of SEEDS have run)."""
+    by_method = cells.get(PRIMARY3["bed"], {}).get(PRIMARY3["agent"], {})
+    out = []
+    for method, baseline, goal in PRIMARY3["comparisons"]:
+        if method in by_method and baseline in by_method:
+            c = _compare(by_method[method], by_method[baseline])["overall"]
+            met = c["mean"] >= goal and c["lo"] is not None and c["lo"] > 0
+            verdict = ("met" if met else "not met") if c["n"] == len(SEEDS) else "no verdict yet"
+            out.append({"comparison": f"{method} - {baseline}", "goal": goal, **c, "verdict": verdict})
+    return {"bed": PRIMARY3["bed"], "agent": PRIMARY3["agent"], "comparisons": out}
 
 
 def _partner_skill(cells: dict) -> dict:
@@ -590,15 +615,32 @@ def _fmt_ci(c: dict) -> str:
 
 def _markdown(result: dict) -> str:
     lines = [
-        "# Learning benchmark, round 2: HACPO vs baselines on two test beds, seeds that vary the warm-start",
+        "# Learning benchmark, round 3: where HACPO's machinery pays (a capability gap, long runs, a frozen peer)"
+        if set(result["beds"]) <= set(ROUND3_BEDS) and result["beds"]
+        else "# Learning benchmark, round 2: HACPO vs baselines on two test beds, seeds that vary the warm-start",
         "",
         f"Reproduce: `{result['command']}` (each (bed, method, seed) run is cached in `summaries/`).",
-        "Pre-registration and analysis: `benchmarks/results/analysis.md`, section Round 2. Accuracies are greedy",
+        "Pre-registration and analysis: `benchmarks/results/analysis.md`, section Round 2 (round 3 for `gap`). "
+        "Accuracies are greedy",
         "pass@1 (%) on the same 1,280 held-out prompts for every run; intervals are 95 % t intervals over seeds of",
         "per-seed paired differences (same seed: same warm-start, same prompt order); * marks an interval that",
         "excludes 0. Curves: `evidence.png`.",
         "",
     ]
+    round3 = result.get("primary_round3") or {}
+    if round3.get("comparisons"):
+        lines += [
+            f"## Round 3, pre-registered primary comparisons: the weaker agent (`{round3['agent']}`) on "
+            f"`{round3['bed']}`",
+            "",
+            "| comparison | goal | seeds | Δ final accuracy [95 % CI] | per seed | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in round3["comparisons"]:
+            per = ", ".join(f"{d:+.1f}" for d in c.get("diffs", []))
+            lines.append(f"| `{c['comparison']}` | >= {c['goal']:g}, interval above 0 | {c['n']} | {_fmt_ci(c)} | "
+                         f"{per} | **{c['verdict']}** |")  # fmt: skip
+        lines.append("")
     primary = result.get("primary")
     if primary and primary["agents"]:
         lines += [

@@ -393,17 +393,21 @@ def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
 def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     """Round 3's bed (`gap`) at tiny size: its own results directory, one ratio mode plus the ablations and the
     frozen-teacher arm, in which the stronger agent is frozen (its greedy accuracy never moves: same weights) while
-    the other learns with HACPO from both agents' rollouts."""
+    the other learns with HACPO from both agents' rollouts; the aggregate leads with round 3's primary comparisons."""
     bench = _load_evidence()
     assert set(bench.methods("gap")) == {"hacpo_learner_length", "gspo", "gspo_x2", "naive", "frozen_teacher"} | {
         f"hacpo_learner_length_{name}" for name in bench.ABLATIONS
     }
     # the delta rule and its calibration run are the round-2 smoke's; here a delta as the rule would store it
     (tmp_path / "deltas.json").write_text(json.dumps({"gap": {"learner_length": {"delta": 0.8, "p10": {}}}}))
-    args = ["--smoke", "--out", str(tmp_path), "--beds", "gap", "--seeds", "0", "--methods", "frozen_teacher"]
-    assert bench.main(args) == 0
+    arms = ["frozen_teacher", "hacpo_learner_length", "naive"]
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--beds", "gap", "--seeds", "0", "--methods", *arms]) == 0
     run = json.loads((tmp_path / "summaries" / "gap" / "frozen_teacher-s0.json").read_text())
     assert run["overrides"][-1] == "agents.0.frozen=true" and bench.STRONG["gap"] == "llama-char"
     teacher, learner = run["agents"]["llama-char"], run["agents"]["qwen-bpe"]
     assert len({a for _, a in teacher["curve"]}) == 1  # frozen: the same accuracy at every evaluation
     assert learner["sequences_trained"] > 0 and teacher["sequences_trained"] == 0
+    result = json.loads((tmp_path / "evidence.json").read_text())  # round 3's primary leads its aggregate
+    (primary,) = result["primary_round3"]["comparisons"]  # one of two: gspo_x2 did not run here
+    assert primary["comparison"] == "hacpo_learner_length - naive" and primary["verdict"] == "no verdict yet"
+    assert (tmp_path / "evidence.md").read_text().startswith("# Learning benchmark, round 3")
