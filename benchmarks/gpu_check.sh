@@ -46,7 +46,7 @@ part() {  # part NAME LIMIT ARGS: gpu_throughput.py ARGS under a time limit, the
   say "$name exit $?"
   python benchmarks/gpu_throughput.py --out "$RESULTS" --merge "$PARTS"/* > /dev/null
 }
-for item in ${GPU_CHECK:-tests=80 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-hf=50 parity=50 long=220 paper=300 \
+for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-hf=50 parity=50 long=220 paper=300 \
     logprobs=60 step=200}; do
   name=${item%%=*} limit=${item#*=}
   case $name in
