@@ -833,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     round3 = set(args.beds) <= set(ROUND3_BEDS)
     out = Path(args.out or ROOT / "benchmarks" / "results" / ("round3" if round3 else "round2"))
     grid = Grid(out, smoke=args.smoke, extra=args.overrides)
-    command = "python benchmarks/evidence.py" + (" --smoke" if args.smoke else "")
+    command = "python benchmarks/evidence.py" + (" --beds gap" if round3 else "") + (" --smoke" if args.smoke else "")
     if args.calibrate:
         table = grid.calibrate(args.beds)
         print(json.dumps(table, indent=1))
