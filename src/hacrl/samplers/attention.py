@@ -113,15 +113,14 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
     splits, per_split = split_plan(batch, kv_heads, length)
     out = torch.empty((batch, heads, dim), dtype=query.dtype, device=query.device)
     direct = splits == 1  # one split: the kernel normalises and writes the output itself
-    acc = (
-        out if direct else torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
-    )
-    stats = (
-        out if direct else torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
-    )
-    top, total = (out, out) if direct else (stats[0], stats[1])
-    acc_strides = (0, 0, 0, 0) if direct else acc.stride()[:4]
-    stat_strides = (0, 0, 0) if direct else stats.stride()[1:4]
+    if direct:  # no partial sums: the unused pointers are the output's, their strides 0
+        acc = top = total = out
+        acc_strides, stat_strides = (0, 0, 0, 0), (0, 0, 0)
+    else:
+        acc = torch.empty((batch, kv_heads, splits, groups, dim), dtype=torch.float32, device=query.device)
+        stats = torch.empty((2, batch, kv_heads, splits, groups), dtype=torch.float32, device=query.device)
+        top, total = stats[0], stats[1]  # per split: running max and sum of exp(score - max)
+        acc_strides, stat_strides = acc.stride()[:4], stats.stride()[1:4]
     block_g = max(16, next_power_of_two(groups))
     kernel, combine = _KERNEL
     kernel[(batch, kv_heads, splits)](

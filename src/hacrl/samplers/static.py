@@ -324,8 +324,11 @@ class StaticSampler(Sampler):
         import time
 
         agent = self.agent
-        if rows is None:
-            rows = self.rows_per_call([[agent.pad_id]] * AUTO_ROWS * 64)
+        size = getattr(agent, "rollout_batch_size", None)
+        if rows is None and isinstance(size, int):  # a given rollout.batch_size: its calls' rows
+            rows = self.cap_rows(size)
+        elif rows is None:  # auto: the rows the pool is sized for on a GPU, 64 elsewhere
+            rows = self._auto_limit() if self._auto_on_gpu() else AUTO_ROWS
         rows = max(MIN_ROWS, rows)
         start = time.perf_counter()
         self._pool(rows, 0)  # the pool a real call allocates: the prompt limit + max_new_tokens positions
