@@ -148,6 +148,43 @@ def machine() -> dict:
     }
 
 
+QUIET_SHARE = 0.05
+"""A run was quiet when the rest of the machine used less than this share of its cores during it (other processes'
+CPU time over wall time x cores): only quiet runs' wall times are reported (round 3's rule; accuracies and rollouts
+do not depend on load)."""
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: all but idle, iowait and steal); None
+    where there is no /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in (fields[1:9] + ["0"] * 8)[:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class Load:
+    """The CPU time one run used and the time the rest of the machine used meanwhile: `machine_seconds` (the run's
+    process time, all threads: what the run costs whatever else runs) and `quiet` (QUIET_SHARE)."""
+
+    def __init__(self):
+        self.wall, self.process, self.busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
+
+    def result(self) -> dict:
+        wall = time.perf_counter() - self.wall
+        process = time.process_time() - self.process
+        busy = machine_busy_seconds()
+        if busy is None or self.busy is None:
+            return {"machine_seconds": process, "others_cpu_seconds": None, "quiet": None}
+        others = max(0.0, busy - self.busy - process)
+        share = others / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
+        return {"machine_seconds": process, "others_cpu_seconds": others, "quiet": share < QUIET_SHARE}
+
+
 class Grid:
     def __init__(self, out: Path, smoke: bool = False, extra: list[str] = ()):
         self.out, self.smoke, self.extra = out, smoke, list(extra)
@@ -270,7 +307,7 @@ class Grid:
             [*common, *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}"],
         )
         print(f"== {bed} {method} seed {seed}: {config.trainer.steps} steps", flush=True)
-        start = time.perf_counter()
+        start, load = time.perf_counter(), Load()
         Trainer(config).train()
         seconds = time.perf_counter() - start
         summary = {
@@ -279,6 +316,7 @@ class Grid:
             "seed": seed,
             "steps": config.trainer.steps,
             "seconds": seconds,
+            **load.result(),
             "overrides": overrides,
             "machine": machine(),
             "agents": summarize(work, config),
@@ -386,7 +424,7 @@ def aggregate(out: Path, command: str) -> dict:
     for run in runs:
         for agent, res in run["agents"].items():
             cell = cells.setdefault(run["bed"], {}).setdefault(agent, {}).setdefault(run["method"], {})
-            cell[run["seed"]] = {**res, "seconds": run["seconds"]}
+            cell[run["seed"]] = {**res, "seconds": run["seconds"], "quiet": run.get("quiet")}
     result: dict = {"command": command, "runs": len(runs), "beds": {}}
     for bed, agents in cells.items():
         bed_out = result["beds"].setdefault(bed, {})
@@ -577,13 +615,15 @@ def _compare(mine: dict, theirs: dict) -> dict:
 
 
 def _time_to_accuracy(mine: dict, x2: dict) -> dict:
-    """Per seed: training seconds for HACPO to reach GSPOx2's final accuracy, and GSPOx2's own training seconds."""
+    """Per seed: training seconds for HACPO to reach GSPOx2's final accuracy, and GSPOx2's own training seconds;
+    the time ratio only over seeds whose two runs were both quiet (a run without the record, round 2's, counts)."""
     per_seed = {}
     for s in sorted(mine.keys() & x2.keys()):
         target = x2[s]["final_accuracy"]
         per_seed[s] = {
             "hacpo_seconds": time_to_accuracy(mine[s], target),
             "gspo_x2_seconds": robust_seconds(x2[s])[-1][1],
+            "quiet": mine[s].get("quiet") is not False and x2[s].get("quiet") is not False,
         }
         # the same question in rollouts generated (deterministic per machine, unlike wall time): HACPO's rollouts
         # until the first evaluation at or above the target, over all of GSPOx2's
@@ -593,12 +633,13 @@ def _time_to_accuracy(mine: dict, x2: dict) -> dict:
             per_step = mine[s]["rollouts_generated"] / mine[s]["curve"][-1][0]
             per_seed[s]["rollout_ratio"] = step * per_step / x2[s]["rollouts_generated"]
     reached = [v for v in per_seed.values() if v["hacpo_seconds"] is not None]
-    ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0]
+    ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0 and v["quiet"]]
     median = statistics.median(ratios) if ratios else None
     rollouts = [v["rollout_ratio"] for v in per_seed.values() if "rollout_ratio" in v]
     return {
         "per_seed": per_seed,
         "reached": len(reached),
+        "timed": len(ratios),
         "ratio_median": median,
         "rollout_ratio_median": statistics.median(rollouts) if rollouts else None,
     }
@@ -732,12 +773,12 @@ def _markdown(result: dict) -> str:
             if data["time_to_accuracy"]:
                 lines += [
                     "",
-                    "| time to GSPOx2's final accuracy | seeds reaching it | median time ratio vs GSPOx2 "
+                    "| time to GSPOx2's final accuracy | seeds reaching it | median time ratio vs GSPOx2 (quiet seeds) "
                     "| median rollout ratio vs GSPOx2 | step reached, per seed |",
                     "|---|---|---|---|---|",
                 ]
                 for method, t in data["time_to_accuracy"].items():
-                    ratio = "-" if t["ratio_median"] is None else f"{t['ratio_median']:.2f}"
+                    ratio = "-" if t["ratio_median"] is None else f"{t['ratio_median']:.2f} ({t['timed']})"
                     rollouts = "-" if t["rollout_ratio_median"] is None else f"{t['rollout_ratio_median']:.2f}"
                     steps = ", ".join(
                         "-" if v["hacpo_step"] is None else str(v["hacpo_step"]) for v in t["per_seed"].values()

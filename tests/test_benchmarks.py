@@ -305,10 +305,32 @@ def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
     never = {**x2, "final_accuracy": 0.9}
     result = bench._time_to_accuracy({0: mine, 1: mine}, {0: x2, 1: never})
     assert result["per_seed"][0] == {
-        "hacpo_seconds": 40.0, "gspo_x2_seconds": 80.0, "hacpo_step": 25, "rollout_ratio": 0.25
+        "hacpo_seconds": 40.0, "gspo_x2_seconds": 80.0, "quiet": True, "hacpo_step": 25, "rollout_ratio": 0.25
     }  # fmt: skip
     assert result["per_seed"][1]["hacpo_step"] is None and "rollout_ratio" not in result["per_seed"][1]
     assert result["reached"] == 1 and result["ratio_median"] == 0.5 and result["rollout_ratio_median"] == 0.25
+    # round 3: a seed whose GSPOx2 run shared the machine keeps its rollouts but gives no time ratio
+    busy = bench._time_to_accuracy({0: mine, 1: mine}, {0: {**x2, "quiet": False}, 1: x2})
+    assert busy["per_seed"][0]["quiet"] is False and busy["per_seed"][0]["rollout_ratio"] == 0.25
+    assert busy["reached"] == 2 and busy["timed"] == 1 and busy["rollout_ratio_median"] == 0.25
+
+
+def test_a_run_that_shares_the_machine_is_not_quiet():
+    """`Load` counts the run's own CPU time (all threads) and what the rest of the machine used meanwhile: a second
+    process spinning for the whole run makes it not quiet; the run's own work is its machine time."""
+    import subprocess
+    import sys
+
+    bench = _load_evidence()
+    if bench.machine_busy_seconds() is None:
+        pytest.skip("no /proc/stat")
+    load = bench.Load()
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.5: pass"])
+    spin.wait()
+    sum(i * i for i in range(300_000))  # a little work of the run's own
+    result = load.result()
+    assert result["quiet"] is False and result["others_cpu_seconds"] >= 1.0
+    assert 0.0 < result["machine_seconds"] < 1.0
 
 
 def test_late_fall_from_the_best_evaluation_by_hand():
