@@ -167,16 +167,43 @@ def machine_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds of a process and all its live descendants (the trainer's scoring worker is a process of its
+    own), each with its waited-for children's (/proc/<pid>/stat: utime, stime, cutime, cstime); this process's
+    own process time where there is no /proc."""
+    pid = os.getpid() if pid is None else pid
+    tick = os.sysconf("SC_CLK_TCK")
+    times, parents = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue  # a process that ended meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+        times[int(stat.parent.name)] = sum(int(v) for v in fields[11:15]) / tick
+    if pid not in times:
+        return time.process_time()
+    tree, grown = {pid}, True
+    while grown:
+        grown = False
+        for child, parent in parents.items():
+            if parent in tree and child not in tree:
+                tree.add(child)
+                grown = True
+    return sum(times[member] for member in tree)
+
+
 class Load:
     """The CPU time one run used and the time the rest of the machine used meanwhile: `machine_seconds` (the run's
-    process time, all threads: what the run costs whatever else runs) and `quiet` (QUIET_SHARE)."""
+    process tree, all threads, its scoring worker included: what the run costs whatever else runs) and `quiet`
+    (QUIET_SHARE)."""
 
     def __init__(self):
-        self.wall, self.process, self.busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
+        self.wall, self.process, self.busy = time.perf_counter(), tree_cpu_seconds(), machine_busy_seconds()
 
     def result(self) -> dict:
         wall = time.perf_counter() - self.wall
-        process = time.process_time() - self.process
+        process = tree_cpu_seconds() - self.process
         busy = machine_busy_seconds()
         if busy is None or self.busy is None:
             return {"machine_seconds": process, "others_cpu_seconds": None, "quiet": None}
