@@ -4,7 +4,7 @@
 # 15 minutes of device time fits about 11 minutes of them (a fresh machine compiles everything once): pick parts
 # and their time limits with GPU_CHECK (NAME=SECONDS ..., in the order given); GPU_CHECK_PROFILE=1 profiles the
 # Qwen3 sampling part, GPU_CHECK_KERNEL (JSON) names the decode kernel's launch, GPU_CHECK_PAPER_MARGIN sets the
-# paper step's rollout.kv_cache_margin. The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
+# paper step's rollout.kv_cache_margin, GPU_CHECK_LONG_MODES the long part's modes (default: no-stop varied varied-calls). The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
 # `GPU_CHECK_PROFILE=1 GPU_CHECK="tests=60 kernel=60 qwen=140 paper=320"`, then on a fresh machine
 # `GPU_CHECK_KERNEL=... GPU_CHECK="qwen=105 paper=320"`.
 #
@@ -60,7 +60,7 @@ for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-
     llama) part llama "$limit" --only sampling --shapes llama-3.2-1b --backends static+graphs --modes varied no-stop ;;
     llama-hf) part llama-hf "$limit" --only sampling --shapes llama-3.2-1b --backends hf --modes varied ;;
     parity) part parity "$limit" --only parity ;;
-    long) part long "$limit" --only long --shapes qwen3-0.6b ;;
+    long) part long "$limit" --only long --shapes qwen3-0.6b ${GPU_CHECK_LONG_MODES:+--long-modes $GPU_CHECK_LONG_MODES} ;;
     paper) part paper "$limit" --only paper --shapes qwen3-4b ${GPU_CHECK_PAPER_MARGIN:+--paper-margin "$GPU_CHECK_PAPER_MARGIN"} ;;
     logprobs) part logprobs "$limit" --only logprobs ;;
     step) part step "$limit" --only step --step-new "${GPU_CHECK_STEP_NEW:-512}" ;;

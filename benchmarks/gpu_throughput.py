@@ -482,42 +482,71 @@ def _time_ms(fn, device: str, warm: int = 3, timed: int = 20) -> float:
     return begin.elapsed_time(end) / timed
 
 
-def long_rollout(directory: Path, device: str, dtype: str, rows: int, new: int) -> dict:
-    """`rows` responses of `new` tokens each (no stop: random weights) with `rollout.batch_size: auto`: the static
-    sampler (CUDA graphs on a GPU) decides the rows per call from the free memory; `warm_up` compiles and captures
-    first (timed apart), then every row in as many calls as auto chose. Tokens per second over those calls, the
-    seconds of each, the peak memory against the card's, and the HBM roofline at the rows per call."""
+LONG_MODES = ("no-stop", "varied", "varied-calls")
+"""The long part's modes: `no-stop` and `varied` as in MODES, every row in one `sample` call (the slots that
+`batch_size: auto` chose stay busy: a row that ends frees its slot for a waiting one); `varied-calls` the same
+varied rows in consecutive calls of that many rows (each call runs until its longest row ends: how the static
+sampler worked before continuous batching, and what a sampler without it does)."""
+
+
+def long_rollout(
+    directory: Path,
+    device: str,
+    dtype: str,
+    rows: int,
+    new: int,
+    modes: tuple[str, ...] = LONG_MODES,
+    slots: int | None = None,
+    on_result=None,
+) -> dict:
+    """`rows` responses of up to `new` tokens with `rollout.batch_size: auto` (or `slots` rows at a time): the
+    static sampler (CUDA graphs on a GPU) decides the rows decoded together from the free memory; `warm_up`
+    compiles and captures first (timed apart). Per mode (LONG_MODES): tokens per second, how busy the slots were
+    (tokens kept from decode steps / slot-steps computed; each row's first token comes from its prefill), compilations and CUDA-graph skips, the peak memory against the card's;
+    `on_result` after each mode (a run cut by its time limit keeps the modes it finished)."""
     graphs = device == "cuda"
     agent = _agent(directory, device, dtype, new, "static", graphs)
-    agent.stop_ids = [-1]
     sampler = agent.sampler
     prompts = _prompts(agent, rows)
-    per_call = sampler.rows_per_call(prompts)
+    per_call = slots or sampler.rows_per_call(prompts)
     before = _compile_stats()
     warm_up = sampler.warm_up(per_call)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    calls = []
-    for first in range(0, rows, per_call):
-        torch.manual_seed(first)
-        start = time.perf_counter()
-        samples = sampler.sample(prompts[first : first + per_call], 1, batch_size="auto")
-        _sync(device)
-        calls.append({"rows": len(samples), "seconds": time.perf_counter() - start,
-                      "tokens": sum(len(s.response_ids) for s in samples)})  # fmt: skip
-    after = _compile_stats()
-    seconds, tokens = sum(c["seconds"] for c in calls), sum(c["tokens"] for c in calls)
     out = {
         "rows": rows, "new_tokens": new, "rows_per_call": per_call, "pool_rows": sampler.pool.rows,
-        "pool_gib": sampler.pool.bytes / 2**30, "warm_up_s": warm_up, "calls": calls, "seconds": seconds,
-        "tokens": tokens, "tokens_per_second": tokens / seconds,
-        "compiled_graphs": after.get("compiled_graphs", 0) - before.get("compiled_graphs", 0),
-        "cudagraph_skips": after.get("cudagraph_skips", 0) - before.get("cudagraph_skips", 0),
+        "pool_gib": sampler.pool.bytes / 2**30, "warm_up_s": warm_up,
+        "warm_up_compiled_graphs": _compile_stats().get("compiled_graphs", 0) - before.get("compiled_graphs", 0),
         "roofline": roofline(directory, device, dtype, per_call, new, 64),
     }  # fmt: skip
     if device == "cuda":
-        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["card_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    for mode in modes:
+        agent.stop_ids = [-1] if mode == "no-stop" else stop_set(agent.model.config.vocab_size, new)
+        calls = [prompts] if mode != "varied-calls" else [prompts[i : i + per_call] for i in range(0, rows, per_call)]
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        before, stats = _compile_stats(), dict(sampler.stats)
+        torch.manual_seed(1)
+        start = time.perf_counter()
+        lengths = []
+        for batch in calls:
+            lengths += [len(s.response_ids) for s in sampler.sample(batch, 1, batch_size=per_call)]
+        _sync(device)
+        seconds = time.perf_counter() - start
+        after = _compile_stats()
+        done = {k: sampler.stats[k] - stats[k] for k in stats}
+        lengths.sort()
+        out[mode] = {
+            "calls": len(calls), "seconds": seconds, "tokens": sum(lengths),
+            "tokens_per_second": sum(lengths) / seconds, "decode_steps": done["decode_steps"],
+            "slot_use": (done["tokens"] - rows) / max(done["slot_steps"], 1), "refills": done["refills"],
+            "lengths": {"mean": sum(lengths) / len(lengths), "p50": lengths[len(lengths) // 2],
+                        "p90": lengths[(9 * len(lengths)) // 10], "max": lengths[-1]},
+            "compiled_graphs": after.get("compiled_graphs", 0) - before.get("compiled_graphs", 0),
+            "cudagraph_skips": after.get("cudagraph_skips", 0) - before.get("cudagraph_skips", 0),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
+        }  # fmt: skip
+        if on_result is not None:
+            on_result(out)
     return out
 
 
@@ -634,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-backends", nargs="+", default=["static", "hf"], help="the HACPO step's samplers")
     parser.add_argument("--long", nargs=2, type=int, default=[256, 4096], metavar=("ROWS", "NEW"),
                         help="long: rows and new tokens (rows per call: auto)")  # fmt: skip
+    parser.add_argument("--long-modes", nargs="+", choices=LONG_MODES, default=list(LONG_MODES),
+                        help="long: which modes (LONG_MODES)")  # fmt: skip
     parser.add_argument("--paper", nargs=2, type=int, default=[8, 4096], metavar=("PROMPTS", "NEW"),
                         help="paper: prompts (x 8 samples) and new tokens of the Qwen3-4B-shape step")  # fmt: skip
     parser.add_argument("--paper-margin", type=float, help="paper: rollout.kv_cache_margin (default: the config's)")
@@ -717,9 +748,13 @@ def main(argv: list[str] | None = None) -> int:
                 result["step"][b] = hacpo_step(list(dirs.values()), device, dtype, step_new, step_prompts, b, work)
                 save()
         if "long" in args.only:
-            long_rows, long_new = (8, 24) if device == "cpu" else args.long
-            result["long"] = long_rollout(dirs[names[0]], device, dtype, long_rows, long_new)
-            save()
+            long_rows, long_new, slots = (12, 96, 4) if device == "cpu" else (*args.long, None)
+
+            def keep(partial: dict) -> None:
+                result["long"] = partial
+                save()
+
+            long_rollout(dirs[names[0]], device, dtype, long_rows, long_new, tuple(args.long_modes), slots, keep)
         if "paper" in args.only:
             paper_prompts, paper_new = (2, 16) if device == "cpu" else args.paper
             paper_dir = build_agent("qwen3-4b", shapes["qwen3-4b"], models, getattr(torch, dtype), build_device)
@@ -885,14 +920,24 @@ def _markdown_long(g: dict | None) -> list[str]:
     if not g:
         return []
     roof = g.get("roofline")
-    peak = f"{g['peak_gib']:.1f} of {g['card_gib']:.1f} GiB" if "peak_gib" in g else "-"
-    return [f"## Long responses: {g['rows']} x {g['new_tokens']} new tokens, `batch_size: auto`", "",
-            "| rows per call (auto) | pool GiB | warm-up s | calls | seconds | tokens/s | roofline tokens/s "
-            "| compiled / CUDA-graph skips | peak |", "|---|---|---|---|---|---|---|---|---|",
-            f"| {g['rows_per_call']} | {g['pool_gib']:.1f} | {g['warm_up_s']:.1f} | {len(g['calls'])} | "
-            f"{g['seconds']:.1f} | {g['tokens_per_second']:,.0f} | "
-            f"{'-' if not roof else format(roof['tokens_per_second'], ',.0f')} | "
-            f"{g['compiled_graphs']} / {g['cudagraph_skips']} | {peak} |", ""]  # fmt: skip
+    roof = "-" if not roof else format(roof["tokens_per_second"], ",.0f")
+    lines = [f"## Long responses: {g['rows']} x up to {g['new_tokens']} new tokens, `batch_size: auto`", "",
+             f"{g['rows_per_call']} rows decoded together (auto), pool {g['pool_gib']:.1f} GiB, warm-up "
+             f"{g['warm_up_s']:.1f} s ({g.get('warm_up_compiled_graphs', '-')} compiled), HBM roofline at that many "
+             f"rows with every row at the limit: {roof} tokens/s. `varied-calls`: the same varied rows in "
+             "consecutive calls (each runs to its longest row: no continuous batching).", "",
+             "| mode | calls | tokens | mean / p90 / max length | seconds | tokens/s | slot use | refills "
+             "| compiled / CUDA-graph skips | peak |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for mode in LONG_MODES:
+        m = g.get(mode)
+        if not m:
+            continue
+        n = m["lengths"]
+        peak = f"{m['peak_gib']:.1f} of {g['card_gib']:.1f} GiB" if m.get("peak_gib") is not None else "-"
+        lines.append(f"| {mode} | {m['calls']} | {m['tokens']:,} | {n['mean']:.0f} / {n['p90']} / {n['max']} | "
+                     f"{m['seconds']:.1f} | {m['tokens_per_second']:,.0f} | {100 * m['slot_use']:.0f} % | "
+                     f"{m['refills']} | {m['compiled_graphs']} / {m['cudagraph_skips']} | {peak} |")  # fmt: skip
+    return lines + [""]
 
 
 def _markdown_paper(p: dict | None) -> list[str]:

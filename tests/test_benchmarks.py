@@ -90,13 +90,13 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     assert [r["ok"] for r in result["logprobs"]["runs"]] == [True, True, True]
     assert result["step"]["static"]["time/step"] > 0 and result["step"]["hf"]["time/step"] > 0
     assert len(result["kernel"]["cases"]) == 4 and all("ms" in c["runs"][0] for c in result["kernel"]["cases"])
-    long = result["long"]  # 12 rows in 4 slots after a warm-up: no-stop, varied, varied in consecutive calls
+    long = result["long"]  # 12 rows of up to 96 tokens in 4 slots after a warm-up: no-stop, varied, in 3 calls
     assert long["rows_per_call"] == 4 and long["warm_up_s"] > 0
-    assert long["no-stop"]["tokens"] == 12 * 24 and long["no-stop"]["slot_use"] == 1.0
+    assert long["no-stop"]["tokens"] == 12 * 96 and long["no-stop"]["slot_use"] == 1.0
     varied, calls = long["varied"], long["varied-calls"]
-    assert varied["tokens"] < 12 * 24 and calls["tokens"] < 12 * 24  # rows end at different lengths
+    assert varied["tokens"] < 12 * 96 and calls["tokens"] < 12 * 96  # rows end at different lengths
     assert (varied["calls"], calls["calls"]) == (1, 3) and varied["refills"] > 0 and calls["refills"] == 0
-    assert varied["slot_use"] > calls["slot_use"]  # (sampled rows: the two modes draw different responses)
+    assert 0 < varied["slot_use"] <= 1 and 0 < calls["slot_use"] <= 1  # (which is busier: test_samplers, greedy)
     paper = result["paper"]  # one agent through the trainer, and the plan's prediction beside it
     assert paper["rows"] == 16 and paper["response_tokens"] == 16 * 16 and paper["time/update"] > 0
     assert paper["plan"]["rows_per_call"] == 64 and paper["update_tokens"] > paper["response_tokens"]

@@ -191,7 +191,9 @@ class RolloutConfig:
     """Sampler: `hf` (transformers' generate, the CPU default) or `static` (preallocated KV cache, fixed-shape
     decode step, sampling on the device, finished rows dropped; the fast path on a GPU)."""
     batch_size: int | str | None = field(default=None, metadata=NOT_EXACT)
-    """Rows per generation call. `auto`: the `static` sampler sizes its KV pool to the device (on a GPU: the rows,
+    """Rows decoded together: `hf`, rows per generate call; `static`, slots of its KV pool (every row of a rollout
+    goes in one call, and a row that ends frees its slot for a waiting one). `auto`: the `static` sampler sizes its
+    KV pool to the device (on a GPU: the rows,
     a power of two, whose pool fits in the free memory after the model, its optimizer state and gradients, and
     `kv_cache_margin` of the card; `hacrl.samplers.static.auto_rows`), 64 elsewhere. None (default):
     `auto` with the `static` sampler, `trainer.logprob_batch_size` with `hf`."""

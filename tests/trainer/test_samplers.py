@@ -61,6 +61,52 @@ def test_static_greedy_equals_hf_generate_token_for_token(name, sync_every, live
     assert len(lengths) > 2 and any(s.finished for s in reference) and any(not s.finished for s in reference)
 
 
+@pytest.mark.parametrize(("name", "sync_every"), [("llama", 1), ("qwen", 3), ("qwen3", 2)])
+def test_waiting_rows_take_the_slots_that_ended_rows_free(name, sync_every, lively):
+    """Continuous batching: 20 rows that stop at different steps in 4 slots. Greedy outputs equal `hf`'s token
+    for token (a row decodes the same whichever slot it lands in, whatever ran there before); waiting rows were
+    prefilled into freed slots; and the slots computed fewer steps than the same rows in consecutive calls of 4,
+    where a call runs until its longest row ends."""
+    from hacrl.samplers.base import Sampler
+
+    agent = _agent(lively[name])
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS] * 2
+    reference = _stopping_at_different_steps(agent, prompts)
+    assert len({len(s.response_ids) for s in reference}) >= 3
+    refill = StaticSampler(agent, sync_every=sync_every)
+    out = refill.sample(prompts, 1, greedy=True, batch_size=4)
+    assert [(s.response_ids, s.finished) for s in out] == [(s.response_ids, s.finished) for s in reference]
+    chunked = StaticSampler(agent, sync_every=sync_every)
+    model = agent.model
+    model.eval()
+    with torch.no_grad():
+        calls = Sampler.sample_rows(chunked, prompts, 4, True, 1.0)  # the consecutive calls of 4 rows
+    assert [s.response_ids for s in calls] == [s.response_ids for s in reference]
+    assert refill.stats["refills"] >= 4 and chunked.stats["refills"] == 0
+    assert refill.stats["tokens"] == chunked.stats["tokens"] == sum(len(s.response_ids) for s in reference)
+    assert refill.stats["slot_steps"] < chunked.stats["slot_steps"]
+    assert refill.pool.rows == 4  # the slots, not the rows
+
+
+def test_rows_of_one_token_and_a_first_token_that_stops_end_in_their_slot(lively):
+    """Edge cases of a start in a freed slot: with max_new_tokens 1 every row ends at its first token (no decode
+    step is wasted waiting for a sync), and a row whose first token is a stop token ends there with length 1."""
+    agent = _agent(lively["qwen"], max_new_tokens=1)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=len(prompts))
+    sampler = StaticSampler(agent, sync_every=8)
+    out = sampler.sample(prompts, 1, greedy=True, batch_size=3)
+    assert [s.response_ids for s in out] == [s.response_ids for s in reference]
+    assert sampler.stats["decode_steps"] == 0 and sampler.stats["refills"] >= 3
+    agent = _agent(lively["qwen"], max_new_tokens=6)
+    firsts = [s.response_ids[0] for s in agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)]
+    agent.stop_ids = sorted({agent.eos_id, firsts[5]})  # row 5 (and any row that starts like it) stops at once
+    reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=len(prompts))
+    out = StaticSampler(agent, sync_every=2).sample(prompts, 1, greedy=True, batch_size=2)
+    assert [(s.response_ids, s.finished) for s in out] == [(s.response_ids, s.finished) for s in reference]
+    assert out[5].response_ids == [firsts[5]] and out[5].finished
+
+
 def _stopping_at_different_steps(agent, prompts, *, rows: int = 2):
     """Extra stop tokens taken from the greedy outputs of the first `rows` rows, so rows stop at different steps
     (and the static sampler compacts its batch) while others run to the limit; the `hf` reference outputs under
@@ -82,10 +128,11 @@ def _compile_counts():
 )
 def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, backend, lively, monkeypatch):
     """The decode step compiled as the GPU compiles it (`inductor`; `eager` traces the same graph without code
-    generation): calls whose rows stop at different steps, with different row counts, greedy and sampled, run on
-    ONE compilation (torch's own counters: one graph, no recompile, no graph break), the batch really compacts
-    (the step sees several row counts), and the greedy outputs equal `hf`'s token for token. (torch counts no
-    recompilations as such: each one is another unique graph.)"""
+    generation): calls whose rows stop at different steps, with different row counts, greedy and sampled, and
+    with more rows than slots (waiting rows prefilled into freed slots), run on ONE compilation (torch's own
+    counters: one graph, no recompile, no graph break), the batch really compacts (the step sees several row
+    counts), and the greedy outputs equal `hf`'s token for token. (torch counts no recompilations as such: each
+    one is another unique graph.)"""
     agent = _agent(lively[name], max_new_tokens=24)
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS] * 2
     reference = _stopping_at_different_steps(agent, prompts, rows=6)
@@ -104,6 +151,9 @@ def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, ba
     assert len({len(s.response_ids) for s in sampled}) > 3
     with_logp = sampler.sample(prompts, 1, batch_size=20, temperature=1.3, logprobs=True)  # another temperature
     assert all(len(s.logprobs) == len(s.response_ids) for s in with_logp)
+    refills = sampler.stats["refills"]
+    slots = sampler.sample(prompts, 1, greedy=True, batch_size=8)  # 20 rows in 8 slots: waiting rows start later
+    assert [s.response_ids for s in slots] == [s.response_ids for s in reference] and sampler.stats["refills"] > refills
     assert _compile_counts() == (graphs + 1, breaks)  # a recompilation would be a second graph
     assert {20, 17, 9} < set(row_counts)  # the call sizes, and compacted power-of-two buckets below them
     assert {c for c in row_counts if c < 9} <= {8, 4, 2}
@@ -481,14 +531,15 @@ def test_pending_update_bytes_count_gradients_and_adam_state_not_yet_allocated(l
 
 
 def test_auto_batch_size_on_the_cpu_is_64_rows_per_call(lively, monkeypatch):
+    """64 slots on the CPU: 100 rows decode in one call, 64 at a time (waiting rows take freed slots)."""
     agent = _agent(lively["qwen"], max_new_tokens=2, backend="static")
     calls = []
-    real = type(agent.sampler).sample_batch
-    monkeypatch.setattr(type(agent.sampler), "sample_batch", lambda self, rows, *a, **k: calls.append(len(rows))
-                        or real(self, rows, *a, **k))  # fmt: skip
+    real = type(agent.sampler)._decode
+    monkeypatch.setattr(type(agent.sampler), "_decode", lambda self, rows, *a, slots=None, **k: calls.append(
+        (len(rows), slots)) or real(self, rows, *a, slots=slots, **k))  # fmt: skip
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
     assert len(agent.sampler.sample(prompts, 10, batch_size="auto")) == 100
-    assert calls == [64, 36]
+    assert calls == [(100, 64)] and agent.sampler.pool.rows == 64
 
 
 def test_auto_rows_on_a_gpu_use_the_free_memory_the_model_config_and_the_margin(lively, monkeypatch):

@@ -109,14 +109,21 @@ class Sampler:
         rows = [p for p in prompts for _ in range(num_samples)]
         batch_size = self.rows_per_call(rows) if batch_size == "auto" else self.cap_rows(batch_size)
         temperature = temperature or self.agent.temperature
-        samples: list[Sample] = []
         try:
             with torch.no_grad():
-                for start in range(0, len(rows), batch_size):
-                    batch = rows[start : start + batch_size]
-                    samples.extend(self.sample_batch(batch, greedy, temperature, logprobs=logprobs))
+                samples = self.sample_rows(rows, batch_size, greedy, temperature, logprobs=logprobs)
         finally:
             model.train(was_training)
+        return samples
+
+    def sample_rows(
+        self, rows: list[list[int]], batch_size: int, greedy: bool, temperature: float, *, logprobs: bool = False
+    ) -> list[Sample]:
+        """One response per row, `batch_size` rows decoded together: here consecutive calls of `sample_batch` (the
+        static sampler instead keeps `batch_size` slots busy, starting a waiting row in each slot a row frees)."""
+        samples: list[Sample] = []
+        for start in range(0, len(rows), batch_size):
+            samples.extend(self.sample_batch(rows[start : start + batch_size], greedy, temperature, logprobs=logprobs))
         return samples
 
     def sample_batch(

@@ -1,6 +1,6 @@
 """`rollout.backend: static`: fixed-address decoding into a preallocated KV pool, built for CUDA graphs.
 
-One call decodes a batch of rows for up to N = `max_new_tokens` steps:
+One call decodes its rows, up to N = `max_new_tokens` tokens each:
 
 1. The pool: per layer, keys and values of shape (R rows, key/value heads, L positions, head dim), allocated once
    per sampler (R: the most rows a call has asked for, a power of two; L: the agent's prompt limit + N) and only
@@ -15,9 +15,14 @@ One call decodes a batch of rows for up to N = `max_new_tokens` steps:
    filled blocks, plain torch elsewhere). Positions and lengths are device tensors, so nothing in the step changes
    as rows grow. The next token is drawn on the device (greedy: argmax; else temperature, top-p and an
    exponential race); a row that produced a stop token feeds padding from then on. No host sync per token.
-4. Every `sync_every` steps the host reads how many rows still run: none, the batch stops; at most half, the
-   running rows are copied *within the pool* to its first rows (a power-of-two bucket, at least 2), in place: the
-   pool keeps its addresses, the next steps run on fewer rows.
+4. Continuous batching: a call takes all its rows but decodes at most `rollout.batch_size` of them together (the
+   slots: pool rows). Every `sync_every` steps the host reads how many slots still run. While rows wait, those
+   whose row has ended (a stop token or the length limit) take waiting rows: the prompts are prefilled straight
+   into those pool rows and decode on from the next step, so a row that ends early frees its slot instead of
+   leaving it idle until the batch's longest row ends (starts come in groups of at least 1 / REFILL_SHARE of
+   the slots, each one prefill). Once none waits: no slot runs, the call ends; at most half run, the running rows
+   are copied *within the pool* to its first rows (a power-of-two bucket, at least 2), in place: the pool keeps
+   its addresses, the next steps run on fewer rows.
 5. `cuda_graphs=True` compiles the decode step once with a dynamic row dimension (`mark_dynamic`, 2 .. R) and
    `mode="reduce-overhead"`, which captures one CUDA graph per row count it meets (a bucket): capturing is cheap,
    compiling is not, so a call whose rows stop at different steps adds graphs, never compilations. The pool's
@@ -51,6 +56,9 @@ MIN_ROWS = 2
 """The smallest row bucket: torch specialises a dimension of size 1, which would cost a compilation."""
 PREFILL_TOKENS = 16384
 """Prompt tokens per prefill forward (rows x padded width): bounds the prefill's activations."""
+REFILL_SHARE = 4
+"""Waiting rows start in freed slots once at least 1 / REFILL_SHARE of the slots are free (or all that wait fit):
+each start is one prefill forward outside the captured step, so they come in groups, not one row per sync."""
 
 
 def pending_update_bytes(model, optimizer) -> int:
@@ -116,14 +124,15 @@ class KVPool:
         values[rows, :, position] = value[:, :, 0]
         return keys[:batch], values[:batch]
 
-    def load_prompt(self, layer: int, first: int, keys: Tensor, values: Tensor, pads: Tensor) -> None:
-        """Rows `first ..` of the pool from a left-padded prefill cache (B, Hkv, P, D): row b's prompt starts at
-        column pads[b] there and at position 0 here."""
+    def load_prompt(self, layer: int, slots: Tensor, keys: Tensor, values: Tensor, pads: Tensor) -> None:
+        """Pool rows `slots` from a left-padded prefill cache (B, Hkv, P, D): row b's prompt starts at column pads[b]
+        there and at position 0 in pool row slots[b] (what that row held before is never read again: a decode step
+        reads positions up to the one it has just written)."""
         batch, heads, width, dim = keys.shape
         index = (torch.arange(width, device=keys.device)[None, :] + pads[:, None]).clamp(max=width - 1)
         index = index[:, None, :, None].expand(batch, heads, width, dim)
-        self.keys[layer][first : first + batch, :, :width] = keys.gather(2, index)
-        self.values[layer][first : first + batch, :, :width] = values.gather(2, index)
+        self.keys[layer][slots, :, :width] = keys.gather(2, index)
+        self.values[layer][slots, :, :width] = values.gather(2, index)
 
     def keep_rows(self, keep: Tensor, filled: int) -> None:
         """Rows `keep` (in that order) become rows 0 .. len(keep) - 1, positions below `filled`; in place."""
@@ -218,6 +227,10 @@ class StaticSampler(Sampler):
         self.cuda_graphs = cuda_graphs
         self.pool: KVPool | None = None
         self._auto_rows: int | None = None
+        self.stats = {"decode_steps": 0, "slot_steps": 0, "tokens": 0, "refills": 0}
+        """Since the sampler was made: decode steps run, slots they computed (their rows summed), tokens kept
+        (responses' lengths; each row's first comes from its prefill, the rest from decode steps, so (tokens - rows)
+        / slot_steps is how busy the slots were) and prefills of waiting rows."""
         use_static_decode(agent.model)
         self._step = _decode_step
         self.compiled = cuda_graphs or compile_backend is not None
@@ -231,8 +244,15 @@ class StaticSampler(Sampler):
     def sample_batch(
         self, rows: list[list[int]], greedy: bool, temperature: float, *, logprobs: bool = False
     ) -> list[Sample]:
+        return self.sample_rows(rows, len(rows), greedy, temperature, logprobs=logprobs)
+
+    def sample_rows(
+        self, rows: list[list[int]], batch_size: int, greedy: bool, temperature: float, *, logprobs: bool = False
+    ) -> list[Sample]:
+        """All rows in one decode with `batch_size` slots: a row that stops frees its slot for a waiting row
+        (continuous batching), so rows that end early never leave the batch running short while others wait."""
         padded = rows if len(rows) >= MIN_ROWS else rows + [rows[0]] * (MIN_ROWS - len(rows))
-        tokens, lengths, finished, token_logp = self._decode(padded, greedy, temperature, logprobs)
+        tokens, lengths, finished, token_logp = self._decode(padded, greedy, temperature, logprobs, slots=batch_size)
         decode = self.agent.decode
         return [
             Sample(prompt_ids, row[:length], decode(row[:length]), done, lp[:length] if logprobs else None)
@@ -288,8 +308,8 @@ class StaticSampler(Sampler):
             self.pool = KVPool(agent.model.config, rows, length, agent.device, dtype)
         return self.pool
 
-    def _prefill(self, pool: KVPool, rows: list[list[int]]) -> Tensor:
-        """The prompts into rows 0 .. len(rows) - 1 of the pool; the logits of each prompt's last token."""
+    def _prefill(self, pool: KVPool, rows: list[list[int]], slots: Tensor) -> Tensor:
+        """The prompts into pool rows `slots` (row i into slots[i]); the logits of each prompt's last token."""
         from transformers import DynamicCache
 
         agent, model = self.agent, self.agent.model
@@ -310,7 +330,7 @@ class StaticSampler(Sampler):
             )
             pads = width - mask.sum(-1)
             for layer, (keys, values) in enumerate(_layers(cache)):
-                pool.load_prompt(layer, first, keys, values, pads)
+                pool.load_prompt(layer, slots[first : first + len(part)], keys, values, pads)
             logits.append(out.logits[:, -1])
             del out, cache
         return torch.cat(logits)
@@ -345,38 +365,60 @@ class StaticSampler(Sampler):
         return time.perf_counter() - start
 
     def _decode(
-        self, rows: list[list[int]], greedy: bool, temperature: float, logprobs: bool = False, steps: int | None = None
+        self,
+        rows: list[list[int]],
+        greedy: bool,
+        temperature: float,
+        logprobs: bool = False,
+        steps: int | None = None,
+        slots: int | None = None,
     ):
+        """Every row's response: (tokens, lengths, finished, log-probs) per row. `slots` rows decode together (all
+        of them by default); the others wait, and at a sync a waiting row is prefilled into the pool row of a row
+        that has ended (at least a REFILL_SHARE-th of the slots at a time, or all that still wait), so the batch
+        keeps its size while rows wait; once none waits, it compacts as rows end."""
         agent = self.agent
         device, pad, steps = agent.device, agent.pad_id, steps or agent.max_new_tokens
-        batch, width = len(rows), max(len(r) for r in rows)
+        total = len(rows)
+        batch = max(MIN_ROWS, min(total, slots or total))
+        width = max(len(r) for r in rows)
         pool = self._pool(batch, width + steps)
-        position = torch.tensor([[len(r)] for r in rows], dtype=torch.long, device=device)  # next write, per row
         stops = torch.tensor(agent.stop_ids, device=device)
-        out = torch.full((batch, steps), pad, dtype=torch.long, device=device)
-        out_logp = torch.zeros((batch, steps), dtype=torch.float32, device=device) if logprobs else None
-        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
-        live = torch.arange(batch, device=device)  # the output row of each decoding row (rows get compacted)
+        # per row; column `steps` is where slots whose row has ended write (dropped)
+        out = torch.full((total, steps + 1), pad, dtype=torch.long, device=device)
+        out_logp = torch.zeros((total, steps + 1), dtype=torch.float32, device=device) if logprobs else None
+        lengths = torch.full((total,), steps, dtype=torch.long, device=device)
+        # per slot (a slot is a pool row; slots get compacted once no row waits)
+        live = torch.arange(batch, device=device)  # the row each slot decodes
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        column = torch.zeros(batch, dtype=torch.long, device=device)  # the index of the slot's next token
+        position = torch.tensor([[len(r)] for r in rows[:batch]], dtype=torch.long, device=device)  # next write
         draw_args = (
             torch.tensor(float(temperature), dtype=torch.float32, device=device),
             torch.tensor(bool(greedy), device=device),
         )
-        token, logp = draw(self._prefill(pool, rows), *draw_args, agent.top_p)  # the first token, from the prompt
-        for t in range(steps):
+        token, logp = draw(self._prefill(pool, rows[:batch], live), *draw_args, agent.top_p)  # first tokens
+        waiting = batch  # rows[waiting:] have no slot yet
+        deadline = steps - 1  # the iteration by which every row started so far has reached the length limit
+        share = max(1, batch // REFILL_SHARE)
+        it = 0
+        while True:
             token = torch.where(finished, torch.full_like(token, pad), token)
-            out[live, t] = token
+            at = torch.where(finished, torch.full_like(column, steps), column)
+            out[live, at] = token
             if out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
-                out_logp[live, t] = logp
+                out_logp[live, at] = logp
             stopped = torch.isin(token, stops) & ~finished
-            lengths[live] = torch.where(stopped, torch.full_like(token, t + 1), lengths[live])
-            finished = finished | stopped
-            if t == steps - 1:
+            lengths[live] = torch.where(stopped, column + 1, lengths[live])
+            finished = finished | stopped | (column == steps - 1)
+            column = column + 1
+            if it >= deadline and waiting == total:
                 break
-            if (t + 1) % self.sync_every == 0:
-                # the loop's only host sync, once per `sync_every` steps: rows still running, and a finite log-prob
-                # of every drawn token (NaN or +inf anywhere in a row's logits makes it NaN)
-                running, bad = torch.stack([(~finished).sum(), (~torch.isfinite(logp)).any()]).tolist()
+            if (it + 1) % self.sync_every == 0 or it >= deadline:
+                # the loop's only host sync, once per `sync_every` steps: slots still running, a finite log-prob of
+                # every drawn token (NaN or +inf anywhere in a row's logits makes it NaN), the furthest position
+                check = [(~finished).sum(), (~torch.isfinite(logp)).any().long(), position.max()]
+                running, bad, reach = torch.stack(check).tolist()
                 if bad:
                     from hacrl.errors import NonFiniteError
 
@@ -386,19 +428,46 @@ class StaticSampler(Sampler):
                         "instead of float16, and resume from the newest checkpoint (never written from non-finite "
                         "weights)"
                     )
-                if running == 0:
-                    break
-                size = max(MIN_ROWS, next_power_of_two(running))
-                if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with finished ones
-                    keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
-                    pool.keep_rows(keep, width + t + 1)
-                    live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
+                begin = min(finished.shape[0] - running, total - waiting)  # rows to start in freed slots
+                if begin and (begin >= share or begin == total - waiting):
+                    free = finished.nonzero()[:, 0][:begin]
+                    new = rows[waiting : waiting + begin]
+                    first, first_logp = draw(self._prefill(pool, new, free), *draw_args, agent.top_p)
+                    ids = torch.arange(waiting, waiting + begin, device=device)
+                    out[ids, 0] = first
+                    if out_logp is not None:
+                        out_logp[ids, 0] = first_logp
+                    ended = torch.isin(first, stops)
+                    lengths[ids] = torch.where(ended, torch.ones_like(first), torch.full_like(first, steps))
+                    starts = torch.tensor([[len(r)] for r in new], dtype=torch.long, device=device)
+                    token, logp = token.index_put((free,), first), logp.index_put((free,), first_logp)
+                    live, position = live.index_put((free,), ids), position.index_put((free,), starts)
+                    finished = finished.index_put((free,), ended | (steps == 1))
+                    column = column.index_put((free,), torch.ones_like(ids))
+                    waiting, running, deadline = waiting + begin, running + begin, it + steps - 1
+                    self.stats["refills"] += 1
+                if waiting == total:
+                    if running == 0:
+                        break
+                    size = max(MIN_ROWS, next_power_of_two(running))
+                    if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with finished ones
+                        keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
+                        pool.keep_rows(keep, max(reach, width) + 1)
+                        live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
+                        column = column[keep]
+            if steps == 1:  # every row's one token came from its prefill: no decode step, only the next starts
+                it += 1
+                continue
             token, logp = self._run_step(pool, token.unsqueeze(-1), position, draw_args)
-            position = position + 1
-        last = out[:, steps - 1]
-        done = (lengths < steps) | torch.isin(last, stops)
-        token_logp = out_logp.tolist() if out_logp is not None else [None] * batch
-        return out.tolist(), lengths.tolist(), done.tolist(), token_logp
+            self.stats["decode_steps"] += 1
+            self.stats["slot_steps"] += finished.shape[0]
+            position = position + (~finished).long().unsqueeze(-1)  # an ended row's slot stays where it stopped
+            it += 1
+        done = (lengths < steps) | torch.isin(out[:, steps - 1], stops)
+        lengths = lengths.tolist()
+        self.stats["tokens"] += sum(lengths)
+        token_logp = out_logp[:, :steps].tolist() if out_logp is not None else [None] * total
+        return out[:, :steps].tolist(), lengths, done.tolist(), token_logp
 
     def _run_step(self, pool: KVPool, token: Tensor, position: Tensor, draw_args) -> tuple[Tensor, Tensor]:
         if self.compiled:
