@@ -451,7 +451,8 @@ def aggregate(out: Path, command: str) -> dict:
     for run in runs:
         for agent, res in run["agents"].items():
             cell = cells.setdefault(run["bed"], {}).setdefault(agent, {}).setdefault(run["method"], {})
-            cell[run["seed"]] = {**res, "seconds": run["seconds"], "quiet": run.get("quiet")}
+            load = {k: run.get(k) for k in ("seconds", "quiet", "machine_seconds")}
+            cell[run["seed"]] = {**res, **load}
     result: dict = {"command": command, "runs": len(runs), "beds": {}}
     for bed, agents in cells.items():
         bed_out = result["beds"].setdefault(bed, {})
@@ -473,7 +474,10 @@ def aggregate(out: Path, command: str) -> dict:
                     "initial_mean": statistics.mean(initial),
                     "initial_sd": statistics.stdev(initial) if len(initial) > 1 else None,
                     "skills": skills,
-                    "seconds": statistics.mean(seeds[s]["seconds"] for s in seeds),
+                    # wall time from quiet runs only (a run without the record, round 2's, counts as quiet)
+                    "seconds": _mean([seeds[s]["seconds"] for s in seeds if seeds[s].get("quiet") is not False]),
+                    "quiet_seeds": sum(seeds[s].get("quiet") is not False for s in seeds),
+                    "machine_seconds": _mean([seeds[s].get("machine_seconds") for s in seeds]),
                     "rollouts_generated": statistics.mean(seeds[s]["rollouts_generated"] for s in seeds),
                     "sequences_trained": statistics.mean(seeds[s]["sequences_trained"] for s in seeds),
                     "diagnostics": {k: _mean([seeds[s]["diagnostics"].get(k) for s in seeds]) for k in DIAGNOSTICS},
@@ -778,8 +782,8 @@ def _markdown(result: dict) -> str:
                 "",
                 "| method | seeds | before | after (mean ± sd) | "
                 + " | ".join(f"`{k}` before -> after" for k in skills)
-                + " | rollouts | sequences | time (s) |",
-                "|---|---|---|---|" + "---|" * len(skills) + "---|---|---|",
+                + " | rollouts | sequences | time (s; quiet runs) | machine (CPU s) |",
+                "|---|---|---|---|" + "---|" * len(skills) + "---|---|---|---|",
             ]
             for method, r in rows.items():
                 sd = "-" if r["accuracy_sd"] is None else f"{r['accuracy_sd']:.1f}"
@@ -788,9 +792,13 @@ def _markdown(result: dict) -> str:
                     f"{r['skills'][k]['initial']:.1f} -> {r['skills'][k]['final']:.1f}" if k in r["skills"] else "-"
                     for k in skills
                 )
+                wall = "-" if r["seconds"] is None else f"{r['seconds']:.0f}"
+                if r["seconds"] is not None and r["quiet_seeds"] < len(r["seeds"]):
+                    wall += f" ({r['quiet_seeds']} of {len(r['seeds'])})"
+                cpu = "-" if r["machine_seconds"] is None else f"{r['machine_seconds']:.0f}"
                 lines.append(
                     f"| {method} | {len(r['seeds'])} | {r['initial_mean']:.1f}{isd} | {r['accuracy_mean']:.1f} ± {sd} "
-                    f"| {sk} | {r['rollouts_generated']:.0f} | {r['sequences_trained']:.0f} | {r['seconds']:.0f} |"
+                    f"| {sk} | {r['rollouts_generated']:.0f} | {r['sequences_trained']:.0f} | {wall} | {cpu} |"
                 )
             lines += ["", "| comparison | overall Δ [95 % CI] | " + " | ".join(f"`{k}` Δ" for k in skills) + " |"]
             lines.append("|---|---|" + "---|" * len(skills))

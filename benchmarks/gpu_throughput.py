@@ -502,8 +502,9 @@ def long_rollout(
     """`rows` responses of up to `new` tokens with `rollout.batch_size: auto` (or `slots` rows at a time): the
     static sampler (CUDA graphs on a GPU) decides the rows decoded together from the free memory; `warm_up`
     compiles and captures first (timed apart). Per mode (LONG_MODES): tokens per second, how busy the slots were
-    (tokens kept from decode steps / slot-steps computed; each row's first token comes from its prefill), compilations and CUDA-graph skips, the peak memory against the card's;
-    `on_result` after each mode (a run cut by its time limit keeps the modes it finished)."""
+    (tokens from decode steps / slot-steps computed; each row's first token comes from its prefill), compilations
+    and CUDA-graph skips, the peak memory against the card's; `on_result` after each mode (a run cut by its time
+    limit keeps the modes it finished)."""
     graphs = device == "cuda"
     agent = _agent(directory, device, dtype, new, "static", graphs)
     sampler = agent.sampler

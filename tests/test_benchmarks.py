@@ -321,24 +321,31 @@ def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
     assert busy["reached"] == 2 and busy["timed"] == 1 and busy["rollout_ratio_median"] == 0.25
 
 
-def test_a_run_that_shares_the_machine_is_not_quiet():
+def test_a_run_that_shares_the_machine_is_not_quiet(tmp_path):
     """`Load` counts the CPU time of the run's process tree (a worker process it starts is its own work) and what
     the rest of the machine used meanwhile: a process of someone else's spinning through the run makes it not
-    quiet."""
+    quiet. (Each spinner burns 1 s of CPU time, however loaded the machine is.)"""
+    import shlex
     import subprocess
     import sys
 
     bench = _load_evidence()
     if bench.machine_busy_seconds() is None:
         pytest.skip("no /proc/stat")
-    spin = f"{sys.executable} -c 'import time\nt = time.time()\nwhile time.time() - t < 1.2: pass'"
+    marker = tmp_path / "done"
+    code = f"import time, pathlib\nwhile time.process_time() < 1.0: pass\npathlib.Path({str(marker)!r}).touch()"
+    spin = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     load = bench.Load()
     subprocess.run(spin, shell=True, check=True)  # the run's own child (a scoring worker, say)
     own = load.result()
     assert own["machine_seconds"] >= 1.0
+    marker.unlink()
     load = bench.Load()
     subprocess.run(f"({spin}) > /dev/null 2>&1 &", shell=True, check=True)  # orphaned at once: not the run's
-    time.sleep(1.6)
+    for _ in range(600):
+        if marker.exists():
+            break
+        time.sleep(0.1)
     other = load.result()
     assert other["quiet"] is False and other["others_cpu_seconds"] >= 1.0 and other["machine_seconds"] < 0.5
 
@@ -391,6 +398,27 @@ def test_gpu_throughput_parts_merge_into_one_result(tmp_path):
     assert [b["backend"] for b in merged["sampling"]["m"]["backends"]] == ["static", "hf"]
     assert merged["sampling"]["m"]["roofline"] == roof and merged["command"] == "part 1; part 2"
     assert "| m | 4 x 8 | varied | hf |" in (tmp_path / "out" / "gpu.md").read_text()
+
+
+def test_gpu_check_runs_the_parts_it_is_given_and_refuses_unknown_ones(tmp_path):
+    """`benchmarks/gpu_check.sh` as the device tool runs it, on the CPU (its dry run): GPU_CHECK names the parts
+    and their limits, GPU_CHECK_LONG_MODES reaches the long part, the results land in $OUT; a part it does not know
+    stops it with the list of those it does."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK": "long=300", "GPU_CHECK_LONG_MODES": "varied",
+           "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"),  # this environment's packages, not a carried set
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    run = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    long = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())["long"]
+    assert "varied" in long and "no-stop" not in long and "varied-calls" not in long
+    assert "gpu_check: long exit 0" in run.stdout
+    env["GPU_CHECK"] = "sampling=5 long=300"  # stops at the first, unknown part
+    run = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 2 and "no part named sampling" in run.stdout
 
 
 def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):

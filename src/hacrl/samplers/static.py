@@ -384,15 +384,25 @@ class StaticSampler(Sampler):
         width = max(len(r) for r in rows)
         pool = self._pool(batch, width + steps)
         stops = torch.tensor(agent.stop_ids, device=device)
-        # per row; column `steps` is where slots whose row has ended write (dropped)
-        out = torch.full((total, steps + 1), pad, dtype=torch.long, device=device)
-        out_logp = torch.zeros((total, steps + 1), dtype=torch.float32, device=device) if logprobs else None
-        lengths = torch.full((total,), steps, dtype=torch.long, device=device)
-        # per slot (a slot is a pool row; slots get compacted once no row waits)
-        live = torch.arange(batch, device=device)  # the row each slot decodes
+        # per slot (a slot is a pool row; slots get compacted once no row waits): the row it decodes, its tokens so
+        # far (column `steps` takes what a slot writes after its row has ended, dropped), their log-probs, ...
+        live = torch.arange(batch, device=device)
+        out = torch.full((batch, steps + 1), pad, dtype=torch.long, device=device)
+        out_logp = torch.zeros((batch, steps + 1), dtype=torch.float32, device=device) if logprobs else None
+        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        column = torch.zeros(batch, dtype=torch.long, device=device)  # the index of the slot's next token
+        column = torch.zeros(batch, dtype=torch.long, device=device)  # the index of the row's next token
         position = torch.tensor([[len(r)] for r in rows[:batch]], dtype=torch.long, device=device)  # next write
+        results: dict[int, tuple] = {}  # row -> (tokens, length, finished, log-probs), read off ended slots
+
+        def harvest(index: Tensor) -> None:
+            """The rows of slots `index` to the host (at a sync: the loop waits for the device there anyway)."""
+            done = (lengths[index] < steps) | torch.isin(out[index, steps - 1], stops)
+            fields = [live[index].tolist(), out[index, :steps].tolist(), lengths[index].tolist(), done.tolist()]
+            fields.append(out_logp[index, :steps].tolist() if out_logp is not None else [None] * len(fields[0]))
+            for row, *result in zip(*fields, strict=True):
+                results[row] = tuple(result)
+
         draw_args = (
             torch.tensor(float(temperature), dtype=torch.float32, device=device),
             torch.tensor(bool(greedy), device=device),
@@ -404,12 +414,12 @@ class StaticSampler(Sampler):
         it = 0
         while True:
             token = torch.where(finished, torch.full_like(token, pad), token)
-            at = torch.where(finished, torch.full_like(column, steps), column)
-            out[live, at] = token
+            at = torch.where(finished, torch.full_like(column, steps), column)[:, None]
+            out.scatter_(1, at, token[:, None])
             if out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
-                out_logp[live, at] = logp
+                out_logp.scatter_(1, at, logp[:, None])
             stopped = torch.isin(token, stops) & ~finished
-            lengths[live] = torch.where(stopped, column + 1, lengths[live])
+            lengths = torch.where(stopped, column + 1, lengths)
             finished = finished | stopped | (column == steps - 1)
             column = column + 1
             if it >= deadline and waiting == total:
@@ -431,30 +441,37 @@ class StaticSampler(Sampler):
                 begin = min(finished.shape[0] - running, total - waiting)  # rows to start in freed slots
                 if begin and (begin >= share or begin == total - waiting):
                     free = finished.nonzero()[:, 0][:begin]
+                    harvest(free)
                     new = rows[waiting : waiting + begin]
                     first, first_logp = draw(self._prefill(pool, new, free), *draw_args, agent.top_p)
-                    ids = torch.arange(waiting, waiting + begin, device=device)
-                    out[ids, 0] = first
-                    if out_logp is not None:
-                        out_logp[ids, 0] = first_logp
-                    ended = torch.isin(first, stops)
-                    lengths[ids] = torch.where(ended, torch.ones_like(first), torch.full_like(first, steps))
+                    ended = torch.isin(first, stops) | (steps == 1)
                     starts = torch.tensor([[len(r)] for r in new], dtype=torch.long, device=device)
+                    live = live.index_put((free,), torch.arange(waiting, waiting + begin, device=device))
+                    fresh = torch.full((begin, steps + 1), pad, dtype=torch.long, device=device)
+                    fresh[:, 0] = first
+                    out[free] = fresh
+                    if out_logp is not None:
+                        fresh = torch.zeros((begin, steps + 1), dtype=torch.float32, device=device)
+                        fresh[:, 0] = first_logp
+                        out_logp[free] = fresh
+                    lengths = lengths.index_put((free,), torch.where(ended, 1, steps))
                     token, logp = token.index_put((free,), first), logp.index_put((free,), first_logp)
-                    live, position = live.index_put((free,), ids), position.index_put((free,), starts)
-                    finished = finished.index_put((free,), ended | (steps == 1))
-                    column = column.index_put((free,), torch.ones_like(ids))
+                    position = position.index_put((free,), starts)
+                    finished = finished.index_put((free,), ended)
+                    column = column.index_put((free,), torch.ones_like(free))
                     waiting, running, deadline = waiting + begin, running + begin, it + steps - 1
                     self.stats["refills"] += 1
                 if waiting == total:
                     if running == 0:
                         break
                     size = max(MIN_ROWS, next_power_of_two(running))
-                    if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with finished ones
+                    if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with ended ones
+                        harvest(finished.nonzero()[:, 0])  # the ended rows that the compaction may drop
                         keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
                         pool.keep_rows(keep, max(reach, width) + 1)
                         live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
-                        column = column[keep]
+                        column, lengths, out = column[keep], lengths[keep], out[keep]
+                        out_logp = out_logp[keep] if out_logp is not None else None
             if steps == 1:  # every row's one token came from its prefill: no decode step, only the next starts
                 it += 1
                 continue
@@ -463,11 +480,10 @@ class StaticSampler(Sampler):
             self.stats["slot_steps"] += finished.shape[0]
             position = position + (~finished).long().unsqueeze(-1)  # an ended row's slot stays where it stopped
             it += 1
-        done = (lengths < steps) | torch.isin(out[:, steps - 1], stops)
-        lengths = lengths.tolist()
+        harvest(torch.arange(finished.shape[0], device=device))
+        tokens, lengths, done, token_logp = (list(f) for f in zip(*(results[r] for r in range(total)), strict=True))
         self.stats["tokens"] += sum(lengths)
-        token_logp = out_logp[:, :steps].tolist() if out_logp is not None else [None] * total
-        return out[:, :steps].tolist(), lengths, done.tolist(), token_logp
+        return tokens, lengths, done, token_logp
 
     def _run_step(self, pool: KVPool, token: Tensor, position: Tensor, draw_args) -> tuple[Tensor, Tensor]:
         if self.compiled:
