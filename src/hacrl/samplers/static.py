@@ -56,9 +56,12 @@ MIN_ROWS = 2
 """The smallest row bucket: torch specialises a dimension of size 1, which would cost a compilation."""
 PREFILL_TOKENS = 16384
 """Prompt tokens per prefill forward (rows x padded width): bounds the prefill's activations."""
-REFILL_SHARE = 4
+REFILL_SHARE = 8
 """Waiting rows start in freed slots once at least 1 / REFILL_SHARE of the slots are free (or all that wait fit):
-each start is one prefill forward outside the captured step, so they come in groups, not one row per sync."""
+each start is one prefill forward outside the captured step (an eager pass: about the cost of a decode step or
+two), so starts come in groups. Groups of k of B slots cost each row ~k / 2 idle slot-steps waiting for the group to
+fill (rows end at ~B / mean-length per step) and ~B / k slot-steps of prefill: for B = 64 and 1,000-token answers,
+k = B / 8 costs under ~10 % of the slot-steps (short answers pay relatively more); to be tuned on a GPU."""
 
 
 def pending_update_bytes(model, optimizer) -> int:
