@@ -338,7 +338,7 @@ def test_a_run_that_shares_the_machine_is_not_quiet(tmp_path):
     load = bench.Load()
     subprocess.run(spin, shell=True, check=True)  # the run's own child (a scoring worker, say)
     own = load.result()
-    assert own["machine_seconds"] >= 1.0
+    assert own["machine_seconds"] >= 0.9  # (/proc counts in ticks of 10 ms)
     marker.unlink()
     load = bench.Load()
     subprocess.run(f"({spin}) > /dev/null 2>&1 &", shell=True, check=True)  # orphaned at once: not the run's
@@ -347,7 +347,7 @@ def test_a_run_that_shares_the_machine_is_not_quiet(tmp_path):
             break
         time.sleep(0.1)
     other = load.result()
-    assert other["quiet"] is False and other["others_cpu_seconds"] >= 1.0 and other["machine_seconds"] < 0.5
+    assert other["quiet"] is False and other["others_cpu_seconds"] >= 0.9 and other["machine_seconds"] < 0.5
 
 
 def test_late_fall_from_the_best_evaluation_by_hand():
