@@ -485,7 +485,10 @@ def aggregate(out: Path, command: str) -> dict:
             comparisons = {}
             for a, b in comparison_pairs(bed):
                 if a in by_method and b in by_method:
-                    comparisons[f"{a} - {b}"] = _compare(by_method[a], by_method[b])
+                    comparisons[f"{a} - {b}"] = {
+                        **_compare(by_method[a], by_method[b]),
+                        "time_to_accuracy": _time_to_accuracy(by_method[a], by_method[b]),
+                    }
             tta = {}
             if "gspo_x2" in by_method:
                 timed = [f"hacpo_{mode}" for mode in MODES]
@@ -645,35 +648,47 @@ def _compare(mine: dict, theirs: dict) -> dict:
     return {"overall": overall, "skills": skills}
 
 
-def _time_to_accuracy(mine: dict, x2: dict) -> dict:
-    """Per seed: training seconds for HACPO to reach GSPOx2's final accuracy, and GSPOx2's own training seconds;
-    the time ratio only over seeds whose two runs were both quiet (a run without the record, round 2's, counts)."""
+def _time_to_accuracy(mine: dict, base: dict) -> dict:
+    """Per seed: training seconds for a method to first reach its baseline's final accuracy (None: never), and the
+    baseline's own training seconds; the time ratio only over seeds whose two runs were both quiet (a run without
+    the record, round 2's, counts). The same question in rollouts generated (deterministic per machine, unlike wall
+    time): the method's rollouts until its first evaluation at or above the target, over all of the baseline's."""
     per_seed = {}
-    for s in sorted(mine.keys() & x2.keys()):
-        target = x2[s]["final_accuracy"]
+    for s in sorted(mine.keys() & base.keys()):
+        target = base[s]["final_accuracy"]
         per_seed[s] = {
-            "hacpo_seconds": time_to_accuracy(mine[s], target),
-            "gspo_x2_seconds": robust_seconds(x2[s])[-1][1],
-            "quiet": mine[s].get("quiet") is not False and x2[s].get("quiet") is not False,
+            "seconds": time_to_accuracy(mine[s], target),
+            "baseline_seconds": robust_seconds(base[s])[-1][1],
+            "quiet": mine[s].get("quiet") is not False and base[s].get("quiet") is not False,
         }
-        # the same question in rollouts generated (deterministic per machine, unlike wall time): HACPO's rollouts
-        # until the first evaluation at or above the target, over all of GSPOx2's
         step = next((st for st, acc in mine[s]["curve"] if acc >= target - 1e-12), None)
-        per_seed[s]["hacpo_step"] = step
+        per_seed[s]["step"] = step
         if step is not None:
             per_step = mine[s]["rollouts_generated"] / mine[s]["curve"][-1][0]
-            per_seed[s]["rollout_ratio"] = step * per_step / x2[s]["rollouts_generated"]
-    reached = [v for v in per_seed.values() if v["hacpo_seconds"] is not None]
-    ratios = [v["hacpo_seconds"] / v["gspo_x2_seconds"] for v in reached if v["gspo_x2_seconds"] > 0 and v["quiet"]]
-    median = statistics.median(ratios) if ratios else None
+            per_seed[s]["rollout_ratio"] = step * per_step / base[s]["rollouts_generated"]
+    reached = [v for v in per_seed.values() if v["seconds"] is not None]
+    ratios = [v["seconds"] / v["baseline_seconds"] for v in reached if v["baseline_seconds"] > 0 and v["quiet"]]
     rollouts = [v["rollout_ratio"] for v in per_seed.values() if "rollout_ratio" in v]
     return {
         "per_seed": per_seed,
         "reached": len(reached),
         "timed": len(ratios),
-        "ratio_median": median,
+        "ratio_median": statistics.median(ratios) if ratios else None,
         "rollout_ratio_median": statistics.median(rollouts) if rollouts else None,
     }
+
+
+def _fmt_tta(t: dict) -> str:
+    """A time-to-accuracy result in a table cell: seeds reaching the target, median rollout ratio, median time
+    ratio (quiet seeds)."""
+    if not t["per_seed"]:
+        return "-"
+    text = f"{t['reached']} / {len(t['per_seed'])}"
+    if t["rollout_ratio_median"] is not None:
+        text += f", rollouts x{t['rollout_ratio_median']:.2f}"
+    if t["ratio_median"] is not None:
+        text += f", time x{t['ratio_median']:.2f} ({t['timed']})"
+    return text
 
 
 def _fmt_ci(c: dict) -> str:
@@ -800,11 +815,17 @@ def _markdown(result: dict) -> str:
                     f"| {method} | {len(r['seeds'])} | {r['initial_mean']:.1f}{isd} | {r['accuracy_mean']:.1f} ± {sd} "
                     f"| {sk} | {r['rollouts_generated']:.0f} | {r['sequences_trained']:.0f} | {wall} | {cpu} |"
                 )
-            lines += ["", "| comparison | overall Δ [95 % CI] | " + " | ".join(f"`{k}` Δ" for k in skills) + " |"]
-            lines.append("|---|---|" + "---|" * len(skills))
+            lines += [
+                "",
+                "| comparison a - b | overall Δ [95 % CI] | "
+                + " | ".join(f"`{k}` Δ" for k in skills)
+                + " | a reaches b's final accuracy: seeds, median rollouts and time (quiet seeds) as a share of b's |",
+                "|---|---|" + "---|" * len(skills) + "---|",
+            ]
             for name, c in data["comparisons"].items():
                 sk = " | ".join(_fmt_ci(c["skills"][k]) if k in c["skills"] else "-" for k in skills)
-                lines.append(f"| {name} | {_fmt_ci(c['overall'])} | {sk} |")
+                tta = _fmt_tta(c["time_to_accuracy"]) if "time_to_accuracy" in c else "-"
+                lines.append(f"| {name} | {_fmt_ci(c['overall'])} | {sk} | {tta} |")
             if data["time_to_accuracy"]:
                 lines += [
                     "",
@@ -815,9 +836,7 @@ def _markdown(result: dict) -> str:
                 for method, t in data["time_to_accuracy"].items():
                     ratio = "-" if t["ratio_median"] is None else f"{t['ratio_median']:.2f} ({t['timed']})"
                     rollouts = "-" if t["rollout_ratio_median"] is None else f"{t['rollout_ratio_median']:.2f}"
-                    steps = ", ".join(
-                        "-" if v["hacpo_step"] is None else str(v["hacpo_step"]) for v in t["per_seed"].values()
-                    )
+                    steps = ", ".join("-" if v["step"] is None else str(v["step"]) for v in t["per_seed"].values())
                     lines.append(
                         f"| {method} | {t['reached']} / {len(t['per_seed'])} | {ratio} | {rollouts} | {steps} |"
                     )

@@ -311,10 +311,11 @@ def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
     never = {**x2, "final_accuracy": 0.9}
     result = bench._time_to_accuracy({0: mine, 1: mine}, {0: x2, 1: never})
     assert result["per_seed"][0] == {
-        "hacpo_seconds": 40.0, "gspo_x2_seconds": 80.0, "quiet": True, "hacpo_step": 25, "rollout_ratio": 0.25
+        "seconds": 40.0, "baseline_seconds": 80.0, "quiet": True, "step": 25, "rollout_ratio": 0.25
     }  # fmt: skip
-    assert result["per_seed"][1]["hacpo_step"] is None and "rollout_ratio" not in result["per_seed"][1]
+    assert result["per_seed"][1]["step"] is None and "rollout_ratio" not in result["per_seed"][1]
     assert result["reached"] == 1 and result["ratio_median"] == 0.5 and result["rollout_ratio_median"] == 0.25
+    assert bench._fmt_tta(result) == "1 / 2, rollouts x0.25, time x0.50 (1)"  # the comparison table's cell
     # round 3: a seed whose GSPOx2 run shared the machine keeps its rollouts but gives no time ratio
     busy = bench._time_to_accuracy({0: mine, 1: mine}, {0: {**x2, "quiet": False}, 1: x2})
     assert busy["per_seed"][0]["quiet"] is False and busy["per_seed"][0]["rollout_ratio"] == 0.25
