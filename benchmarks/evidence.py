@@ -458,6 +458,10 @@ def aggregate(out: Path, command: str) -> dict:
         bed_out = result["beds"].setdefault(bed, {})
         for agent, by_method in agents.items():
             rows = {}
+            # an agent frozen in a method (agents.<i>.frozen: it samples and shares, never trains) has no result of
+            # that method to compare: its accuracy is its warm-start's at every evaluation
+            frozen = {m for m, seeds in by_method.items() if all(seeds[s]["sequences_trained"] == 0 for s in seeds)}
+            trained = {m: seeds for m, seeds in by_method.items() if m not in frozen}
             for method, seeds in by_method.items():
                 finals = [100 * seeds[s]["final_accuracy"] for s in sorted(seeds)]
                 initial = [100 * seeds[s]["initial_accuracy"] for s in sorted(seeds)]
@@ -469,6 +473,7 @@ def aggregate(out: Path, command: str) -> dict:
                     }
                 rows[method] = {
                     "seeds": sorted(seeds),
+                    "frozen": method in frozen,
                     "accuracy_mean": statistics.mean(finals),
                     "accuracy_sd": statistics.stdev(finals) if len(finals) > 1 else None,
                     "initial_mean": statistics.mean(initial),
@@ -484,27 +489,28 @@ def aggregate(out: Path, command: str) -> dict:
                 }
             comparisons = {}
             for a, b in comparison_pairs(bed):
-                if a in by_method and b in by_method:
+                if a in trained and b in trained:
                     comparisons[f"{a} - {b}"] = {
-                        **_compare(by_method[a], by_method[b]),
-                        "time_to_accuracy": _time_to_accuracy(by_method[a], by_method[b]),
+                        **_compare(trained[a], trained[b]),
+                        "time_to_accuracy": _time_to_accuracy(trained[a], trained[b]),
                     }
             tta = {}
-            if "gspo_x2" in by_method:
+            if "gspo_x2" in trained:
                 timed = [f"hacpo_{mode}" for mode in MODES]
                 timed += ["naive", "frozen_teacher"] if bed in ROUND3_BEDS else []
-                for method in (m for m in timed if m in by_method):
-                    tta[method] = _time_to_accuracy(by_method[method], by_method["gspo_x2"])
+                for method in (m for m in timed if m in trained):
+                    tta[method] = _time_to_accuracy(trained[method], trained["gspo_x2"])
             bed_out[agent] = {
                 "methods": rows,
                 "comparisons": comparisons,
                 "time_to_accuracy": tta,
-                "late_fall": _late_fall(by_method),
+                "late_fall": _late_fall(trained),
             }
     result["primary"] = _primary(cells)
     result["primary_round3"] = _primary_round3(cells)
     result["partner_skill"] = _partner_skill(cells)
     result["warm_start"] = _warm_start(cells)
+    result["mechanisms"] = mechanisms(result)
     _write_json(out / "evidence.json", result)
     (out / "evidence.md").write_text(_markdown(result))
     if runs:
@@ -546,6 +552,65 @@ def _primary_round3(cells: dict) -> dict:
             verdict = ("met" if met else "not met") if c["n"] == len(SEEDS) else "no verdict yet"
             out.append({"comparison": f"{method} - {baseline}", "goal": goal, **c, "verdict": verdict})
     return {"bed": PRIMARY3["bed"], "agent": PRIMARY3["agent"], "comparisons": out}
+
+
+MECHANISMS = [
+    ("sharing", "gspo", "the partner's verified rollouts (HACPO) over training alone on the same rollouts per agent"),
+    ("corrections", "naive", "HACPO's corrections together, over naive sharing (foreign rows as if one's own)"),
+    ("learning peer", "frozen_teacher", "a partner that learns, over the stronger agent frozen (the weaker learns)"),
+    ("capability baseline", "{full}_no_capability_baseline", "foreign rewards capability-weighted in the baseline"),
+    ("rho", "{full}_no_rho", "foreign advantages scaled by source / learner capability"),
+    ("alpha = 1", "{full}_alpha0", "the foreign ratio's detached factor sg(s)^alpha (its weight ~ s^2)"),
+    ("stepwise clip", "{full}_static_clip", "the foreign lower bound rising with the mini-batch index"),
+    ("foreign clip", "{full}_no_foreign_clip", "no gradient from foreign rows outside [lower bound, 1]"),
+]
+"""Each mechanism as (name, the method without it, what it is): its effect is the full method's final accuracy
+minus that method's, paired per seed (`mechanisms`)."""
+
+
+def mechanism_verdict(cis: dict[str, dict]) -> str:
+    """One mechanism's reading over the agents, from each agent's paired 95 % interval (full method - without it),
+    a rule fixed while round 3's grid had one seed of five: no verdict before every seed has run; `pays` if some
+    agent's interval is above 0 and none is below; `costs` if some is below and none above; `mixed` if both;
+    otherwise `not separable` (every interval includes 0). No correction for multiplicity: with 8 mechanisms x 2
+    agents about one interval in 20 excludes 0 by chance.
+
+    >>> up, down, zero = ({"n": 5, "lo": lo, "hi": hi} for lo, hi in ((0.2, 2.0), (-2.0, -0.1), (-1.0, 1.0)))
+    >>> [mechanism_verdict(c) for c in ({"a": up, "b": zero}, {"a": down}, {"a": up, "b": down}, {"a": zero})]
+    ['pays (a)', 'costs (a)', 'mixed: pays (a), costs (b)', 'not separable']
+    >>> mechanism_verdict({"a": {"n": 1, "lo": None, "hi": None}})
+    'no verdict yet'
+    """
+    if not cis or any(c["n"] < len(SEEDS) for c in cis.values()):
+        return "no verdict yet"
+    above = [a for a, c in cis.items() if c["lo"] > 0]
+    below = [a for a, c in cis.items() if c["hi"] < 0]
+    if above and below:
+        return f"mixed: pays ({', '.join(above)}), costs ({', '.join(below)})"
+    if above:
+        return f"pays ({', '.join(above)})"
+    if below:
+        return f"costs ({', '.join(below)})"
+    return "not separable"
+
+
+def mechanisms(result: dict) -> dict:
+    """Per bed, each mechanism of MECHANISMS whose method ran: every agent's paired difference (the full method,
+    `hacpo_<ABLATION_MODE>`, minus the method without the mechanism; agents frozen in it are left out) and the
+    verdict of `mechanism_verdict`."""
+    full = f"hacpo_{ABLATION_MODE}"
+    out = {}
+    for bed, agents in result["beds"].items():
+        rows = []
+        for name, without, what in MECHANISMS:
+            key = f"{full} - {without.format(full=full)}"
+            cis = {a: d["comparisons"][key]["overall"] for a, d in agents.items() if key in d["comparisons"]}
+            if cis:
+                rows.append({"mechanism": name, "what": what, "comparison": key, "agents": cis,
+                             "verdict": mechanism_verdict(cis)})  # fmt: skip
+        if rows:
+            out[bed] = rows
+    return out
 
 
 def _partner_skill(cells: dict) -> dict:
@@ -769,6 +834,22 @@ def _markdown(result: dict) -> str:
                         f"| {v['own_skill_gain']:+.1f} |"
                     )
         lines.append("")
+    for bed, rows in (result.get("mechanisms") or {}).items():
+        agents = sorted({a for r in rows for a in r["agents"]})
+        lines += [
+            f"## Per mechanism on `{bed}`: does it pay? (`hacpo_{ABLATION_MODE}` minus the method without it)",
+            "",
+            "Final accuracy, paired per seed. Verdict (rule in `mechanism_verdict`, fixed before the seeds that "
+            "decide): `pays` if an agent's interval is above 0 and none below, `costs` the reverse, `mixed` both, `not "
+            "separable` if every interval includes 0; none before all seeds have run. No multiplicity correction.",
+            "",
+            "| mechanism | what it is | " + " | ".join(agents) + " | verdict |",
+            "|---|---|" + "---|" * len(agents) + "---|",
+        ]
+        for r in rows:
+            cells = " | ".join(_fmt_ci(r["agents"][a]) if a in r["agents"] else "-" for a in agents)
+            lines.append(f"| {r['mechanism']} | {r['what']} | {cells} | **{r['verdict']}** |")
+        lines.append("")
     if result.get("warm_start"):
         lines += [
             "## Warm-start accuracy over seeds (before RL; the spread the warm-start itself causes)",
@@ -811,8 +892,9 @@ def _markdown(result: dict) -> str:
                 if r["seconds"] is not None and r["quiet_seeds"] < len(r["seeds"]):
                     wall += f" ({r['quiet_seeds']} of {len(r['seeds'])})"
                 cpu = "-" if r["machine_seconds"] is None else f"{r['machine_seconds']:.0f}"
+                label = f"{method} (frozen here: never trained)" if r.get("frozen") else method
                 lines.append(
-                    f"| {method} | {len(r['seeds'])} | {r['initial_mean']:.1f}{isd} | {r['accuracy_mean']:.1f} ± {sd} "
+                    f"| {label} | {len(r['seeds'])} | {r['initial_mean']:.1f}{isd} | {r['accuracy_mean']:.1f} ± {sd} "
                     f"| {sk} | {r['rollouts_generated']:.0f} | {r['sequences_trained']:.0f} | {wall} | {cpu} |"
                 )
             lines += [

@@ -472,3 +472,59 @@ def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     (primary,) = result["primary_round3"]["comparisons"]  # one of two: gspo_x2 did not run here
     assert primary["comparison"] == "hacpo_learner_length - naive" and primary["verdict"] == "no verdict yet"
     assert (tmp_path / "evidence.md").read_text().startswith("# Learning benchmark, round 3")
+
+
+def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_path):
+    """Through `aggregate` from written summaries (round 3's bed, five seeds): each mechanism's paired difference
+    per agent and its verdict (hand-made differences); the frozen-teacher arm's stronger agent, which never trained,
+    is marked and left out of every comparison and time-to-accuracy for that agent, kept for the other."""
+    bench = _load_evidence()
+    full = "hacpo_learner_length"
+    # final accuracy per (method, agent), seed s adds s/1000 to every method alike (the paired differences are exact)
+    finals = {
+        full: (0.50, 0.30),
+        "gspo": (0.48, 0.27),  # sharing: +2 / +3 in every seed -> pays for both
+        "naive": (0.53, 0.30),  # corrections: -3 / 0 -> costs (llama-char)
+        "frozen_teacher": (0.40, 0.25),  # the Llama frozen at its warm-start (0.40): left out for it
+        f"{full}_no_rho": (0.50, 0.30),  # rho: 0 / 0 with noise -> not separable
+    }
+    noise = [0.01, -0.01, 0.005, -0.005, 0.0]
+    (tmp_path / "summaries" / "gap").mkdir(parents=True)
+    for method, (llama, qwen) in finals.items():
+        for s in bench.SEEDS:
+            agents = {}
+            for agent, final in (("llama-char", llama), ("qwen-bpe", qwen)):
+                final += s / 1000 + (noise[s] if method.endswith("no_rho") else 0.0)
+                frozen = method == "frozen_teacher" and agent == "llama-char"
+                start = 0.40 if agent == "llama-char" else 0.20
+                agents[agent] = {
+                    "final_accuracy": final,
+                    "initial_accuracy": start,
+                    "curve": [[0, start], [400, final]],
+                    "skill_curves": {"+": [[0, start], [400, final]], "-": [[0, start], [400, final]]},
+                    "train_seconds": [[0, 0.0], [400, 100.0]],
+                    "rollouts_generated": 51200,
+                    "sequences_trained": 0 if frozen else 51200,
+                    "diagnostics": {},
+                }
+            summary = {"bed": "gap", "method": method, "seed": s, "agents": agents, "seconds": 100.0, "quiet": True}
+            (tmp_path / "summaries" / "gap" / f"{method}-s{s}.json").write_text(json.dumps(summary))
+    result = bench.aggregate(tmp_path, "test")
+    rows = {r["mechanism"]: r for r in result["mechanisms"]["gap"]}
+    assert rows["sharing"]["agents"]["llama-char"]["mean"] == pytest.approx(2.0)
+    assert rows["sharing"]["agents"]["qwen-bpe"]["mean"] == pytest.approx(3.0)
+    assert rows["sharing"]["verdict"] == "pays (llama-char, qwen-bpe)"
+    assert rows["corrections"]["verdict"] == "costs (llama-char)"
+    assert rows["rho"]["verdict"] == "not separable"
+    assert set(rows["learning peer"]["agents"]) == {"qwen-bpe"}  # the Llama never trained in that arm
+    assert rows["learning peer"]["agents"]["qwen-bpe"]["mean"] == pytest.approx(5.0)
+    assert {"alpha = 1", "stepwise clip"}.isdisjoint(rows)  # ablations that did not run have no row
+    llama = result["beds"]["gap"]["llama-char"]
+    assert llama["methods"]["frozen_teacher"]["frozen"] and not llama["methods"][full]["frozen"]
+    assert not any("frozen_teacher" in c for c in llama["comparisons"])
+    assert "frozen_teacher" not in llama["late_fall"]["methods"]
+    qwen = result["beds"]["gap"]["qwen-bpe"]
+    assert {f"{full} - frozen_teacher", "frozen_teacher - gspo"} <= set(qwen["comparisons"])
+    md = (tmp_path / "evidence.md").read_text()
+    assert "| frozen_teacher (frozen here: never trained) | 5 |" in md
+    assert "| sharing | " in md and "**pays (llama-char, qwen-bpe)** |" in md
