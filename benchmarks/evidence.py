@@ -445,7 +445,9 @@ def load_runs(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out / "summaries").glob("*/*.json"))]
 
 
-def aggregate(out: Path, command: str) -> dict:
+def aggregate(out: Path, command: str, earlier: Path | None = None) -> dict:
+    """Every summary under `out` into evidence.json / .md / .png. `earlier`: an earlier round's evidence.json, whose
+    per-mechanism verdicts join this round's in one table across beds (round 3 reads round 2's)."""
     runs = load_runs(out)
     cells: dict = {}  # bed -> agent -> method -> seed -> per-agent summary (+ seconds)
     for run in runs:
@@ -511,6 +513,9 @@ def aggregate(out: Path, command: str) -> dict:
     result["partner_skill"] = _partner_skill(cells)
     result["warm_start"] = _warm_start(cells)
     result["mechanisms"] = mechanisms(result)
+    if earlier is not None and earlier.is_file():
+        before = json.loads(earlier.read_text()).get("mechanisms", {})
+        result["mechanisms_across_beds"] = across_beds({**before, **result["mechanisms"]})
     _write_json(out / "evidence.json", result)
     (out / "evidence.md").write_text(_markdown(result))
     if runs:
@@ -611,6 +616,19 @@ def mechanisms(result: dict) -> dict:
         if rows:
             out[bed] = rows
     return out
+
+
+def across_beds(by_bed: dict[str, list[dict]]) -> dict[str, dict[str, str]]:
+    """Mechanism -> bed -> one cell: its verdict and each agent's mean difference (`mechanisms`' rows, per bed)."""
+    out: dict[str, dict[str, str]] = {name: {} for name, _, _ in MECHANISMS}
+    for bed, rows in by_bed.items():
+        for r in rows:
+            means = ", ".join(
+                f"{agent.split('-')[0]} " + ("-" if c["mean"] is None else f"{c['mean']:+.1f}")
+                for agent, c in r["agents"].items()
+            )
+            out[r["mechanism"]][bed] = f"{r['verdict']} ({means})"
+    return {name: cells for name, cells in out.items() if cells}
 
 
 def _partner_skill(cells: dict) -> dict:
@@ -850,6 +868,18 @@ def _markdown(result: dict) -> str:
             cells = " | ".join(_fmt_ci(r["agents"][a]) if a in r["agents"] else "-" for a in agents)
             lines.append(f"| {r['mechanism']} | {r['what']} | {cells} | **{r['verdict']}** |")
         lines.append("")
+    across = result.get("mechanisms_across_beds")
+    if across:
+        beds = sorted({b for cells in across.values() for b in cells}, key=list(BEDS).index)
+        lines += [
+            "## Per mechanism across the beds of rounds 2 and 3 (verdict, then each agent's mean difference)",
+            "",
+            "| mechanism | " + " | ".join(f"`{b}`" for b in beds) + " |",
+            "|---|" + "---|" * len(beds),
+        ]
+        for name, cells in across.items():
+            lines.append(f"| {name} | " + " | ".join(cells.get(b, "not run") for b in beds) + " |")
+        lines.append("")
     if result.get("warm_start"):
         lines += [
             "## Warm-start accuracy over seeds (before RL; the spread the warm-start itself causes)",
@@ -1038,7 +1068,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     wait_while_held(out)
                     _write_json(target, grid.run(bed, method, seed))
-    result = aggregate(out, command)
+    earlier = ROOT / "benchmarks" / "results" / "round2" / "evidence.json" if round3 and not args.smoke else None
+    result = aggregate(out, command, earlier)
     print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")
     return 0
 

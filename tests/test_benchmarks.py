@@ -509,7 +509,16 @@ def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_p
                 }
             summary = {"bed": "gap", "method": method, "seed": s, "agents": agents, "seconds": 100.0, "quiet": True}
             (tmp_path / "summaries" / "gap" / f"{method}-s{s}.json").write_text(json.dumps(summary))
-    result = bench.aggregate(tmp_path, "test")
+    # an earlier round's verdicts (round 2's evidence.json) join this round's in one table across beds
+    cis = {"llama-char": {"n": 5, "mean": 0.5, "lo": -1.0, "hi": 2.0}, "qwen-bpe": {"n": 5, "mean": -0.8}}
+    earlier = {"complement": [{"mechanism": "rho", "verdict": "costs (qwen-bpe)", "agents": cis}]}
+    (tmp_path / "round2.json").write_text(json.dumps({"mechanisms": earlier}))
+    result = bench.aggregate(tmp_path, "test", earlier=tmp_path / "round2.json")
+    assert result["mechanisms_across_beds"]["rho"] == {
+        "complement": "costs (qwen-bpe) (llama +0.5, qwen -0.8)",
+        "gap": "not separable (llama +0.0, qwen +0.0)",
+    }
+    assert "| rho | costs (qwen-bpe) (llama +0.5, qwen -0.8) | not separable" in (tmp_path / "evidence.md").read_text()
     rows = {r["mechanism"]: r for r in result["mechanisms"]["gap"]}
     assert rows["sharing"]["agents"]["llama-char"]["mean"] == pytest.approx(2.0)
     assert rows["sharing"]["agents"]["qwen-bpe"]["mean"] == pytest.approx(3.0)
