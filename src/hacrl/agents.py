@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hacrl.config import AgentConfig, RolloutConfig
+from hacrl.config import AgentConfig, RolloutConfig, require_model_dir
 from hacrl.errors import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -125,12 +125,7 @@ def first_nonfinite(model: torch.nn.Module) -> str | None:
 def _load_model(path: str | Path, cfg: AgentConfig, index: int):
     from transformers import AutoModelForCausalLM
 
-    model_dir = Path(path)
-    if not (model_dir / "config.json").is_file():
-        raise ModelError(
-            f"agents.{index}.model: {str(model_dir)!r} is not a Hugging Face model directory "
-            "(no config.json); hacrl loads local directories only"
-        )
+    model_dir = require_model_dir(path, f"agents.{index}.model")
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype], local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged or foreign directory: name it and the cause

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from hacrl.core.params import AlgorithmParams
-from hacrl.errors import ConfigError
+from hacrl.errors import ConfigError, ModelError
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "resume_differences", "validate"]
 
@@ -60,6 +60,20 @@ class LoraConfig:
             )
         if importlib.util.find_spec("peft") is None:
             raise ConfigError(f'{where} needs peft, an optional extra: pip install "hacrl[lora]" (or pip install peft)')
+
+
+def require_model_dir(model: str | Path, key: str) -> Path:
+    """`model` as a local Hugging Face model directory (one with config.json), or a ModelError that names the config
+    key and the fix: hacrl loads local directories only and never downloads."""
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        what = "holds no config.json" if path.is_dir() else "does not exist"
+        raise ModelError(
+            f"{key}: {str(model)!r} is not a Hugging Face model directory ({what}); hacrl loads local directories "
+            f"only and never downloads: point {key} at a local copy (the paper presets ship placeholder paths: "
+            f"`{key}=/models/<name>` on the command line)"
+        )
+    return path
 
 
 @dataclass

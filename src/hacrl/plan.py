@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from hacrl.config import TrainConfig
+from hacrl.config import TrainConfig, require_model_dir
 from hacrl.errors import ModelError
 
 GIB = 2**30
@@ -165,6 +165,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
     for i, agent in enumerate(config.agents):
         dtype = DTYPES[agent.dtype]
         lora = agent.lora if not agent.frozen else None
+        require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
         shape = model_shape(agent.model, dtype, lora)
         r, t = config.rollout, config.trainer
         prompt = agent.max_prompt_tokens or r.max_prompt_tokens

@@ -41,7 +41,14 @@ from hacrl.checkpoint import (
     resume_point,
     save_checkpoint,
 )
-from hacrl.config import TrainConfig, config_to_yaml, resume_differences, resume_rules, save_config
+from hacrl.config import (
+    TrainConfig,
+    config_to_yaml,
+    require_model_dir,
+    resume_differences,
+    resume_rules,
+    save_config,
+)
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_benchmark, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
@@ -83,6 +90,9 @@ class Trainer:
         self.frozen = [a.frozen for a in config.agents]
         if checkpoint:
             self._check_resume_settings(checkpoint, state)
+        if config.runtime.backend == "local":  # before the data (a Hub set can take a minute to fail offline)
+            for i, agent in enumerate(config.agents):  # (a Ray worker may see other paths: it checks its own)
+                require_model_dir(agent.model, f"agents.{i}.model")
         self.task = load_task(config.data, config.scoring)
         self.scorer = scorer_for(self.task, config.scoring, r_max=self.params.r_max).start()
         self.stream = PromptStream(self.task.train, seed=config.trainer.seed)

@@ -9,6 +9,7 @@ import torch
 
 from hacrl.cli import main
 from hacrl.config import load_config
+from hacrl.errors import ModelError
 from hacrl.plan import activation_bytes, model_shape, plan
 from tests.conftest import write_config
 
@@ -89,6 +90,20 @@ def test_hacrl_plan_says_whether_it_fits_and_what_to_turn(families, tmp_path, ca
     assert main(["plan", str(cfg), "--device-memory", "0.05"]) == 3  # 51 MiB: the KV cache alone needs more
     out = capsys.readouterr().out
     assert "NO" in out and "a: lower rollout.batch_size" in out, out
+
+
+def test_a_preset_s_placeholder_model_path_is_named_with_its_key_and_the_fix(capsys):
+    """The paper presets ship `/path/to/...` models: planning one as it is names the key, the missing directory
+    and how to override, and exits with the model error's code (no traceback)."""
+    from pathlib import Path
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "paper" / "qwen3-4b_llama3.2-3b.yaml"
+    assert main(["plan", str(preset), "--device-memory", "80"]) == 2
+    err = capsys.readouterr().err
+    assert "agents.0.model: '/path/to/Qwen3-4B' is not a Hugging Face model directory (does not exist)" in err, err
+    assert "`agents.0.model=/models/<name>` on the command line" in err and "Traceback" not in err
+    with pytest.raises(ModelError, match=r"agents\.0\.model: '\.' is not a .* \(holds no config\.json\)"):
+        plan(load_config(preset, ["agents.0.model=."]), device_memory=80)
 
 
 def test_the_paper_presets_fit_an_80_gb_gpu_per_agent(tmp_path):

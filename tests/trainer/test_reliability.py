@@ -700,3 +700,21 @@ def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tin
         agent.model.get_output_embeddings().weight[5, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="agent 'q': the model's next-token logits hold NaN or inf"):
         agent.sampler.sample([[3, 4, 5]], 4, batch_size=4)
+
+
+def test_a_missing_model_directory_is_named_before_any_data_loads(tiny_agents, tmp_path, capsys, monkeypatch):
+    """A preset's placeholder model path fails at once with its key and the fix, before the data (a Hub set can take
+    a minute of retries to fail offline) and before any worker starts."""
+    import hacrl.trainer
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were loaded before the model directories were checked")
+
+    monkeypatch.setattr(hacrl.trainer, "load_task", no_data)
+    cfg = write_config(tmp_path / "c.yaml", {"llama": tiny_agents["llama"], "qwen": tmp_path / "nowhere"},
+                       ["llama", "qwen"], tmp_path / "run")  # fmt: skip
+    _fails_cleanly(
+        capsys, ["train", str(cfg)], f"model error: agents.1.model: {str(tmp_path / 'nowhere')!r} is not a Hugging",
+        "(does not exist); hacrl loads local directories only", "`agents.1.model=/models/<name>` on the command line"
+    )  # fmt: skip
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
