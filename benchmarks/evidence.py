@@ -363,6 +363,40 @@ def wait_while_held(out: Path, poll: float = 5.0) -> None:
             time.sleep(poll)
 
 
+def timed(method: str) -> bool:
+    """Whether a method's wall time is compared (time-to-accuracy: the full methods and baselines), so its run needs
+    a quiet machine; the ablations are compared in accuracy only and may share it."""
+    return not any(method.endswith(f"_{name}") for name in ABLATIONS)
+
+
+def machine_is_quiet(window: float = 20.0) -> bool:
+    """Whether the rest of the machine stays under QUIET_SHARE of its cores for `window` seconds (called between
+    runs, while the grid itself is idle: all the busy time measured is others'). True where /proc/stat is absent."""
+    before = machine_busy_seconds()
+    time.sleep(window)
+    after = machine_busy_seconds()
+    if before is None or after is None:
+        return True
+    return (after - before) / (window * (os.cpu_count() or 1)) < QUIET_SHARE
+
+
+def next_run(pending: list[str], quiet, poll: float = 60.0) -> str:
+    """The next of a seed's pending methods: the first, when the machine is quiet; while it is busy, the first
+    accuracy-only one (an ablation) instead, and with none left, wait until it is quiet. So the timed runs of a
+    seed start on a quiet machine and the ablations use the busy time. `quiet()`: `machine_is_quiet`."""
+    announced = False
+    while True:
+        if quiet():
+            return pending[0]
+        untimed = [m for m in pending if not timed(m)]
+        if untimed:
+            return untimed[0]
+        if not announced:
+            print(f"== the machine is busy: {pending[0]} (timed) waits until it is quiet", flush=True)
+            announced = True
+        time.sleep(poll)
+
+
 def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
@@ -1059,15 +1093,23 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.aggregate_only:
         for seed in args.seeds:  # seed-major: one seed's whole row (its warm-starts and every method) at a time
             for bed in args.beds:
+                pending = []
                 for method in args.methods or methods(bed):
                     if method not in methods(bed):
                         continue
                     target = grid.summary_path(bed, method, seed)
                     if target.exists():
                         print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
-                        continue
+                    else:
+                        pending.append(method)
+                while pending:
                     wait_while_held(out)
-                    _write_json(target, grid.run(bed, method, seed))
+                    # round 3 records quietness: a timed run starts on a quiet machine, an ablation may go first
+                    method = (
+                        next_run(pending, machine_is_quiet) if bed in ROUND3_BEDS and not args.smoke else pending[0]
+                    )
+                    pending.remove(method)
+                    _write_json(grid.summary_path(bed, method, seed), grid.run(bed, method, seed))
     earlier = ROOT / "benchmarks" / "results" / "round2" / "evidence.json" if round3 and not args.smoke else None
     result = aggregate(out, command, earlier)
     print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
@@ -245,6 +246,29 @@ def test_evidence_grid_waits_between_runs_while_held(tmp_path):
     start = time.perf_counter()
     evidence.wait_while_held(tmp_path, poll=0.01)
     assert time.perf_counter() - start >= 0.25 and not (tmp_path / "HOLD").exists()
+
+
+def test_a_timed_run_waits_for_a_quiet_machine_while_an_ablation_uses_the_busy_time(monkeypatch):
+    """Round 3's order within a seed: on a quiet machine the next pending method; on a busy one the first ablation
+    (accuracy only) instead; with only timed methods left, it waits until the machine is quiet."""
+    bench = _load_evidence()
+    full = "hacpo_learner_length"
+    assert bench.timed(full) and bench.timed("gspo_x2") and bench.timed("frozen_teacher")
+    assert not bench.timed(f"{full}_alpha0") and not bench.timed(f"{full}_no_foreign_clip")
+    pending = ["gspo", "naive", f"{full}_no_rho", f"{full}_alpha0"]
+    assert bench.next_run(pending, lambda: True) == "gspo"
+    assert bench.next_run(pending, lambda: False) == f"{full}_no_rho"
+    answers = iter([False, False, True])  # busy twice, then quiet
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    assert bench.next_run(["gspo", "naive"], lambda: next(answers), poll=0.0) == "gspo"
+    assert next(answers, "spent") == "spent"  # it asked until the machine was quiet, and no longer
+    # the measurement itself: this test process idles, so the machine is quiet unless something else runs
+    busy = iter([100.0, 100.0 + 0.5 * (os.cpu_count() or 1)])  # half a core-second per core in 10 s: 5 %
+    monkeypatch.setattr(bench, "machine_busy_seconds", lambda: next(busy))
+    assert bench.machine_is_quiet(window=10.0) is False
+    idle = iter([100.0, 100.0 + 0.4 * (os.cpu_count() or 1)])
+    monkeypatch.setattr(bench, "machine_busy_seconds", lambda: next(idle))
+    assert bench.machine_is_quiet(window=10.0) is True
 
 
 def _cell(final: float, plus: float, minus: float, initial: float = 0.2) -> dict:
