@@ -90,8 +90,11 @@ class Trainer:
         self.frozen = [a.frozen for a in config.agents]
         if checkpoint:
             self._check_resume_settings(checkpoint, state)
-        if config.runtime.backend == "local":  # before the data (a Hub set can take a minute to fail offline)
-            for i, agent in enumerate(config.agents):  # (a Ray worker may see other paths: it checks its own)
+        if config.runtime.backend == "local" and checkpoint is None:
+            # a fresh start needs every model directory: say so before the data (a Hub set can take a minute to fail
+            # offline); a resume may need none (a checkpoint holds full weights), a Ray worker may see other paths:
+            # those are checked where the weights load
+            for i, agent in enumerate(config.agents):
                 require_model_dir(agent.model, f"agents.{i}.model")
         self.task = load_task(config.data, config.scoring)
         self.scorer = scorer_for(self.task, config.scoring, r_max=self.params.r_max).start()
