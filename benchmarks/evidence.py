@@ -532,9 +532,9 @@ def aggregate(out: Path, command: str, earlier: Path | None = None) -> dict:
                     }
             tta = {}
             if "gspo_x2" in trained:
-                timed = [f"hacpo_{mode}" for mode in MODES]
-                timed += ["naive", "frozen_teacher"] if bed in ROUND3_BEDS else []
-                for method in (m for m in timed if m in trained):
+                against_x2 = [f"hacpo_{mode}" for mode in MODES]
+                against_x2 += ["naive", "frozen_teacher"] if bed in ROUND3_BEDS else []
+                for method in (m for m in against_x2 if m in trained):
                     tta[method] = _time_to_accuracy(trained[method], trained["gspo_x2"])
             bed_out[agent] = {
                 "methods": rows,
