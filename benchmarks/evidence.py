@@ -397,6 +397,30 @@ def next_run(pending: list[str], quiet, poll: float = 60.0) -> str:
         time.sleep(poll)
 
 
+def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, quiet=None) -> list[str]:
+    """Run a seed's methods on a bed that have no summary yet (a cached one is kept), writing each summary at its
+    run's end; the methods in the order run. `quiet`: None keeps the bed's order; round 3 passes `machine_is_quiet`,
+    so that `next_run` starts the timed methods on a quiet machine and the ablations while it is busy. Before each
+    run, waits while `<out>/HOLD` exists."""
+    pending = []
+    for method in names or methods(bed):
+        if method not in methods(bed):
+            continue
+        target = grid.summary_path(bed, method, seed)
+        if target.exists():
+            print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
+        else:
+            pending.append(method)
+    order = []
+    while pending:
+        wait_while_held(grid.out)
+        method = next_run(pending, quiet) if quiet is not None else pending[0]
+        pending.remove(method)
+        _write_json(grid.summary_path(bed, method, seed), grid.run(bed, method, seed))
+        order.append(method)
+    return order
+
+
 def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
@@ -1093,23 +1117,8 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.aggregate_only:
         for seed in args.seeds:  # seed-major: one seed's whole row (its warm-starts and every method) at a time
             for bed in args.beds:
-                pending = []
-                for method in args.methods or methods(bed):
-                    if method not in methods(bed):
-                        continue
-                    target = grid.summary_path(bed, method, seed)
-                    if target.exists():
-                        print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
-                    else:
-                        pending.append(method)
-                while pending:
-                    wait_while_held(out)
-                    # round 3 records quietness: a timed run starts on a quiet machine, an ablation may go first
-                    method = (
-                        next_run(pending, machine_is_quiet) if bed in ROUND3_BEDS and not args.smoke else pending[0]
-                    )
-                    pending.remove(method)
-                    _write_json(grid.summary_path(bed, method, seed), grid.run(bed, method, seed))
+                ordered = bed in ROUND3_BEDS and not args.smoke  # the smoke keeps the fixed order (no 20 s checks)
+                run_seed(grid, bed, seed, args.methods, machine_is_quiet if ordered else None)
     earlier = ROOT / "benchmarks" / "results" / "round2" / "evidence.json" if round3 and not args.smoke else None
     result = aggregate(out, command, earlier)
     print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")

@@ -271,6 +271,43 @@ def test_a_timed_run_waits_for_a_quiet_machine_while_an_ablation_uses_the_busy_t
     assert bench.machine_is_quiet(window=10.0) is True
 
 
+def test_the_grid_command_orders_a_round3_seed_by_the_machine_s_quietness(tmp_path, monkeypatch):
+    """`evidence.py --beds gap` through `main`: cached runs are skipped, a busy machine gets the ablations first, a
+    quiet one the timed methods in the bed's order, each summary is written at its run's end; round 2's beds keep
+    the fixed order and never measure the machine."""
+    bench = _load_evidence()
+    ran = []
+
+    class FakeGrid(bench.Grid):
+        def run(self, bed, method, seed):
+            ran.append(method)
+            return {"bed": bed, "method": method, "seed": seed}
+
+    full = "hacpo_learner_length"
+    gap = list(bench.methods("gap"))
+    assert gap[:5] == [full, "gspo", "gspo_x2", "naive", "frozen_teacher"]  # the timed ones first
+    cached = FakeGrid(tmp_path).summary_path("gap", "gspo", 7)
+    cached.parent.mkdir(parents=True)
+    cached.write_text("{}")
+    # busy for the first two checks, quiet after: two ablations go first, then the bed's order
+    answers = iter([False, False] + [True] * 20)
+    monkeypatch.setattr(bench, "Grid", FakeGrid)
+    monkeypatch.setattr(bench, "machine_is_quiet", lambda: next(answers))
+    monkeypatch.setattr(bench, "aggregate", lambda out, command, earlier=None: {"runs": len(ran)})
+    assert bench.main(["--beds", "gap", "--seeds", "7", "--out", str(tmp_path)]) == 0
+    ablations = [m for m in gap if not bench.timed(m)]
+    assert ran[:2] == ablations[:2]
+    assert ran[2:] == [m for m in gap if m not in ("gspo", *ablations[:2])]
+    assert json.loads(cached.read_text()) == {}  # the cached summary is kept, never rerun
+    for method in ran:
+        assert json.loads(FakeGrid(tmp_path).summary_path("gap", method, 7).read_text())["method"] == method
+    # round 2's beds: the bed's order, and the machine is never measured
+    ran.clear()
+    monkeypatch.setattr(bench, "machine_is_quiet", lambda: pytest.fail("round 2 measured the machine"))
+    assert bench.main(["--beds", "demo", "--seeds", "7", "--out", str(tmp_path / "r2")]) == 0
+    assert ran == list(bench.methods("demo"))
+
+
 def _cell(final: float, plus: float, minus: float, initial: float = 0.2) -> dict:
     return {
         "final_accuracy": final,
