@@ -397,9 +397,9 @@ def next_run(pending: list[str], quiet, poll: float = 60.0) -> str:
         time.sleep(poll)
 
 
-def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, quiet=None) -> list[str]:
+def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, quiet=None) -> None:
     """Run a seed's methods on a bed that have no summary yet (a cached one is kept), writing each summary at its
-    run's end; the methods in the order run. `quiet`: None keeps the bed's order; round 3 passes `machine_is_quiet`,
+    run's end. `quiet`: None keeps the bed's order; round 3 passes `machine_is_quiet`,
     so that `next_run` starts the timed methods on a quiet machine and the ablations while it is busy. Before each
     run, waits while `<out>/HOLD` exists."""
     pending = []
@@ -411,14 +411,11 @@ def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, qu
             print(f"== {bed} {method} seed {seed}: cached in {target}", flush=True)
         else:
             pending.append(method)
-    order = []
     while pending:
         wait_while_held(grid.out)
         method = next_run(pending, quiet) if quiet is not None else pending[0]
         pending.remove(method)
         _write_json(grid.summary_path(bed, method, seed), grid.run(bed, method, seed))
-        order.append(method)
-    return order
 
 
 def summarize(work: Path, config) -> dict:
