@@ -568,9 +568,11 @@ def aggregate(out: Path, command: str, earlier: Path | None = None) -> dict:
     result["partner_skill"] = _partner_skill(cells)
     result["warm_start"] = _warm_start(cells)
     result["mechanisms"] = mechanisms(result)
+    result["mechanism_inputs"] = mechanism_inputs(runs)
     if earlier is not None and earlier.is_file():
-        before = json.loads(earlier.read_text()).get("mechanisms", {})
-        result["mechanisms_across_beds"] = across_beds({**before, **result["mechanisms"]})
+        before = json.loads(earlier.read_text())
+        result["mechanisms_across_beds"] = across_beds({**before.get("mechanisms", {}), **result["mechanisms"]})
+        result["mechanism_inputs_across_beds"] = {**before.get("mechanism_inputs", {}), **result["mechanism_inputs"]}
     _write_json(out / "evidence.json", result)
     (out / "evidence.md").write_text(_markdown(result))
     if runs:
@@ -745,6 +747,80 @@ def _warm_start(cells: dict) -> dict:
                     "max": max(values),
                 }
             out.setdefault(bed, {})[agent] = {"seeds": sorted(per_seed), "accuracy": stats}
+    return out
+
+
+INPUTS = [
+    ("capability", "capability"),
+    ("rho", "rho (partner / own capability)"),
+    ("foreign_ratio_p10", "foreign ratio p10"),
+    ("foreign_ratio_p50", "foreign ratio p50"),
+    ("foreign_clip_frac", "foreign rows clipped"),
+    ("foreign_below_frac", "below the lower bound"),
+]
+"""What HACPO's mechanisms act on, per learner (`mechanism_inputs`): the capability (the baseline's weights and rho
+come from it), rho on the partner's rows, and how far the partner's rows are from the learner's policy."""
+
+
+def mechanism_inputs(runs: list[dict], method: str = f"hacpo_{ABLATION_MODE}", share: float = 0.1) -> dict:
+    """Per bed and agent, for `method`'s runs: the mean over the first and over the last `share` of the steps (at
+    least one step each) of each of INPUTS, then the mean over seeds. Read as: do the capabilities differ enough
+    for the capability baseline and rho to act (rho far from 1), and do the policies drift apart over the run (the
+    partner's rows less likely under the learner's policy late than early: a falling ratio, more rows clipped)?
+    rho is the trainer's own, clamp(partner's capability / the learner's, 0.1, 10), step by step, with exactly one
+    partner (left out with more). Added while round 3's grid ran (not pre-registered), from the summaries' curves.
+
+    >>> run = {"bed": "b", "method": "m", "seed": 0, "agents": {
+    ...     "x": {"diagnostic_curves": {"capability": [[1, 0.2], [2, 0.2], [3, 0.4], [4, 0.5]],
+    ...                                 "foreign_ratio_p50": [[1, 0.8], [2, 0.6], [3, 0.5], [4, 0.4]]}},
+    ...     "y": {"diagnostic_curves": {"capability": [[1, 0.4], [2, 0.6], [3, 0.5], [4, 0.5]]}}}}
+    >>> x = mechanism_inputs([run], "m", share=0.5)["b"]["x"]
+    >>> x["steps"], x["window"], x["early"]["capability"], x["late"]["capability"], x["early"]["rho"], x["late"]["rho"]
+    (4, 2, 0.2, 0.45, 2.5, 1.125)
+    >>> round(x["early"]["foreign_ratio_p50"], 6), x["late"]["foreign_ratio_p50"], x["late"]["foreign_clip_frac"]
+    (0.7, 0.45, None)
+    """
+    from hacrl.core.capability import RATIO_MAX, RATIO_MIN
+
+    per: dict = {}  # bed -> agent -> phase -> key -> per-seed values
+    sizes: dict = {}
+    for run in (r for r in runs if r["method"] == method):
+        curves = {a: res.get("diagnostic_curves", {}) for a, res in run["agents"].items()}
+        caps = {a: dict((int(s), v) for s, v in c.get("capability", [])) for a, c in curves.items()}
+        for agent, c in curves.items():
+            steps = sorted(caps[agent])
+            if not steps:
+                continue
+            window = max(1, round(share * len(steps)))
+            phases = {"early": set(steps[:window]), "late": set(steps[-window:])}
+            partners = [a for a in caps if a != agent]
+            series = {k: {int(s): v for s, v in c.get(k, [])} for k, _ in INPUTS if k != "rho"}
+            if len(partners) == 1:
+                theirs, mine = caps[partners[0]], caps[agent]
+                series["rho"] = {
+                    s: min(RATIO_MAX, max(RATIO_MIN, theirs[s] / max(mine[s], 1e-8))) for s in mine if s in theirs
+                }
+            sizes.setdefault(run["bed"], {})[agent] = (len(steps), window)
+            for phase, chosen in phases.items():
+                for key, _ in INPUTS:
+                    values = [v for s, v in series.get(key, {}).items() if s in chosen and v is not None]
+                    if values:
+                        cell = per.setdefault(run["bed"], {}).setdefault(agent, {}).setdefault(phase, {})
+                        cell.setdefault(key, []).append(statistics.mean(values))
+    out: dict = {}
+    for bed, agents in per.items():
+        for agent, phases in agents.items():
+            steps, window = sizes[bed][agent]
+            out.setdefault(bed, {})[agent] = {
+                "method": method,
+                "steps": steps,
+                "window": window,
+                "seeds": max((len(v) for p in phases.values() for v in p.values()), default=0),
+                **{
+                    phase: {k: _mean(phases.get(phase, {}).get(k, [])) for k, _ in INPUTS}
+                    for phase in ("early", "late")
+                },
+            }
     return out
 
 
@@ -934,6 +1010,28 @@ def _markdown(result: dict) -> str:
         ]
         for name, cells in across.items():
             lines.append(f"| {name} | " + " | ".join(cells.get(b, "not run") for b in beds) + " |")
+        lines.append("")
+    inputs = result.get("mechanism_inputs_across_beds") or result.get("mechanism_inputs")
+    if inputs:
+        lines += [
+            f"## What the mechanisms act on: early -> late in training (`hacpo_{ABLATION_MODE}`, mean over seeds)",
+            "",
+            "Each learner's mean over the first and the last 10 % of the steps (`mechanism_inputs`; not "
+            "pre-registered). rho far from 1 is what rho and the capability baseline need to act on; a falling foreign "
+            "ratio and more rows clipped late mean the policies drift apart.",
+            "",
+            "| bed | learner | steps (window) | seeds | " + " | ".join(label for _, label in INPUTS) + " |",
+            "|---|---|---|---|" + "---|" * len(INPUTS),
+        ]
+        for bed, agents in inputs.items():
+            for agent, d in agents.items():
+                cells = []
+                for key, _ in INPUTS:
+                    early, late = d["early"].get(key), d["late"].get(key)
+                    cells.append("-" if early is None or late is None else f"{early:.2f} -> {late:.2f}")
+                lines.append(
+                    f"| `{bed}` | {agent} | {d['steps']} ({d['window']}) | {d['seeds']} | " + " | ".join(cells) + " |"
+                )
         lines.append("")
     if result.get("warm_start"):
         lines += [

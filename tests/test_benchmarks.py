@@ -598,3 +598,64 @@ def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_p
     md = (tmp_path / "evidence.md").read_text()
     assert "| frozen_teacher (frozen here: never trained) | 5 |" in md
     assert "| sharing | " in md and "**pays (llama-char, qwen-bpe)** |" in md
+
+
+def test_what_the_mechanisms_act_on_early_and_late_by_hand(tmp_path):
+    """`mechanism_inputs` through `aggregate`: over the first and last 10 % of 20 steps (2 steps each), each learner's
+    capability, its rho on the partner's rows (the trainer's clamp to [0.1, 10], step by step) and its foreign ratio,
+    mean over seeds; other methods' runs are not read; an earlier round's rows join the table across beds."""
+    bench = _load_evidence()
+    full = "hacpo_learner_length"
+    (tmp_path / "summaries" / "gap").mkdir(parents=True)
+    for method, seed, scale in ((full, 0, 1.0), (full, 1, 2.0), ("naive", 0, 5.0)):
+        # llama: capability 0.4 early, 0.5 late; qwen: 0.2 * scale early (0.02 at step 1: rho hits the clamp 10)
+        llama = [0.4 if s <= 10 else 0.5 for s in range(1, 21)]
+        qwen = [0.02 if s == 1 else (0.2 * scale if s <= 10 else 0.25 * scale) for s in range(1, 21)]
+        ratio = [0.8 if s <= 10 else 0.4 * scale for s in range(1, 21)]
+        agents = {}
+        for agent, caps in (("llama-char", llama), ("qwen-bpe", qwen)):
+            curves = {"capability": [[s, c] for s, c in enumerate(caps, 1)]}
+            curves["foreign_ratio_p50"] = [[s, r] for s, r in enumerate(ratio, 1)]
+            agents[agent] = {
+                "final_accuracy": 0.3,
+                "initial_accuracy": 0.2,
+                "curve": [[0, 0.2], [20, 0.3]],
+                "skill_curves": {"+": [[0, 0.2], [20, 0.3]]},
+                "train_seconds": [[0, 0.0], [20, 10.0]],
+                "rollouts_generated": 1,
+                "sequences_trained": 1,
+                "diagnostics": {},
+                "diagnostic_curves": curves,
+            }
+        summary = {"bed": "gap", "method": method, "seed": seed, "agents": agents, "seconds": 10.0, "quiet": True}
+        (tmp_path / "summaries" / "gap" / f"{method}-s{seed}.json").write_text(json.dumps(summary))
+    earlier_row = {"method": full, "steps": 150, "window": 15, "seeds": 5, "early": {}, "late": {}}
+    (tmp_path / "round2.json").write_text(json.dumps({"mechanism_inputs": {"complement": {"qwen-bpe": earlier_row}}}))
+    result = bench.aggregate(tmp_path, "test", earlier=tmp_path / "round2.json")
+    qwen = result["mechanism_inputs"]["gap"]["qwen-bpe"]
+    llama = result["mechanism_inputs"]["gap"]["llama-char"]
+    assert (qwen["steps"], qwen["window"], qwen["seeds"]) == (20, 2, 2)
+    # qwen learner, early steps 1-2: rho = clamp(0.4 / 0.02) = 10 and 0.4 / (0.2 s) -> seed 0 (10 + 2) / 2 = 6,
+    # seed 1 (10 + 1) / 2 = 5.5; mean 5.75. Late: 0.5 / (0.25 s) = 2 and 1 -> 1.5
+    assert qwen["early"]["rho"] == pytest.approx(5.75) and qwen["late"]["rho"] == pytest.approx(1.5)
+    # llama learner, early: 0.02 / 0.4 = 0.05 clamps to 0.1: seed 0 (0.1 + 0.5) / 2, seed 1 (0.1 + 1.0) / 2 -> 0.425;
+    # late 0.25 s / 0.5 -> 0.75
+    assert llama["early"]["rho"] == pytest.approx(0.425) and llama["late"]["rho"] == pytest.approx(0.75)
+    assert qwen["early"]["capability"] == pytest.approx((0.11 + 0.21) / 2)  # (0.02 + 0.2 s) / 2 per seed
+    assert llama["late"]["capability"] == pytest.approx(0.5)
+    # the foreign ratio: 0.8 early in both seeds; late 0.4 and 0.8 (naive's 2.0 is not read)
+    assert qwen["early"]["foreign_ratio_p50"] == pytest.approx(0.8)
+    assert qwen["late"]["foreign_ratio_p50"] == pytest.approx(0.6)
+    assert qwen["late"]["foreign_clip_frac"] is None  # no curve in the summaries: no number
+    md = (tmp_path / "evidence.md").read_text()
+    assert "| `complement` | qwen-bpe | 150 (15) | 5 | - |" in md
+    assert "| `gap` | qwen-bpe | 20 (2) | 2 | 0.16 -> 0.38 | 5.75 -> 1.50 | - | 0.80 -> 0.60 | - | - |" in md
+
+
+def test_the_evidence_script_s_examples_hold():
+    """The docstring examples of benchmarks/evidence.py (the verdict rule, `mechanism_inputs`) run as tests: the
+    module lives outside the package, so pytest's doctest collection does not reach it."""
+    import doctest
+
+    failed, attempted = doctest.testmod(_load_evidence(), optionflags=doctest.ELLIPSIS)
+    assert attempted >= 2 and failed == 0
