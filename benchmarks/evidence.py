@@ -603,16 +603,35 @@ PRIMARY3 = {
 points with the interval above zero)."""
 
 
+LATE_EVALUATIONS = 3
+"""The sensitivity check of round 3's primary: the mean of each run's last this many evaluations (steps 350-400 of
+400) instead of the last one alone (`late_mean`)."""
+
+
+def late_mean(run: dict, k: int = LATE_EVALUATIONS) -> float:
+    """Mean greedy accuracy over a run's last `k` evaluations (fewer if it has fewer).
+
+    >>> late_mean({"curve": [[0, 0.1], [25, 0.3], [50, 0.2], [75, 0.4]]})
+    0.3
+    """
+    return statistics.mean(a for _, a in run["curve"][-k:])
+
+
 def _primary_round3(cells: dict) -> dict:
-    """Each of PRIMARY3's comparisons with its verdict (none before all of SEEDS have run)."""
+    """Each of PRIMARY3's comparisons with its verdict (none before all of SEEDS have run), and a sensitivity check
+    added while the grid ran (not pre-registered, no verdict): the same paired difference of each run's mean over
+    its last LATE_EVALUATIONS evaluations, since a single final evaluation moves by 1-3 points between neighbours."""
     by_method = cells.get(PRIMARY3["bed"], {}).get(PRIMARY3["agent"], {})
     out = []
     for method, baseline, goal in PRIMARY3["comparisons"]:
         if method in by_method and baseline in by_method:
-            c = _compare(by_method[method], by_method[baseline])["overall"]
+            mine, theirs = by_method[method], by_method[baseline]
+            c = _compare(mine, theirs)["overall"]
             met = c["mean"] >= goal and c["lo"] is not None and c["lo"] > 0
             verdict = ("met" if met else "not met") if c["n"] == len(SEEDS) else "no verdict yet"
-            out.append({"comparison": f"{method} - {baseline}", "goal": goal, **c, "verdict": verdict})
+            common = sorted(mine.keys() & theirs.keys())
+            late = paired_ci([100 * (late_mean(mine[s]) - late_mean(theirs[s])) for s in common])
+            out.append({"comparison": f"{method} - {baseline}", "goal": goal, **c, "verdict": verdict, "late": late})
     return {"bed": PRIMARY3["bed"], "agent": PRIMARY3["agent"], "comparisons": out}
 
 
@@ -941,6 +960,18 @@ def _markdown(result: dict) -> str:
             per = ", ".join(f"{d:+.1f}" for d in c.get("diffs", []))
             lines.append(f"| `{c['comparison']}` | >= {c['goal']:g}, interval above 0 | {c['n']} | {_fmt_ci(c)} | "
                          f"{per} | **{c['verdict']}** |")  # fmt: skip
+        lines += [
+            "",
+            f"Sensitivity (not pre-registered, no verdict): each run's mean over its last {LATE_EVALUATIONS} "
+            "evaluations instead of the last one alone, paired per seed.",
+            "",
+            "| comparison | seeds | Δ late mean [95 % CI] | per seed |",
+            "|---|---|---|---|",
+        ]
+        for c in round3["comparisons"]:
+            late = c.get("late") or {"n": 0, "mean": None}
+            per = ", ".join(f"{d:+.1f}" for d in late.get("diffs", []))
+            lines.append(f"| `{c['comparison']}` | {late['n']} | {_fmt_ci(late)} | {per} |")
         lines.append("")
     primary = result.get("primary")
     if primary and primary["agents"]:

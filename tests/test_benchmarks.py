@@ -659,3 +659,26 @@ def test_the_evidence_script_s_examples_hold():
 
     failed, attempted = doctest.testmod(_load_evidence(), optionflags=doctest.ELLIPSIS)
     assert attempted >= 2 and failed == 0
+
+
+def test_round3_primary_sensitivity_uses_the_mean_of_the_last_three_evaluations():
+    """The primary's sensitivity check (not pre-registered): each run's mean over its last 3 evaluations, paired per
+    seed. Hand-made curves whose last evaluations differ from their late means: HACPO ends 1 point above naive in
+    both seeds, but over its last three evaluations it is 2 and 4 points below (late means 0.30 vs 0.32, 0.30 vs
+    0.34), so the final-only difference and the late-mean difference have opposite signs."""
+    bench = _load_evidence()
+
+    def run(curve):
+        return {"curve": curve, "final_accuracy": curve[-1][1], "skill_curves": {}}
+
+    hacpo = {s: run([[0, 0.1], [350, 0.29], [375, 0.29], [400, 0.32]]) for s in (0, 1)}
+    naive = {
+        0: run([[0, 0.1], [350, 0.33], [375, 0.32], [400, 0.31]]),
+        1: run([[0, 0.1], [350, 0.37], [375, 0.34], [400, 0.31]]),
+    }
+    cells = {"gap": {"qwen-bpe": {"hacpo_learner_length": hacpo, "naive": naive}}}
+    (c,) = bench._primary_round3(cells)["comparisons"]
+    assert c["comparison"] == "hacpo_learner_length - naive"
+    assert c["diffs"] == pytest.approx([1.0, 1.0]) and c["verdict"] == "no verdict yet"
+    assert c["late"]["diffs"] == pytest.approx([-2.0, -4.0]) and c["late"]["mean"] == pytest.approx(-3.0)
+    assert bench.late_mean({"curve": [[0, 0.5]]}) == 0.5  # fewer evaluations than 3: all of them
