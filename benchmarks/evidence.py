@@ -786,8 +786,9 @@ def mechanism_inputs(runs: list[dict], method: str = f"hacpo_{ABLATION_MODE}", s
     least one step each) of each of INPUTS, then the mean over seeds. Read as: do the capabilities differ enough
     for the capability baseline and rho to act (rho far from 1), and do the policies drift apart over the run (the
     partner's rows less likely under the learner's policy late than early: a falling ratio, more rows clipped)?
-    rho is the trainer's own, clamp(partner's capability / the learner's, 0.1, 10), step by step, with exactly one
-    partner (left out with more). Added while round 3's grid ran (not pre-registered), from the summaries' curves.
+    rho is the trainer's own (`hacrl.core.capability.loss_coefficients`: clamp(partner's capability / the learner's,
+    0.1, 10)), step by step, with exactly one partner (left out with more). Added while round 3's grid ran (not
+    pre-registered), from the summaries' curves.
 
     >>> run = {"bed": "b", "method": "m", "seed": 0, "agents": {
     ...     "x": {"diagnostic_curves": {"capability": [[1, 0.2], [2, 0.2], [3, 0.4], [4, 0.5]],
@@ -799,7 +800,9 @@ def mechanism_inputs(runs: list[dict], method: str = f"hacpo_{ABLATION_MODE}", s
     >>> round(x["early"]["foreign_ratio_p50"], 6), x["late"]["foreign_ratio_p50"], x["late"]["foreign_clip_frac"]
     (0.7, 0.45, None)
     """
-    from hacrl.core.capability import RATIO_MAX, RATIO_MIN
+    import torch
+
+    from hacrl.core.capability import CAPABILITY_FLOOR, loss_coefficients
 
     per: dict = {}  # bed -> agent -> phase -> key -> per-seed values
     sizes: dict = {}
@@ -814,11 +817,12 @@ def mechanism_inputs(runs: list[dict], method: str = f"hacpo_{ABLATION_MODE}", s
             phases = {"early": set(steps[:window]), "late": set(steps[-window:])}
             partners = [a for a in caps if a != agent]
             series = {k: {int(s): v for s, v in c.get(k, [])} for k, _ in INPUTS if k != "rho"}
-            if len(partners) == 1:
-                theirs, mine = caps[partners[0]], caps[agent]
-                series["rho"] = {
-                    s: min(RATIO_MAX, max(RATIO_MIN, theirs[s] / max(mine[s], 1e-8))) for s in mine if s in theirs
-                }
+            if len(partners) == 1:  # the trainer's own rho: its loss coefficient on the partner's rows
+                mine, theirs = caps[agent], caps[partners[0]]
+                rho = series["rho"] = {}
+                for s in mine.keys() & theirs.keys():
+                    pair = torch.tensor([mine[s], theirs[s]], dtype=torch.float64).clamp(min=CAPABILITY_FLOOR)
+                    rho[s] = float(loss_coefficients(pair, 0)[1])
             sizes.setdefault(run["bed"], {})[agent] = (len(steps), window)
             for phase, chosen in phases.items():
                 for key, _ in INPUTS:
