@@ -20,6 +20,7 @@ machines (one seed's whole row on one machine: differences are only taken within
     python benchmarks/evidence.py                             # everything that is missing (about 9 h on 2 cores)
     python benchmarks/evidence.py --aggregate-only            # rebuild evidence.md / .json / .png
     python benchmarks/evidence.py --smoke --out /tmp/e        # seconds: tiny agents, 2 steps (the tests run it)
+    python benchmarks/evidence.py --beds gap --replay 3       # does this machine reproduce seed 3? (~8 min)
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def delta_rule(p10_by_learner: dict[str, float]) -> float:
 
 
 def machine() -> dict:
-    """Where a run ran: differences are only ever taken within a seed, and a seed's row runs on one machine."""
+    """Where a run ran: differences are only ever taken within a seed, and a seed's row runs on one machine (or, when
+    that machine is gone, on one that `Grid.replay` found to reproduce it bit for bit)."""
     import torch
 
     cpu = ""
@@ -145,6 +147,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "boot_id": _boot_id(),  # node and CPU name are the same on every machine of this kind; the boot is not
     }
 
 
@@ -308,12 +311,13 @@ class Grid:
     def summary_path(self, bed: str, method: str, seed: int) -> Path:
         return self.out / "summaries" / bed / f"{method}-s{seed}.json"
 
-    def run(self, bed: str, method: str, seed: int) -> dict:
-        """Train one (bed, method, seed) through the real trainer; its summary."""
+    def run(self, bed: str, method: str, seed: int, work: Path | None = None, extra: list[str] = ()) -> dict:
+        """Train one (bed, method, seed) through the real trainer; its summary. `work`: the run directory (default
+        `<out>/.runs/<bed>/<method>-s<seed>`); `extra`: overrides applied last (the replay's shorter run)."""
         from hacrl.config import load_config
         from hacrl.trainer import Trainer
 
-        work = self.out / ".runs" / bed / f"{method}-s{seed}"
+        work = work or self.out / ".runs" / bed / f"{method}-s{seed}"
         shutil.rmtree(work, ignore_errors=True)  # an interrupted run restarts: its summary was never written
         common = self.overrides(bed, seed)  # bootstraps the seed's agents (cached after the first run)
         base = load_config(self.config_path(bed), common)
@@ -331,7 +335,7 @@ class Grid:
                 overrides.append(item)
         config = load_config(
             self.config_path(bed),
-            [*common, *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}"],
+            [*common, *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}", *extra],
         )
         print(f"== {bed} {method} seed {seed}: {config.trainer.steps} steps", flush=True)
         start, load = time.perf_counter(), Load()
@@ -350,6 +354,91 @@ class Grid:
         }
         shutil.rmtree(work / "checkpoints", ignore_errors=True)
         return summary
+
+    def replay(self, bed: str, seed: int, method: str | None = None, steps: int = 3) -> dict:
+        """Whether this machine reproduces a committed run bit for bit: rebuild (or reuse) the seed's warm-starts,
+        train `method` (default: the bed's HACPO) for `steps` steps, and compare with its committed summary every
+        agent's step-0 accuracy, overall and per sub-skill, and every per-step diagnostic of those steps (the
+        capability, clip fractions, foreign-ratio quantiles). A seed's row is meant to run on one machine; when
+        the machine that ran part of it is gone (a new session gets a new one), the rest may run elsewhere only
+        after this says `identical`. Each check is appended to `<out>/replays/<bed>-s<seed>.json`."""
+        method = method or f"hacpo_{ABLATION_MODE if bed in ROUND3_BEDS else MODES[0]}"
+        path = self.summary_path(bed, method, seed)
+        if not path.is_file():
+            raise SystemExit(f"no committed run to replay: {path} is missing (run that seed's {method} first)")
+        reference = json.loads(path.read_text())
+        if steps < 1 or steps > reference["steps"]:
+            raise SystemExit(f"--replay-steps must be between 1 and the run's {reference['steps']} steps, not {steps}")
+        work = self.out / ".runs" / "replay" / f"{bed}-{method}-s{seed}"
+        print(f"== replay {bed} {method} seed {seed}: {steps} steps against {path}", flush=True)
+        mine = self.run(bed, method, seed, work=work, extra=[f"trainer.steps={steps}", "eval.every=0"])
+        shutil.rmtree(work, ignore_errors=True)
+        differences = replay_differences(reference, mine, steps)
+        record = {
+            "bed": bed,
+            "method": method,
+            "seed": seed,
+            "steps": steps,
+            "identical": not differences,
+            "differences": differences,
+            "compared": sum(1 + len(a["skill_curves"]) for a in reference["agents"].values())
+            + sum(
+                sum(1 for step, _ in curve if step <= steps)
+                for a in reference["agents"].values()
+                for curve in a["diagnostic_curves"].values()
+            ),
+            "machine": machine(),
+            "reference_machine": reference["machine"],
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        history = self.out / "replays" / f"{bed}-s{seed}.json"
+        _write_json(history, [*(json.loads(history.read_text()) if history.is_file() else []), record])
+        return record
+
+
+def replay_differences(reference: dict, mine: dict, steps: int) -> list[str]:
+    """What a replay of `steps` steps (`mine`, a summary) computed differently from the committed run
+    (`reference`): exact comparisons of floats, since the claim is bit for bit.
+
+    >>> ref = {"agents": {"a": {"initial_accuracy": 0.5, "skill_curves": {"+": [[0, 0.4], [25, 0.6]]},
+    ...        "diagnostic_curves": {"capability": [[1, 0.25], [2, 0.5], [3, 0.75]]}}}}
+    >>> replay_differences(ref, ref, 2)
+    []
+    >>> other = json.loads(json.dumps(ref)); other["agents"]["a"]["diagnostic_curves"]["capability"][1][1] = 0.5000001
+    >>> replay_differences(ref, other, 2)
+    ['a capability at step 2: 0.5 committed, 0.5000001 here']
+    >>> replay_differences(ref, other, 1)
+    []
+    """
+    out = []
+    for name, ref in reference["agents"].items():
+        got = mine["agents"].get(name)
+        if got is None:
+            out.append(f"{name}: not in the replay")
+            continue
+        if ref["initial_accuracy"] != got["initial_accuracy"]:
+            out.append(f"{name} step-0 accuracy: {ref['initial_accuracy']} committed, {got['initial_accuracy']} here")
+        for skill, curve in ref.get("skill_curves", {}).items():
+            here = dict(map(tuple, got.get("skill_curves", {}).get(skill, [])))
+            if not curve:
+                continue
+            step, value = curve[0]
+            if here.get(step) != value:
+                out.append(f"{name} step-0 accuracy on {skill!r}: {value} committed, {here.get(step)} here")
+        for key, curve in ref.get("diagnostic_curves", {}).items():
+            here = dict(map(tuple, got.get("diagnostic_curves", {}).get(key, [])))
+            for step, value in curve:
+                if step <= steps and here.get(step) != value:
+                    out.append(f"{name} {key} at step {step}: {value} committed, {here.get(step)} here")
+    return out
+
+
+def _boot_id() -> str | None:
+    """This boot of this machine (the node name `vm` is the same on every machine of this kind)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
 
 
 def wait_while_held(out: Path, poll: float = 5.0) -> None:
@@ -1220,6 +1309,15 @@ def main(argv: list[str] | None = None) -> int:
         "run directory (still on this machine), keeping its machine and seconds, then aggregate",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
+    parser.add_argument(
+        "--replay",
+        type=int,
+        metavar="SEED",
+        help="check that this machine reproduces a committed run of SEED bit for bit (its warm-starts and first "
+        "steps; method: the first of --methods, default HACPO) before running the rest of that seed's row here; "
+        "exit status 1 when it does not",
+    )
+    parser.add_argument("--replay-steps", type=int, default=3, help="how many steps --replay trains (default 3)")
     args = parser.parse_args(argv)
 
     from transformers.utils import logging as hf_logging
@@ -1229,6 +1327,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or ROOT / "benchmarks" / "results" / ("round3" if round3 else "round2"))
     grid = Grid(out, smoke=args.smoke, extra=args.overrides)
     command = "python benchmarks/evidence.py" + (" --beds gap" if round3 else "") + (" --smoke" if args.smoke else "")
+    if args.replay is not None:
+        records = [grid.replay(bed, args.replay, (args.methods or [None])[0], args.replay_steps) for bed in args.beds]
+        for record in records:
+            print(f"== replay {record['bed']} {record['method']} seed {record['seed']}, {record['steps']} steps, "
+                  f"{record['compared']} values: {'IDENTICAL' if record['identical'] else 'DIFFERENT'}")  # fmt: skip
+            for line in record["differences"][:20]:
+                print(f"   {line}")
+        return 0 if all(r["identical"] for r in records) else 1
     if args.calibrate:
         table = grid.calibrate(args.beds)
         print(json.dumps(table, indent=1))

@@ -533,6 +533,25 @@ def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     (primary,) = result["primary_round3"]["comparisons"]  # one of two: gspo_x2 did not run here
     assert primary["comparison"] == "hacpo_learner_length - naive" and primary["verdict"] == "no verdict yet"
     assert (tmp_path / "evidence.md").read_text().startswith("# Learning benchmark, round 3")
+    # --replay: this machine reproduces the committed HACPO run's warm-starts and first steps bit for bit ...
+    replay = ["--smoke", "--out", str(tmp_path), "--beds", "gap", "--replay", "0", "--replay-steps", "2"]
+    assert bench.main(replay) == 0
+    (record,) = json.loads((tmp_path / "replays" / "gap-s0.json").read_text())
+    assert record["identical"] and record["method"] == "hacpo_learner_length" and record["steps"] == 2
+    assert record["compared"] == 2 * (1 + 2) + 2 * 2 * len(bench.DIAGNOSTICS)  # per agent: step 0, 2 skills, 2 steps
+    # ... and names what differs when the committed run is not what this machine computes (one float, 1e-9 off)
+    path = tmp_path / "summaries" / "gap" / "hacpo_learner_length-s0.json"
+    summary = json.loads(path.read_text())
+    capability = summary["agents"]["qwen-bpe"]["diagnostic_curves"]["capability"]
+    computed = capability[1][1]
+    capability[1][1] = computed + 1e-9
+    path.write_text(json.dumps(summary))
+    assert bench.main(replay) == 1
+    first, second = json.loads((tmp_path / "replays" / "gap-s0.json").read_text())
+    assert first == record and not second["identical"]
+    assert second["differences"] == [f"qwen-bpe capability at step 2: {computed + 1e-9} committed, {computed} here"]
+    with pytest.raises(SystemExit, match="no committed run to replay"):
+        bench.main([*replay[:-4], "--replay", "7"])
 
 
 def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_path):
