@@ -943,8 +943,9 @@ CLIP_ABLATIONS = ("static_clip", "no_foreign_clip")
 def _late_fall(by_method: dict) -> dict:
     """How far each run's accuracy ends below its best evaluation (points; 0 if the last is the best), per method,
     and for each clipping ablation the paired difference (ablation's fall - the full method's fall: above zero
-    means the ablation falls further). Added while the grid ran, not pre-registered: it tests the paper's claim
-    that static or no clipping lets accuracy fall late in training, from the same evaluation curves."""
+    means the ablation falls further). Added while round 2's grid ran, not pre-registered there (round 3 pre-registers
+    it as a secondary): it tests the paper's claim that static or no clipping lets accuracy fall late in training,
+    from the same evaluation curves."""
     falls = {
         method: {s: 100 * (max(a for _, a in r["curve"]) - r["curve"][-1][1]) for s, r in seeds.items()}
         for method, seeds in by_method.items()
@@ -1231,10 +1232,10 @@ def _markdown(result: dict) -> str:
                     )
             fall = data["late_fall"]
             if fall["methods"]:
+                status = "pre-registered as secondary" if bed in ROUND3_BEDS else "not pre-registered"
                 lines += [
                     "",
-                    "| fall from the best evaluation to the final one (points; not pre-registered) "
-                    "| mean | max | per seed |",
+                    f"| fall from the best evaluation to the final one (points; {status}) | mean | max | per seed |",
                     "|---|---|---|---|",
                 ]
                 for method, f in fall["methods"].items():

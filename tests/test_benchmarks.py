@@ -532,7 +532,9 @@ def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     result = json.loads((tmp_path / "evidence.json").read_text())  # round 3's primary leads its aggregate
     (primary,) = result["primary_round3"]["comparisons"]  # one of two: gspo_x2 did not run here
     assert primary["comparison"] == "hacpo_learner_length - naive" and primary["verdict"] == "no verdict yet"
-    assert (tmp_path / "evidence.md").read_text().startswith("# Learning benchmark, round 3")
+    markdown = (tmp_path / "evidence.md").read_text()
+    assert markdown.startswith("# Learning benchmark, round 3")
+    assert "final one (points; pre-registered as secondary)" in markdown  # round 3 lists the late fall in advance
     # --replay: this machine reproduces the committed HACPO run's warm-starts and first steps bit for bit ...
     replay = ["--smoke", "--out", str(tmp_path), "--beds", "gap", "--replay", "0", "--replay-steps", "2"]
     assert bench.main(replay) == 0
