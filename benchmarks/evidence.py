@@ -373,7 +373,7 @@ class Grid:
         print(f"== replay {bed} {method} seed {seed}: {steps} steps against {path}", flush=True)
         mine = self.run(bed, method, seed, work=work, extra=[f"trainer.steps={steps}", "eval.every=0"])
         shutil.rmtree(work, ignore_errors=True)
-        differences = replay_differences(reference, mine, steps)
+        differences, compared = replay_differences(reference, mine, steps)
         record = {
             "bed": bed,
             "method": method,
@@ -381,12 +381,7 @@ class Grid:
             "steps": steps,
             "identical": not differences,
             "differences": differences,
-            "compared": sum(1 + len(a["skill_curves"]) for a in reference["agents"].values())
-            + sum(
-                sum(1 for step, _ in curve if step <= steps)
-                for a in reference["agents"].values()
-                for curve in a["diagnostic_curves"].values()
-            ),
+            "compared": compared,
             "machine": machine(),
             "reference_machine": reference["machine"],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -396,26 +391,32 @@ class Grid:
         return record
 
 
-def replay_differences(reference: dict, mine: dict, steps: int) -> list[str]:
+def replay_differences(reference: dict, mine: dict, steps: int) -> tuple[list[str], int]:
     """What a replay of `steps` steps (`mine`, a summary) computed differently from the committed run
-    (`reference`): exact comparisons of floats, since the claim is bit for bit.
+    (`reference`), and how many committed values it compared: exact comparisons of floats, since the claim
+    is bit for bit.
 
     >>> ref = {"agents": {"a": {"initial_accuracy": 0.5, "skill_curves": {"+": [[0, 0.4], [25, 0.6]]},
     ...        "diagnostic_curves": {"capability": [[1, 0.25], [2, 0.5], [3, 0.75]]}}}}
     >>> replay_differences(ref, ref, 2)
-    []
+    ([], 4)
     >>> other = json.loads(json.dumps(ref)); other["agents"]["a"]["diagnostic_curves"]["capability"][1][1] = 0.5000001
     >>> replay_differences(ref, other, 2)
-    ['a capability at step 2: 0.5 committed, 0.5000001 here']
+    (['a capability at step 2: 0.5 committed, 0.5000001 here'], 4)
     >>> replay_differences(ref, other, 1)
-    []
+    ([], 3)
+    >>> replay_differences(ref, {"agents": {}}, 3)
+    (['a: not in the replay'], 5)
     """
-    out = []
+    out, compared = [], 0
     for name, ref in reference["agents"].items():
         got = mine["agents"].get(name)
         if got is None:
             out.append(f"{name}: not in the replay")
+            compared += 1 + sum(1 for c in ref.get("skill_curves", {}).values() if c)
+            compared += sum(s <= steps for c in ref.get("diagnostic_curves", {}).values() for s, _ in c)
             continue
+        compared += 1
         if ref["initial_accuracy"] != got["initial_accuracy"]:
             out.append(f"{name} step-0 accuracy: {ref['initial_accuracy']} committed, {got['initial_accuracy']} here")
         for skill, curve in ref.get("skill_curves", {}).items():
@@ -423,14 +424,18 @@ def replay_differences(reference: dict, mine: dict, steps: int) -> list[str]:
             if not curve:
                 continue
             step, value = curve[0]
+            compared += 1
             if here.get(step) != value:
                 out.append(f"{name} step-0 accuracy on {skill!r}: {value} committed, {here.get(step)} here")
         for key, curve in ref.get("diagnostic_curves", {}).items():
             here = dict(map(tuple, got.get("diagnostic_curves", {}).get(key, [])))
             for step, value in curve:
-                if step <= steps and here.get(step) != value:
+                if step > steps:
+                    continue
+                compared += 1
+                if here.get(step) != value:
                     out.append(f"{name} {key} at step {step}: {value} committed, {here.get(step)} here")
-    return out
+    return out, compared
 
 
 def _boot_id() -> str | None:

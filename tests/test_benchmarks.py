@@ -554,6 +554,10 @@ def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     assert second["differences"] == [f"qwen-bpe capability at step 2: {computed + 1e-9} committed, {computed} here"]
     with pytest.raises(SystemExit, match="no committed run to replay"):
         bench.main([*replay[:-4], "--replay", "7"])
+    bounds = f"--replay-steps must be between 1 and the run's {summary['steps']} steps"
+    for steps in ("0", str(summary["steps"] + 1)):  # a replay trains at least one step, at most the run's
+        with pytest.raises(SystemExit, match=bounds):
+            bench.main([*replay[:-1], steps])
 
 
 def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_path):
