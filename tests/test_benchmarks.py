@@ -620,7 +620,12 @@ def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_p
     assert "frozen_teacher" not in llama["late_fall"]["methods"]
     qwen = result["beds"]["gap"]["qwen-bpe"]
     assert {f"{full} - frozen_teacher", "frozen_teacher - gspo"} <= set(qwen["comparisons"])
+    # the paper's claim 3, added after the grid: computed like the others, labelled as not pre-registered
+    post_hoc = qwen["comparisons"]["naive - gspo"]
+    assert post_hoc["overall"]["mean"] == pytest.approx(3.0) and not post_hoc["pre_registered"]
+    assert qwen["comparisons"][f"{full} - gspo"]["pre_registered"]
     md = (tmp_path / "evidence.md").read_text()
+    assert "| naive - gspo (not pre-registered) | +3.0 [+3.0, +3.0] * |" in md
     assert "| frozen_teacher (frozen here: never trained) | 5 |" in md
     assert "| sharing | " in md and "**pays (llama-char, qwen-bpe)** |" in md
 
