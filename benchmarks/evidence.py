@@ -316,7 +316,7 @@ class Grid:
     def summary_path(self, bed: str, method: str, seed: int) -> Path:
         return self.out / "summaries" / bed / f"{method}-s{seed}.json"
 
-    def run(self, bed: str, method: str, seed: int, work: Path | None = None, extra: list[str] = ()) -> dict:
+    def run(self, bed: str, method: str, seed: int, work: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
         """Train one (bed, method, seed) through the real trainer; its summary. `work`: the run directory (default
         `<out>/.runs/<bed>/<method>-s<seed>`); `extra`: overrides applied last (the replay's shorter run)."""
         from hacrl.config import load_config
@@ -376,7 +376,7 @@ class Grid:
             raise SystemExit(f"--replay-steps must be between 1 and the run's {reference['steps']} steps, not {steps}")
         work = self.out / ".runs" / "replay" / f"{bed}-{method}-s{seed}"
         print(f"== replay {bed} {method} seed {seed}: {steps} steps against {path}", flush=True)
-        mine = self.run(bed, method, seed, work=work, extra=[f"trainer.steps={steps}", "eval.every=0"])
+        mine = self.run(bed, method, seed, work=work, extra=(f"trainer.steps={steps}", "eval.every=0"))
         shutil.rmtree(work, ignore_errors=True)
         differences, compared = replay_differences(reference, mine, steps)
         record = {
@@ -410,37 +410,26 @@ def replay_differences(reference: dict, mine: dict, steps: int) -> tuple[list[st
     (['a capability at step 2: 0.5 committed, 0.5000001 here'], 4)
     >>> replay_differences(ref, other, 1)
     ([], 3)
-    >>> replay_differences(ref, {"agents": {}}, 3)
-    (['a: not in the replay'], 5)
+    >>> replay_differences(ref, {"agents": {}}, 1)
+    (['a step-0 accuracy: 0.5 committed, None here', "a step-0 accuracy on '+': 0.4 committed, None here", \
+'a capability at step 1: 0.25 committed, None here'], 3)
     """
-    out, compared = [], 0
-    for name, ref in reference["agents"].items():
-        got = mine["agents"].get(name)
-        if got is None:
-            out.append(f"{name}: not in the replay")
-            compared += 1 + sum(1 for c in ref.get("skill_curves", {}).values() if c)
-            compared += sum(s <= steps for c in ref.get("diagnostic_curves", {}).values() for s, _ in c)
-            continue
-        compared += 1
-        if ref["initial_accuracy"] != got["initial_accuracy"]:
-            out.append(f"{name} step-0 accuracy: {ref['initial_accuracy']} committed, {got['initial_accuracy']} here")
-        for skill, curve in ref.get("skill_curves", {}).items():
-            here = dict(map(tuple, got.get("skill_curves", {}).get(skill, [])))
-            if not curve:
-                continue
-            step, value = curve[0]
-            compared += 1
-            if here.get(step) != value:
-                out.append(f"{name} step-0 accuracy on {skill!r}: {value} committed, {here.get(step)} here")
-        for key, curve in ref.get("diagnostic_curves", {}).items():
-            here = dict(map(tuple, got.get("diagnostic_curves", {}).get(key, [])))
-            for step, value in curve:
-                if step > steps:
-                    continue
-                compared += 1
-                if here.get(step) != value:
-                    out.append(f"{name} {key} at step {step}: {value} committed, {here.get(step)} here")
-    return out, compared
+    committed, here = _replay_values(reference, steps), _replay_values(mine, steps)
+    differences = [f"{k}: {v} committed, {here.get(k)} here" for k, v in committed.items() if here.get(k) != v]
+    return differences, len(committed)
+
+
+def _replay_values(summary: dict, steps: int) -> dict[str, float]:
+    """The values a replay compares, by label: each agent's step-0 accuracy, overall and per sub-skill, and each of
+    its per-step diagnostics up to `steps`."""
+    values = {}
+    for name, agent in summary["agents"].items():
+        values[f"{name} step-0 accuracy"] = agent["initial_accuracy"]
+        for skill, curve in agent.get("skill_curves", {}).items():
+            values.update({f"{name} step-0 accuracy on {skill!r}": value for step, value in curve if step == 0})
+        for key, curve in agent.get("diagnostic_curves", {}).items():
+            values.update({f"{name} {key} at step {step}": value for step, value in curve if step <= steps})
+    return values
 
 
 def _boot_id() -> str | None:
