@@ -21,7 +21,6 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ import torch
 
 from hacrl import faults
 from hacrl.errors import CheckpointError
+from hacrl.files import sha256_of
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _TMP_DIR = re.compile(r"^step_(\d{6,})\.tmp(-.*)?$")
@@ -114,16 +114,8 @@ def save_checkpoint(
 def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     return files
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -171,7 +163,7 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
                 problems.append(f"{name} is missing")
             elif file.stat().st_size != info.get("size"):
                 problems.append(f"{name} has {file.stat().st_size} bytes, {info.get('size')} were written (cut off?)")
-            elif verify_digests and _sha256(file) != info.get("sha256"):
+            elif verify_digests and sha256_of(file) != info.get("sha256"):
                 problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
     frozen = set(state.get("frozen") or [])
     for name in state["agents"]:

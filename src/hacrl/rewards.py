@@ -14,15 +14,14 @@ reaching a parser. The built-in scorers are picklable classes so that they can r
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import os
-import re
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hacrl.answers import extract_answer, final_answer
 from hacrl.errors import RewardError
 
 __all__ = [
@@ -44,109 +43,10 @@ RewardFn = Callable[..., list[float]]
 MAX_ANSWER_CHARS = 4096
 """Default cap on an extracted answer: longer ones score 0 without being parsed (`scoring.max_answer_chars`)."""
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BRACES = re.compile(r"[{}]")
-_HASHES = re.compile("####")
-_ANSWER = re.compile("answer", re.IGNORECASE)
-_IS = re.compile("is", re.IGNORECASE)
-_SPACES = re.compile(r"\s*")
-# the characters str.splitlines() splits on ("\r\n" ends in "\n")
-_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-
-
-def extract_answer(text: str) -> str:
-    """The final answer of a response: the last `\\boxed{...}`, else what follows the last `####`, else what
-    follows the last "answer:" (or "answer is:", "answer ="), else the last non-empty line.
-
-    Linear in `len(text)` for any text. The result is exactly what the regexes `####\\s*(.+)` and
-    `answer\\s*(?:is)?\\s*[:=]\\s*(.+)` (case-insensitive, last of `findall`) would give; the second of them
-    backtracks quadratically over long whitespace runs, so both are emulated here instead of run.
-
-    >>> extract_answer("so 2+2 = \\\\boxed{4}.")
-    '4'
-    >>> extract_answer("12,13,4\\n#### 432")
-    '432'
-    >>> extract_answer("The answer is: -7")
-    '-7'
-    """
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
-    # r"####\s*(.+)", then r"answer\s*(?:is)?\s*[:=]\s*(.+)" (case-insensitive)
-    for marker, capture in ((_HASHES, _rest_of_line), (_ANSWER, _answer_at)):
-        found = _last_capture(text, marker, capture)
-        if found is not None:
-            return found.strip()
-    return _last_line(text)
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{` / `\\fbox{` up to its matching brace; None when there is none or it is open."""
-    last = None
-    for m in _BOXED.finditer(text):
-        last = m
-    if last is None:
-        return None
-    depth, start = 1, last.end()
-    for brace in _BRACES.finditer(text, start):
-        depth += 1 if brace.group() == "{" else -1
-        if depth == 0:
-            return text[start : brace.start()]
-    return None  # unbalanced: no answer
-
-
-def _rest_of_line(text: str, pos: int) -> tuple[str, int] | None:
-    """What `\\s*(.+)` captures when matched at `pos` (with the regex engine's backtracking), and where it ends."""
-    start = _SPACES.match(text, pos).end()
-    if start < len(text):  # a non-space character: `.+` runs to the end of its line
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        return text[start:end], end
-    # only whitespace up to the end: `\s*` gives back characters until `.` (anything but "\n") can match one
-    last = len(text.rstrip("\n")) - 1
-    if last >= pos:
-        return text[last], last + 1
-    return None
-
-
-def _last_capture(text: str, marker: re.Pattern, capture) -> str | None:
-    """The last capture of `re.findall(marker + tail, text)`, where `capture(text, pos)` emulates `tail` matched
-    at `pos`: findall's scan (resume after a match; one position on after a failed start), without the regex."""
-    found, pos = None, 0
-    while (m := marker.search(text, pos)) is not None:
-        rest = capture(text, m.end())
-        if rest is None:
-            pos = m.start() + 1
-        else:
-            found, pos = rest
-    return found
-
-
-def _answer_at(text: str, pos: int) -> tuple[str, int] | None:
-    """`\\s*(?:is)?\\s*[:=]\\s*(.+)` at `pos`. Every way the regex could split the whitespace leads to the same
-    separator character, so only two cases exist: the separator right after the spaces, or after "is"."""
-    after_spaces = _SPACES.match(text, pos).end()
-    if after_spaces < len(text) and text[after_spaces] in ":=":
-        return _rest_of_line(text, after_spaces + 1)
-    is_word = _IS.match(text, after_spaces)
-    if is_word is not None:
-        sep = _SPACES.match(text, is_word.end()).end()
-        if sep < len(text) and text[sep] in ":=":
-            return _rest_of_line(text, sep + 1)
-    return None
-
-
-def _last_line(text: str) -> str:
-    """The last line of `text` that is not blank, stripped (as `[l.strip() for l in text.splitlines()]` would)."""
-    body = text.rstrip()
-    if not body:
-        return ""
-    cut = max(body.rfind(ch) for ch in _LINE_BREAKS)
-    return body[cut + 1 :].strip()
-
 
 class MathReward:
-    """1.0 when the extracted answer is mathematically equivalent to `answer` (via `math-verify`), else 0.0.
+    """1.0 when the response's final answer is mathematically equivalent to `answer` (`hacrl.answers`: math-verify,
+    called with both answers inside a math environment, plus its corrections), else 0.0.
 
     Each math-verify parse / verify call has math-verify's own time limit (a third of `timeout`, at least 1 s,
     scoring 0 when it fires); the hard limit that no input can get past is the scoring process's (`Scorer`).
@@ -165,44 +65,47 @@ class MathReward:
         self.__init__(**state)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any], **_: Any):
-        from math_verify import parse, verify
+        from hacrl.answers import is_equivalent, parse_answer
 
-        # math-verify logs every timeout with the whole (possibly hostile, huge) text; a timeout already scores 0
-        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
         seconds = max(1, math.ceil(self.timeout / 3))
         rewards = []
         for completion, gold in zip(completions, answer, strict=True):
-            predicted = extract_answer(completion)
+            predicted, boxed = final_answer(completion)
             if not predicted or len(predicted) > self.max_answer_chars:
                 rewards.append(0.0)
                 continue
-            gold_parsed = self._gold_parsed(str(gold), seconds)
-            pred_parsed = parse(_as_math(predicted), parsing_timeout=seconds) if gold_parsed else None
-            ok = verify(gold_parsed, pred_parsed, timeout_seconds=seconds) if gold_parsed and pred_parsed else False
+            gold_text = _gold_text(gold)
+            gold_parsed = self._gold_parsed(gold_text, seconds)
+            pred_parsed = parse_answer(predicted, boxed, seconds)
+            ok = is_equivalent(gold_text, gold_parsed, predicted, pred_parsed, seconds)
             rewards.append(1.0 if ok else 0.0)
         return rewards
 
     def _gold_parsed(self, gold: str, seconds: int):
-        from math_verify import parse
+        from hacrl.answers import parse_gold
 
         if gold in self._gold:
             self._gold.move_to_end(gold)
             return self._gold[gold]
-        parsed = parse(_as_math(gold), parsing_timeout=seconds)
+        parsed = parse_gold(gold, seconds)
         self._gold[gold] = parsed
         if len(self._gold) > 4096:
             self._gold.popitem(last=False)
         return parsed
 
 
+def _gold_text(gold: Any) -> str:
+    """A gold answer as text: a float that is an integer without its `.0` (AMC's `27.0`), a list's first entry."""
+    if isinstance(gold, (list, tuple)):
+        gold = gold[0] if gold else ""
+    if isinstance(gold, float) and gold.is_integer():
+        gold = int(gold)
+    return str(gold)
+
+
 def math_reward(timeout: float = 5.0, max_answer_chars: int = MAX_ANSWER_CHARS) -> MathReward:
     """The math verifier as a reward function (see `MathReward`)."""
     return MathReward(timeout, max_answer_chars)
-
-
-def _as_math(text: str) -> str:
-    """Wrap a bare answer in `$...$` so that math-verify's LaTeX extractor reads it (a plain number is fine too)."""
-    return text if "$" in text or "\\" in text else f"${text}$"
 
 
 class ReasoningGymReward:

@@ -20,17 +20,17 @@ without a connection, the error says how to bring the files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hacrl.answers import boxed_answer, strip_math_delimiters
 from hacrl.errors import DataError
 from hacrl.named_sets import NAMED_SETS, not_named
-from hacrl.rewards import last_boxed
 
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
 """The prompt of the paper's math sets (Qwen2.5-Math's instruction): the question, then where the answer goes."""
@@ -63,16 +63,14 @@ def gold_answer(value: Any, rule: str) -> str | None:
         value = int(value)
     text = str(value)
     if rule == "boxed":
-        found = last_boxed(text)
+        found = boxed_answer(text)
         text = found if found is not None else ""
     elif rule == "after_hash":
         head, sep, tail = text.rpartition("####")
         text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", tail) if sep else ""
     elif rule != "plain":
         raise ValueError(f"gold rule must be one of {GOLD_RULES}, got {rule!r}")
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] == "$":  # OlympiadBench writes answers as inline math
-        text = text[1:-1].strip()
+    text = strip_math_delimiters(text)  # OlympiadBench writes answers as inline math: `$\\sqrt{2}$, $-\\sqrt{2}$`
     return text or None
 
 
@@ -158,15 +156,25 @@ def _load(path: str, config: str | None, split: str, role: str, named):
         try:
             if local.is_dir() and (local / "dataset_info.json").is_file():  # written by Dataset.save_to_disk
                 return datasets.load_from_disk(str(local)), str(local)
-            if local.is_dir():
-                loaded = datasets.load_dataset(str(local), config, split=split)
-            elif kind is None:
+            if not local.is_dir() and kind is None:
                 raise DataError(f"{role}.path={path!r}: use a .parquet, .json, .jsonl or .arrow file, or a directory")
-            else:
-                loaded = datasets.load_dataset(kind, data_files=str(local), split="train")
+            # a private cache, read into memory: `datasets` caches a local directory under its name and layout, so
+            # a second copy named alike (an updated gsm8k/) would be served the first one's rows
+            with tempfile.TemporaryDirectory(prefix="hacrl-datasets-") as cache:
+                if local.is_dir():
+                    loaded = datasets.load_dataset(str(local), _local_config(datasets, local, config, named),
+                                                   split=split, cache_dir=cache, keep_in_memory=True)  # fmt: skip
+                else:
+                    loaded = datasets.load_dataset(kind, data_files=str(local), split="train", cache_dir=cache,
+                                                   keep_in_memory=True)  # fmt: skip
         except DataError:
             raise
         except Exception as e:  # noqa: BLE001 - datasets raises many types for a file it cannot read
+            if "Config name is missing" in str(e):
+                raise DataError(
+                    f"{role}.path={path!r} holds several configs ({_configs(datasets, local)}): name the one to "
+                    f"read with {role}.name"
+                ) from None
             raise DataError(
                 f"{role}.path={path!r}: `datasets` cannot read it ({type(e).__name__}: {_first(e)})"
             ) from None
@@ -193,6 +201,25 @@ def _load(path: str, config: str | None, split: str, role: str, named):
         ) from None
 
 
+def _local_config(datasets, directory: Path, config: str | None, named) -> str | None:
+    """The config to read a local directory with: the one asked for; else, when the directory declares configs (a
+    local copy of the Hub repository: GSM8K's `main` and `socratic`), the named set's; else none."""
+    if config is not None or named is None or named.config is None:
+        return config
+    try:
+        declared = datasets.get_dataset_config_names(str(directory))
+    except Exception:  # noqa: BLE001 - unreadable here: load_dataset will say what is wrong
+        return None
+    return named.config if named.config in declared else None
+
+
+def _configs(datasets, directory: Path) -> str:
+    try:
+        return ", ".join(datasets.get_dataset_config_names(str(directory)))
+    except Exception:  # noqa: BLE001 - only for a message
+        return "see its README.md"
+
+
 def _first(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
@@ -201,33 +228,67 @@ def _first(e: BaseException) -> str:
 def prepare(names: list[str], out: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:
     """`hacrl data prepare`: each named set's split as `<out>/<name>/<split>.jsonl` (question, answer: the gold
     answer already read; the other columns kept) with a `manifest.json` of row counts and SHA-256. `source`: read
-    the sets from this local directory (`<source>/<name>` as `datasets` reads it) instead of the Hub."""
+    the sets from this local directory (`<source>/<name>` as `datasets` reads it) instead of the Hub.
+
+    Nothing a user wrote is replaced: every target is checked before anything is read or written, and a file there
+    that an earlier `prepare` did not write (its manifest does not name it with its SHA-256) stops the command. Each
+    file is written whole (a temporary file renamed over it)."""
     from hacrl.config import DatasetSpec
+    from hacrl.files import write_atomically
 
     problem = not_named(names)
     if problem:
         raise DataError(f"hacrl data prepare: {problem}")
+    targets = {name: Path(out) / name / f"{NAMED_SETS[name].split}.jsonl" for name in dict.fromkeys(names)}
+    for name, target in targets.items():
+        _check_prepare_target(name, target)
     report = []
-    for name in names:
+    for name, target in targets.items():
         named = NAMED_SETS[name]
         path = str(Path(source) / name) if source else named.hub
         rows = read_rows(DatasetSpec(set=name, path=path), role=f"hacrl data prepare {name}")
-        target = Path(out) / name / f"{named.split}.jsonl"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".jsonl.tmp")
-        digest = hashlib.sha256()
-        with open(tmp, "w", encoding="utf-8") as f:
-            for q, a, extra in zip(rows.questions, rows.answers, rows.columns, strict=True):
-                line = json.dumps({"question": q, "answer": a, **_plain(extra)}, ensure_ascii=False) + "\n"
-                digest.update(line.encode("utf-8"))
-                f.write(line)
-        os.replace(tmp, target)  # a half-written file never stands under the real name
-        entry = {"set": name, "file": str(target), "rows": len(rows.questions), "skipped": rows.skipped,
-                 "expected_rows": named.rows, "sha256": digest.hexdigest(), "from": rows.where}  # fmt: skip
-        manifest = Path(out) / name / "manifest.json"
-        manifest.write_text(json.dumps(entry, indent=2) + "\n")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            lines = (
+                json.dumps({"question": q, "answer": a, **_plain(extra)}, ensure_ascii=False) + "\n"
+                for q, a, extra in zip(rows.questions, rows.answers, rows.columns, strict=True)
+            )
+            digest = write_atomically(target, lines)
+            entry = {"set": name, "file": str(target), "rows": len(rows.questions), "skipped": rows.skipped,
+                     "expected_rows": named.rows, "sha256": digest, "from": rows.where}  # fmt: skip
+            write_atomically(target.parent / "manifest.json", json.dumps(entry, indent=2) + "\n")
+        except OSError as e:
+            raise DataError(f"hacrl data prepare {name}: cannot write {target.parent}: {e.strerror or e}") from None
         report.append(entry)
     return report
+
+
+def _check_prepare_target(name: str, target: Path) -> None:
+    """Refuse to write `target` (and its manifest) over files that an earlier `hacrl data prepare` did not write."""
+    from hacrl.files import sha256_of
+
+    manifest = target.parent / "manifest.json"
+    fix = "choose another --out, or move those files away"
+    if target.parent.exists() and not target.parent.is_dir():
+        raise DataError(f"hacrl data prepare {name}: {target.parent} is a file, not a directory; {fix}")
+    if not target.exists() and not manifest.exists():
+        return
+    try:
+        entry = json.loads(manifest.read_text(encoding="utf-8"))
+        ours = (
+            isinstance(entry, dict)
+            and entry.get("set") == name
+            and Path(str(entry.get("file"))).name == target.name
+            and (not target.exists() or entry.get("sha256") == sha256_of(target))
+        )
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        present = [str(p) for p in (target, manifest) if p.exists()]
+        raise DataError(
+            f"hacrl data prepare {name}: {' and '.join(present)} already exist and were not written by hacrl data "
+            f"prepare (or were changed since: their manifest does not match), so they are left as they are; {fix}"
+        )
 
 
 def _plain(columns: dict[str, Any]) -> dict[str, Any]:

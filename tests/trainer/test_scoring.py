@@ -139,7 +139,7 @@ def test_the_gold_answer_is_parsed_once_not_once_per_completion(monkeypatch):
     gold = "1" + "0" * 2000
     reward = MathReward()
     assert reward([""] * 20, [f"\\boxed{{{i}}}" for i in range(20)], [gold] * 20) == [0.0] * 20
-    assert sum(text == f"${gold}$" for text in calls) == 1
+    assert sum(text == f"\\boxed{{{gold}}}" for text in calls) == 1
 
 
 def test_scorer_processes_have_a_memory_limit():

@@ -57,7 +57,7 @@ EXPECTED = {
     "aime25": (["70"], 0),
     "amc23": (["27", "0.5"], 0),
     "minerva": (["11.2"], 0),
-    "olympiadbench": (["\\sqrt{2}$, $-\\sqrt{2}", "\\frac{1}{2}"], 1),
+    "olympiadbench": (["\\sqrt{2}, -\\sqrt{2}", "\\frac{1}{2}"], 1),
 }
 
 
@@ -266,3 +266,94 @@ def test_arrow_files_and_saved_datasets_are_read_too(tmp_path):
     assert read_rows(DatasetSpec(set="aime25", path=str(tmp_path / f"{split}.arrow"))).answers == ["70"]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     assert read_rows(DatasetSpec(set="aime25", path=str(tmp_path / "saved"))).answers == ["70"]
+
+
+# A right and a near-miss response per row of each set, in the forms models write (the gold read from the real schema).
+RESPONSES = {
+    "math": [("so the fraction is $\\boxed{0.75}$.", "so the fraction is $\\boxed{\\frac{4}{3}}$."),
+             ("$\\sin 60^\\circ = \\boxed{\\dfrac{\\sqrt3}{2}}$", "$\\sin 60^\\circ = \\boxed{\\frac{\\sqrt{2}}{2}}$"),
+             ("The side is $\\boxed{5}$ cm.", "The side is $\\boxed{2\\text{ cm}}$.")],
+    "math500": [("the point is $\\boxed{(3, \\frac{\\pi}{2})}$", "the radius is $\\boxed{3}$"),
+                ("$0.5 + 0.25 = \\boxed{0.75}$", "$\\boxed{\\frac{3}{5}}$")],
+    "gsm8k": [("48 + 24 = 72\n#### 72", "48 + 48 = 96\n#### 96"), ("2^10 = \\boxed{1,024}", "\\boxed{1,042}")],
+    "aime25": [("The sum is $\\boxed{070}$.", "The sum is $\\boxed{7}$.")],
+    "amc23": [("\\boxed{27}", "\\boxed{28}"), ("The ratio is $\\boxed{\\frac{1}{2}}$", "The ratio is $\\boxed{2}$")],
+    "minerva": [("Final Answer: The final answer is 11.2. I hope it is correct.", "So $v=\\boxed{11.3}$ km/s.")],
+    "olympiadbench": [("$x = \\boxed{\\pm\\sqrt{2}}$", "$x = \\boxed{\\sqrt{2}}$"),
+                      ("The answer is $\\boxed{\\frac12}$.", "The answer is $\\boxed{\\frac13}$.")],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_each_named_sets_golds_score_right_and_near_miss_answers(name, tmp_path):
+    """The gold as read from the set's real schema, through the math verifier: each right form 1, each near miss 0."""
+    from hacrl.rewards import math_reward
+
+    rows = read_rows(DatasetSpec(set=name, path=str(_write(tmp_path, name))))
+    pairs = RESPONSES[name]
+    assert len(pairs) == len(rows.answers)
+    right, wrong = zip(*pairs, strict=True)
+    reward = math_reward()
+    assert reward(["q"] * len(right), list(right), rows.answers) == [1.0] * len(right)
+    assert reward(["q"] * len(wrong), list(wrong), rows.answers) == [0.0] * len(wrong)
+
+
+def test_prepare_never_replaces_files_it_did_not_write(tmp_path, capsys):
+    """Issue 42: `data prepare --out DIR` silently replaced a user's <set>/<split>.jsonl and manifest.json."""
+    from hacrl.cli import main
+
+    source = tmp_path / "downloads"
+    for name in ("math", "gsm8k"):
+        _write(source, name)
+    out = tmp_path / "out"
+    (out / "gsm8k").mkdir(parents=True)
+    mine = out / "gsm8k" / "test.jsonl"
+    mine.write_text('{"question": "my own", "answer": "1"}\n')
+    args = ["data", "prepare", "math", "gsm8k", "--out", str(out), "--from", str(source)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{mine} already exist and were not written by hacrl data prepare" in err and "Traceback" not in err
+    assert mine.read_text() == '{"question": "my own", "answer": "1"}\n'
+    assert not (out / "math").exists()  # every target is checked before anything is written
+    mine.unlink()
+    assert main(args) == 0 and (out / "gsm8k" / "manifest.json").is_file()
+    assert main(args) == 0  # its own files: written again
+    assert sorted(p.name for p in (out / "gsm8k").iterdir()) == ["manifest.json", "test.jsonl"]  # no temporaries
+    with open(out / "math" / "train.jsonl", "a") as f:
+        f.write('{"question": "added by hand", "answer": "2"}\n')
+    assert main(args) == 2 and "were changed since" in capsys.readouterr().err
+
+
+def test_prepare_reads_a_local_copy_of_a_hub_repository_with_configs(tmp_path, capsys):
+    """GSM8K's repository has two configs (`main`, `socratic`); a local copy of it failed with "Config name is
+    missing": the named set's config is used when the directory declares configs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hacrl.cli import main
+
+    def hub_copy(root, main_answer):
+        repo = root / "gsm8k"
+        configs = ""
+        for config, answer in (("main", main_answer), ("socratic", "#### 99")):
+            (repo / config).mkdir(parents=True)
+            rows = [{"question": f"{config} question", "answer": f"work\n{answer}"}]
+            for split in ("train", "test"):
+                pq.write_table(pa.Table.from_pylist(rows), repo / config / f"{split}-00000-of-00001.parquet")
+            configs += (f"- config_name: {config}\n  data_files:\n  - split: train\n    path: {config}/train-*\n"
+                        f"  - split: test\n    path: {config}/test-*\n")  # fmt: skip
+        (repo / "README.md").write_text(f"---\nconfigs:\n{configs}---\n# gsm8k\n")
+        return repo
+
+    repo = hub_copy(tmp_path / "hub", "#### 72")
+    assert main(["data", "prepare", "gsm8k", "--out", str(tmp_path / "out"), "--from", str(tmp_path / "hub")]) == 0
+    line = json.loads((tmp_path / "out" / "gsm8k" / "test.jsonl").read_text())
+    assert line["question"] == "main question" and line["answer"] == "72"
+    # a second copy with the same name and layout gets its own rows (`datasets` would serve the first from its cache)
+    hub_copy(tmp_path / "hub2", "#### 73")
+    assert main(["data", "prepare", "gsm8k", "--out", str(tmp_path / "out2"), "--from", str(tmp_path / "hub2")]) == 0
+    assert json.loads((tmp_path / "out2" / "gsm8k" / "test.jsonl").read_text())["answer"] == "73"
+    rows = read_rows(DatasetSpec(path=str(repo), split="test", name="socratic", gold="after_hash"))
+    assert rows.answers == ["99"]
+    with pytest.raises(DataError, match=r"holds several configs \(main, socratic\): name the one to read with"):
+        read_rows(DatasetSpec(path=str(repo), split="test"))
