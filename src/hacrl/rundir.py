@@ -7,8 +7,9 @@
    the pid/host check is all there is.)
 2. `claim_run_dir`: hacrl writes only into an empty (or new) directory or one of its own runs, which it marks with
    `RUN_DIR/.hacrl-run` when it first claims it. A non-empty directory without the mark is refused before anything
-   is written, read or deleted there (a user's files would otherwise be overwritten: config.yaml, eval records).
-   Runs written before the mark existed are recognised by hacrl's own files (metrics.jsonl, checkpoints/step_N).
+   is written, read or deleted there (a user's files would otherwise be overwritten: config.yaml, eval records),
+   whatever files it holds: files named like hacrl's (a user's own config.yaml and metrics.jsonl) do not make it a
+   run. A start that fails after the claim takes it back (`Claim.undo`): nothing stays behind.
 3. `trim_metrics`: on resume, `metrics.jsonl` keeps the lines up to the checkpoint's step; a last line cut off by a
    crash is dropped with a notice; a damaged line anywhere else stops the run, naming the file and line.
 """
@@ -31,44 +32,72 @@ RUN_MARKER = ".hacrl-run"
 """Present in every directory hacrl has claimed as a run directory."""
 
 
-def claim_run_dir(run_dir: str | Path) -> None:
-    """Refuse a `trainer.output_dir` that is a file or a non-empty directory hacrl did not create; otherwise
-    create it if needed and mark it as a hacrl run directory (before the lock, so a refused directory is left as
-    it was: nothing created in it)."""
+class Claim:
+    """What `claim_run_dir` created, so that a start that fails can take it back (`undo`): a refused start leaves
+    the file system as it found it."""
+
+    def __init__(self, run_dir: Path, created_dir: bool, marked: bool) -> None:
+        self.run_dir, self.created_dir, self.marked = run_dir, created_dir, marked
+
+    def undo(self) -> None:
+        """Remove the mark this claim wrote and the directory it created, if nothing else was written there since."""
+        if self.marked:
+            (self.run_dir / RUN_MARKER).unlink(missing_ok=True)
+        if self.created_dir:
+            try:
+                self.run_dir.rmdir()  # only when empty
+            except OSError:
+                pass
+
+
+def claim_run_dir(run_dir: str | Path) -> Claim:
+    """Refuse a `trainer.output_dir` that is a file or a non-empty directory that hacrl did not mark as a run;
+    otherwise create it if needed and mark it as a hacrl run directory (before the lock, so a refused directory is
+    left as it was: nothing created in it). `Claim.undo` takes the claim back when the start fails later."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(
             f"trainer.output_dir={str(run_dir)!r} is a file, not a directory; choose a directory path (it is "
             "created if missing)"
         )
-    if run_dir.is_dir() and not (run_dir / RUN_MARKER).exists():
+    marked = (run_dir / RUN_MARKER).exists()
+    if run_dir.is_dir() and not marked:
         try:
             entries = sorted(e for e in os.listdir(run_dir) if e != LOCK_NAME)
         except OSError as e:
             raise RunDirError(f"trainer.output_dir={str(run_dir)!r} cannot be read: {e.strerror or e}") from e
-        if entries and not _legacy_run(run_dir):
+        if entries:
             shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
             raise RunDirError(
                 f"trainer.output_dir={str(run_dir)!r} already holds files that hacrl did not write ({shown}). hacrl "
-                "writes a run only into a new or empty directory, or one of its own runs, so that it never "
-                "overwrites or deletes your files: choose another trainer.output_dir (e.g. a subdirectory) or move "
-                "those files away"
+                "writes a run only into a new or empty directory, or one of its own runs (marked by a "
+                f"{RUN_MARKER} file), so that it never overwrites or deletes your files: choose another "
+                "trainer.output_dir (e.g. a subdirectory) or move those files away."
+                + (
+                    f" If it is a run of a hacrl from before the {RUN_MARKER} mark, claim it with `touch "
+                    f"{run_dir / RUN_MARKER}` and start again."
+                    if _looks_like_an_unmarked_run(run_dir)
+                    else ""
+                )
             )
+    created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_MARKER).touch()
     except OSError as e:
         raise RunDirError(f"trainer.output_dir={str(run_dir)!r} cannot be created or written: {e}") from e
+    return Claim(run_dir, created_dir=created, marked=not marked)
 
 
-def _legacy_run(run_dir: Path) -> bool:
-    """A run directory of a hacrl from before `RUN_MARKER`: its metrics log or its checkpoints."""
+def _looks_like_an_unmarked_run(run_dir: Path) -> bool:
+    """Checkpoints named as hacrl names them (only for the refusal's hint: a directory is a run only when marked)."""
     import re
 
-    if (run_dir / "metrics.jsonl").is_file() and (run_dir / "config.yaml").is_file():
-        return True
     checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(re.match(r"step_\d{6,}$", p.name) for p in checkpoints.iterdir())
+    try:
+        return checkpoints.is_dir() and any(re.match(r"step_\d{6,}$", p.name) for p in checkpoints.iterdir())
+    except OSError:
+        return False
 
 
 class RunLock:

@@ -70,13 +70,18 @@ class Trainer:
         self.run_dir = Path(config.trainer.output_dir)
         self._logger: MetricsLogger | None = None
         self.workers: Workers | None = None
-        claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
-        self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
+        claim = claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
+        try:
+            self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
+        except BaseException:
+            claim.undo()
+            raise
         self._release = weakref.finalize(self, self.lock.release)  # also when a Trainer is dropped without close()
         try:
             self._setup(resume or config.checkpoint.resume)
         except BaseException:
             self.close()
+            claim.undo()  # a refused start leaves nothing behind (the mark of a new claim, a directory it created)
             raise
 
     def _setup(self, resume: str) -> None:

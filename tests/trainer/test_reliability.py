@@ -377,7 +377,7 @@ def test_a_directory_hacrl_did_not_write_is_refused_untouched(tiny_agents, tmp_p
     assert all(path.read_text() == text for path, text in files.items())
 
 
-def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp_path):
+def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp_path, capsys):
     from hacrl.rundir import RUN_MARKER
 
     run = tmp_path / "run"
@@ -386,9 +386,41 @@ def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp
     assert main(["train", str(cfg)]) == 0
     assert (run / RUN_MARKER).is_file() and (run / "metrics.jsonl").is_file()
     assert main(["train", str(cfg), "trainer.steps=2", "--resume"]) == 0  # its own run: resumed
-    (run / RUN_MARKER).unlink()  # a run written before the mark existed: known by its own files, resumed, marked
+    (run / RUN_MARKER).unlink()  # a run written before the mark existed: refused, with how to claim it
+    assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 2
+    assert f"claim it with `touch {run / RUN_MARKER}`" in " ".join(capsys.readouterr().err.split())
+    (run / RUN_MARKER).touch()
     assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 0
-    assert (run / RUN_MARKER).is_file() and _records(run)[-1]["step"] == 3
+    assert _records(run)[-1]["step"] == 3
+
+
+def test_a_users_config_and_metrics_files_do_not_make_a_run(tiny_agents, tmp_path, capsys):
+    """Issue 42: a directory holding the user's own config.yaml and metrics.jsonl was taken for a run of an earlier
+    hacrl, and `--resume` then replaced both. A directory is a run only when hacrl marked it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    mine = {run / "config.yaml": "# my own config\nlr: 1\n", run / "metrics.jsonl": '{"step": 7, "mine": 1}\n'}
+    for path, text in mine.items():
+        path.write_text(text)
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 1})
+    for args in ([], ["--resume"], ["--resume"]):
+        assert main(["train", str(cfg), *args]) == 2
+        err = capsys.readouterr().err
+        assert "already holds files that hacrl did not write (config.yaml, metrics.jsonl)" in err, err
+        assert "touch" not in err  # no checkpoints: nothing suggests an unmarked run of hacrl
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl"]  # no mark, no lock
+    assert all(path.read_text() == text for path, text in mine.items())
+
+
+def test_a_refused_start_writes_nothing(tiny_agents, tmp_path, capsys):
+    """A start that fails after claiming the directory (here: its data file is missing) takes the claim back."""
+    run = tmp_path / "run"
+    data = {"source": "file", "train_file": str(tmp_path / "missing.jsonl")}
+    cfg = _config(tiny_agents, tmp_path, data=data)
+    assert main(["train", str(cfg)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err and not run.exists()
+    run.mkdir()
+    assert main(["train", str(cfg)]) == 2 and list(run.iterdir()) == []  # an empty directory stays empty
 
 
 def test_output_dir_naming_a_file_is_a_clear_error(tiny_agents, tmp_path, capsys):
