@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("config", help="YAML config file")
     plan.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    plan.add_argument("--device-memory", type=float, default=None, help="GiB per GPU where CUDA is not present")
+    plan.add_argument("--device-memory", type=_gib, default=None, help="GiB per GPU where CUDA is not present")
 
     data = sub.add_parser("data", help="the paper's named datasets: list them, or prepare local copies")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -111,6 +111,19 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
     return parser
+
+
+def _gib(text: str) -> float:
+    """`--device-memory`: a finite number of GiB above 0 (argparse reports anything else as a usage error)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: give the GiB of one GPU, e.g. 80")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,23 +97,21 @@ class AgentPlan:
 def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
     """The memory-relevant shape of a local model directory, without reading its weights; with `lora`
     (`LoraConfig`), `trainable` is the adapters' parameter count: r x (inputs + outputs) of each targeted layer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it
         raise ModelError(f"{str(model_dir)!r}: cannot read the model's config.json ({type(e).__name__}: {e})") from e
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    params = sum(p.numel() for p in model.parameters())
-    trainable = params
-    if lora is not None:
-        targets = set(lora.target_modules)
-        trainable = sum(
-            lora.r * (m.in_features + m.out_features)
-            for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
-        )
+    _check_sizes(model_dir, config)
+    layers = config.num_hidden_layers
+    if layers <= BUILT_LAYERS:
+        params, trainable, model = _count(config, dtype, lora)
+    else:  # every decoder layer alike: count 1 and 2 layers on the meta device, and the rest by their difference
+        (one, one_trainable, model), (two, two_trainable, _) = (_count(_with_layers(config, k), dtype, lora)
+                                                               for k in (1, 2))  # fmt: skip
+        params = one + (layers - 1) * (two - one)
+        trainable = one_trainable + (layers - 1) * (two_trainable - one_trainable)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     qk_norm = any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
@@ -130,6 +128,55 @@ def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
         vocab=model.get_output_embeddings().weight.shape[0],
         qk_norm=qk_norm,
     )
+
+
+BUILT_LAYERS = 64
+"""Models with more decoder layers are counted from a 1- and a 2-layer copy (building 100,000 layers on the meta
+device took minutes)."""
+SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _check_sizes(model_dir, config) -> None:
+    """The sizes `plan` reads are positive integers, or the config.json is named with the field to fix."""
+    for key in (*SIZE_FIELDS, "num_key_value_heads", "intermediate_size", "head_dim"):
+        value = getattr(config, key, None)
+        if value is None and key not in SIZE_FIELDS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(
+                f"{str(model_dir)!r}: config.json has {key}={value!r}; it must be a positive integer (fix that "
+                "config.json)"
+            )
+
+
+def _with_layers(config, layers: int):
+    """A copy of `config` with `layers` decoder layers (per-layer lists such as `layer_types` cut to match)."""
+    import copy
+
+    short = copy.deepcopy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, list) and len(value) == config.num_hidden_layers:
+            setattr(short, key, value[:layers])
+    short.num_hidden_layers = layers
+    return short
+
+
+def _count(config, dtype: torch.dtype, lora):
+    """(parameters, trainable parameters, the model) of `config` built on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if lora is not None:
+        targets = set(lora.target_modules)
+        trainable = sum(
+            lora.r * (m.in_features + m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
+    return params, trainable, model
 
 
 def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: bool, padded: bool = True) -> int:

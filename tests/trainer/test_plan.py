@@ -206,3 +206,48 @@ def test_the_plan_bounds_the_paper_shape_step_measured_on_an_h100_and_proposes_m
     assert advice.startswith("rollout.kv_cache_margin=0.30 (now 0.35) gives 32 rows"), advice
     (more,) = plan(load_config(path, ["rollout.kv_cache_margin=0.30"]), device_memory=79.18)
     assert more.rows == 32 and more.fits and more.peak <= 0.95 * more.device_total and not more.advice
+
+
+def test_a_model_of_100000_layers_is_planned_at_once_and_bad_sizes_are_named(families, tmp_path, capsys):
+    """Issue 42: `hacrl plan` built the whole model on the meta device before any check (100,000 layers: nothing
+    printed in 90 s). Deep models are counted from a 1- and a 2-layer copy, exactly; impossible sizes are named."""
+    import json
+    import shutil
+    import time
+
+    deep = tmp_path / "deep"
+    shutil.copytree(families["qwen3"], deep)
+    config = json.loads((deep / "config.json").read_text())
+    config["num_hidden_layers"] = 100_000
+    config["layer_types"] = ["full_attention"] * 100_000
+    (deep / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    shape = model_shape(deep, torch.float32)
+    assert time.perf_counter() - start < 20
+    three = model_shape(families["qwen3"], torch.float32)  # the same model with 3 layers, built whole
+    per_layer = three.params - model_shape(_layers(families["qwen3"], tmp_path / "two", 2), torch.float32).params
+    assert shape.params == three.params + (100_000 - 3) * per_layer and shape.layers == 100_000
+    bad = _layers(families["llama"], tmp_path / "bad", 2)
+    config = json.loads((bad / "config.json").read_text())
+    for key, value in (("num_hidden_layers", 0), ("num_hidden_layers", -4), ("hidden_size", 0), ("vocab_size", -1)):
+        (bad / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(ModelError, match=rf"config.json has {key}={value!r}; it must be a positive integer"):
+            model_shape(bad, torch.float32)
+    cfg = write_config(tmp_path / "c.yaml", families, ["llama"], tmp_path / "run")
+    for bad in ("nan", "-5", "0", "inf", "lots"):
+        with pytest.raises(SystemExit) as stop:
+            main(["plan", str(cfg), "--device-memory", bad])
+        assert stop.value.code == 2
+        assert f"argument --device-memory: {bad!r} is not a memory size" in capsys.readouterr().err
+
+
+def _layers(model_dir, out, layers):
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    config.pop("layer_types", None)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
