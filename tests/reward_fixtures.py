@@ -61,3 +61,13 @@ def hangs_with_a_child(prompts, completions, **columns):
 
     subprocess.Popen(["sleep", columns.get("marker", ["4242.5"])[0]])
     time.sleep(10**6)
+
+
+def hangs_with_a_detached_child(prompts, completions, **columns):
+    """Starts a `sleep` that leaves its process group and its parent (setsid, then the shell between exits), then
+    hangs: the kind of process a reward function's library may leave behind."""
+    import subprocess
+
+    marker = columns.get("marker", ["4243.5"])[0]
+    subprocess.Popen(["sh", "-c", f"sleep {marker} &"], start_new_session=True).wait()
+    time.sleep(10**6)

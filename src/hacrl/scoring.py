@@ -19,10 +19,11 @@ never in the training process. The trainer sends a step's completions, waits, an
 - A built-in scorer that raises or crashes on some text scores that completion 0 (model output is untrusted; it
   is counted as `reward_errors`). A user function that raises, returns the wrong count or a value that is not a
   finite number in [0, r_max] stops the run with a message naming the function and the sample.
-- Each scoring process has an address-space limit (`scoring.memory_mb`), ignores SIGINT / SIGTERM (the
-  trainer decides when it ends), dies with the trainer, even on `kill -9`, and runs in a process group of its own
-  that is killed whole (a reward function's own subprocesses go with it). A process that died while idle is
-  replaced before the next job is sent to it.
+- Each scoring process has an address-space limit (`scoring.memory_mb`, or a lower one it inherited: `ulimit -v`),
+  ignores SIGINT / SIGTERM (the trainer decides when it ends; its reward function's subprocesses do not inherit
+  that), dies with the trainer, even on `kill -9`, and runs in a process group of its own that is killed whole; a
+  reward function's own subprocesses go with it, also those that left the group (it is their subreaper, and every
+  process below it is killed). A process that died while idle is replaced before the next job is sent to it.
 
 Results do not depend on the number of workers (each scores a contiguous slice, and the slices are put back in
 order), and they are what calling the function in-process would give, except for completions that time out.
@@ -241,7 +242,10 @@ class Scorer:
             worker.conn.send(job.pending)
             return False
         if kind == "failed":  # the reward function could not be loaded in the scoring process
-            raise RewardError(f"the scoring process could not load reward function {self.name}: {message[1]}")
+            raise RewardError(
+                f"the scoring process could not load reward function {self.name}: {message[1]}"
+                + address_space_note(self.settings.memory_mb)
+            )
         if kind == "died" and job.phase == "starting":
             job.start_failures += 1
             if job.start_failures == 1:  # killed from outside before its first job (OOM killer, a stray kill): again
@@ -250,6 +254,7 @@ class Scorer:
                 return False
             raise RewardError(
                 f"the scoring process for reward function {self.name} exited while starting, twice ({message[1]})"
+                + address_space_note(self.settings.memory_mb)
             )
         todo = job.indexes[job.next :]
         if job.mode == "batch":
@@ -259,6 +264,7 @@ class Scorer:
             if kind == "died":
                 raise RewardError(
                     f"the scoring process of reward function {self.name} died ({message[1]}) while scoring {where}"
+                    + address_space_note(self.settings.memory_mb)
                 )
             values = self._checked(message[1], [completions[i] for i in todo], todo[0])
             for i, value in zip(todo, values, strict=True):
@@ -278,7 +284,7 @@ class Scorer:
             if not self.builtin:
                 raise RewardError(
                     f"the scoring process of reward function {self.name} died ({message[1]}) while scoring sample "
-                    f"{index}: {_short(completions[index])!r}"
+                    f"{index}: {_short(completions[index])!r}" + address_space_note(self.settings.memory_mb)
                 )
             result.errors.append(index)  # model output crashed a built-in scorer: that completion scores 0
             self._restart(w)
@@ -394,10 +400,12 @@ class _Worker:
 
     def stop(self) -> None:
         _LIVE.discard(self)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group: the function's own children too
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.process.returncode is None:  # not reaped yet: its pid cannot belong to anyone else
+            _signal_group(self.process.pid, signal.SIGSTOP)  # freeze the group: nothing new starts while we look
+            for _ in range(2):  # the function's own processes, also those that left the group (setsid, double fork)
+                for pid in _descendants(self.process.pid):
+                    _kill(pid)
+        _signal_group(self.process.pid, signal.SIGKILL)  # the group: the function's own children too
         if self.process.poll() is None:
             self.process.kill()
         try:
@@ -405,6 +413,48 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc; elsewhere none). A scoring process is a child subreaper, so the
+    processes its reward function starts stay below it even when they detach (setsid and a double fork)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 _LIVE: set[_Worker] = set()
@@ -422,13 +472,19 @@ def _stop_all() -> None:
 def _worker_main(fd: int) -> None:
     conn = Connection(fd)
     payload, memory_mb, parent_pid = conn.recv()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when scoring ends, not Ctrl-C or a TERM
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the trainer decides when scoring ends, not Ctrl-C or a TERM: a handler that does nothing, not SIG_IGN, which
+    # the reward function's own subprocesses would inherit (and then ignore a TERM from anyone)
+    signal.signal(signal.SIGINT, _ignore)
+    signal.signal(signal.SIGTERM, _ignore)
     _die_with_parent(parent_pid)
+    _become_subreaper()
     if memory_mb:
         import resource
 
-        limit = memory_mb * 1024 * 1024
+        limit = memory_mb * MIB
+        inherited = inherited_address_space_limit()
+        if inherited is not None and inherited < limit:  # a process cannot raise its hard limit: keep the lower one
+            limit = inherited
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         import warnings
@@ -460,6 +516,47 @@ def _worker_main(fd: int) -> None:
                 conn.send(("item", _portable(out)))
             except Exception as e:  # noqa: BLE001 - as above
                 conn.send(("raised", _describe(e)))
+
+
+MIB = 1024 * 1024
+
+
+def inherited_address_space_limit() -> int | None:
+    """This process's address-space limit in bytes (`ulimit -v` of the shell that started it), None when unlimited."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    finite = [v for v in (soft, hard) if v != resource.RLIM_INFINITY]
+    return min(finite) if finite else None
+
+
+def address_space_note(memory_mb: int | None) -> str:
+    """What to say when a scoring process fails under an inherited address-space limit below `scoring.memory_mb`
+    (it cannot be raised from inside): the limit, where it comes from and the fix; "" when there is none."""
+    inherited = inherited_address_space_limit()
+    if inherited is None or (memory_mb is not None and inherited >= memory_mb * MIB):
+        return ""
+    asked = f"scoring.memory_mb={memory_mb}" if memory_mb is not None else "no limit (scoring.memory_mb=null)"
+    return (
+        f"; note: hacrl runs under an address-space limit of {inherited // MIB} MiB inherited from the shell that "
+        f"started it (`ulimit -v`), below {asked}, and its scoring processes cannot raise it: run `ulimit -v "
+        "unlimited` (or a larger value) before hacrl, or lower scoring.memory_mb"
+    )
+
+
+def _ignore(signum, frame) -> None:
+    pass
+
+
+def _become_subreaper() -> None:
+    """Linux: processes started below this one that detach (setsid, a double fork) are re-parented to it instead of
+    to init, so `_Worker.stop` finds and kills them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -304,9 +304,11 @@ class AgentWorker:
         phase, the peak and the knobs (the run's newest checkpoint is intact: resume with the smaller setting)."""
         try:
             yield
-        except torch.OutOfMemoryError as e:
+        except (torch.OutOfMemoryError, MemoryError) as e:
             raise OutOfMemory(self._oom_message(phase, step, e)) from None
         except RuntimeError as e:
+            if "can't allocate memory" in str(e):  # the CPU allocator's out of memory is a plain RuntimeError
+                raise OutOfMemory(self._oom_message(phase, step, e)) from None
             if "`inf`, `nan`" in str(e):  # torch.multinomial on non-finite probabilities
                 raise NonFiniteError(
                     f"agent {self.name!r}: its model produced NaN or inf during {phase}"

@@ -535,20 +535,23 @@ def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, mon
 
 
 @pytest.mark.parametrize(
-    ("target", "phase", "knob"),
+    ("target", "phase", "knob", "host"),
     [
-        ("hacrl.worker.generate", "sampling", "rollout.batch_size"),
-        ("hacrl.worker.AgentWorker._old_logprobs", "old log-probs", "trainer.logprob_batch_size"),
-        ("hacrl.worker.AgentWorker._update", "the update", "trainer.micro_batch_size, agents.1.gradient_checkpointing"),
-        ("hacrl.worker.generate_completions", "evaluation", "eval.batch_size"),
+        ("hacrl.worker.generate", "sampling", "rollout.batch_size", False),
+        ("hacrl.worker.AgentWorker._old_logprobs", "old log-probs", "trainer.logprob_batch_size", False),
+        ("hacrl.worker.AgentWorker._update", "the update", "trainer.micro_batch_size, agents.1.gradient_checkpointing",
+         False),
+        ("hacrl.worker.generate_completions", "evaluation", "eval.batch_size", False),
+        ("hacrl.worker.AgentWorker._update", "the update", "trainer.micro_batch_size", True),
     ],
-)
+)  # fmt: skip
 def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
-    target, phase, knob, tiny_agents, tmp_path, monkeypatch, capsys
+    target, phase, knob, host, tiny_agents, tmp_path, monkeypatch, capsys
 ):
     """torch.OutOfMemoryError injected at the second call of a phase (step 2, or the final evaluation) for the
     second agent: exit 2, one message with the agent, the phase and the knob; the step-1 checkpoint is intact and
-    the run resumes with a smaller setting."""
+    the run resumes with a smaller setting. `host`: a real allocation the CPU allocator refuses (its error is a
+    plain RuntimeError; issue 42 met it as a traceback and exit 1)."""
     import importlib
 
     module_name, _, attr = target.rpartition(".")
@@ -563,6 +566,8 @@ def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
         name = getattr(worker_or_agent, "name", None)
         if name == "qwen":
             calls["n"] += 1
+            if calls["n"] == 2 and host:
+                torch.empty(2**50, dtype=torch.uint8)  # a petabyte: DefaultCPUAllocator: can't allocate memory
             if calls["n"] == 2:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(*args, **kwargs)

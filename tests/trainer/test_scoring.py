@@ -255,3 +255,76 @@ def test_a_scoring_process_killed_before_its_first_job_is_replaced():
         assert scorer.score(["p", "q"], ["12", "1234"], {}).rewards == [0.5, 1.0]
     finally:
         scorer.close()
+
+
+def test_scoring_works_under_an_inherited_address_space_limit_below_memory_mb(tmp_path):
+    """Issue 42: under `ulimit -v` below scoring.memory_mb each scoring process died raising its own limit (a
+    process cannot raise its hard limit), and the message blamed the reward function. It keeps the lower limit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "limited.py"
+    script.write_text(
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3072 * 2**20, 3072 * 2**20))\n"
+        "from hacrl.config import ScoringConfig\n"
+        "from hacrl.rewards import MathReward\n"
+        "from hacrl.scoring import Scorer, address_space_note\n"
+        "s = Scorer(MathReward(), ScoringConfig(memory_mb=4096, workers=1), builtin=True).start()\n"
+        "print(s.score(['q'] * 2, ['\\\\boxed{2}', '\\\\boxed{3}'], {'answer': ['2', '2']}).rewards)\n"
+        "s.close()\n"
+        "print(address_space_note(4096))\n"
+        "print(repr(address_space_note(2048)))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[1.0, 0.0]"
+    assert "address-space limit of 3072 MiB inherited from the shell" in lines[1] and "ulimit -v" in lines[1]
+    assert "scoring.memory_mb=4096" in lines[1] and lines[2] == "''"
+
+
+def test_a_detached_subprocess_of_a_reward_function_is_killed_too_and_does_not_ignore_term():
+    """Issue 42: a child that called setsid survived the scoring process, and ignored SIGTERM (the scoring
+    process's ignored signals were inherited). Now it stays below the scoring process (a subreaper), is killed
+    with it, and a TERM from anyone reaches it."""
+    import signal
+
+    marker = f"{os.getpid() % 1000 + 8000}.75"
+    scorer = _user("hangs_with_a_detached_child", timeout=1.0, on_hung="continue")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HacrlWarning)
+            worker_started = time.monotonic()
+            scorer.start()
+            seen: list[int] = []
+            ignored: list[int] = []
+
+            def look() -> None:  # while the function hangs: the detached sleep exists; which signals it ignores
+                while not seen and time.monotonic() < worker_started + 30:
+                    for pid in _processes_with(marker):
+                        try:
+                            status = open(f"/proc/{pid}/status").read()
+                        except OSError:
+                            continue
+                        seen.append(pid)
+                        line = next(x for x in status.splitlines() if x.startswith("SigIgn"))
+                        ignored.append(int(line.split()[1], 16))
+                    time.sleep(0.05)
+
+            import threading
+
+            watcher = threading.Thread(target=look)
+            watcher.start()
+            scorer.score(["p"], ["a"], {"marker": [marker]})
+            watcher.join()
+        assert seen, "the reward function's detached child was never seen"
+        assert not ignored[0] & (1 << (signal.SIGTERM - 1))
+        deadline = time.monotonic() + 5
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with(marker) == []
+    finally:
+        scorer.close()
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
