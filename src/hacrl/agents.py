@@ -93,6 +93,17 @@ def _with_lora(model, lora, *, adapters_from: str | Path | None, seed: int):
 
     if adapters_from is not None and (Path(adapters_from) / "adapter_config.json").is_file():
         return PeftModel.from_pretrained(model, str(adapters_from), is_trainable=True)
+    targets = set(lora.target_modules)
+    other = sorted({f"{name.rsplit('.', 1)[-1]} ({type(m).__name__})" for name, m in model.named_modules()
+                    if name.rsplit(".", 1)[-1] in targets and not isinstance(m, torch.nn.Linear)})  # fmt: skip
+    if other:
+        from hacrl.errors import ModelError
+
+        raise ModelError(
+            f"LoRA target_modules={list(lora.target_modules)}: adapters go on linear layers only, and "
+            f"{', '.join(other)} is not one (the samplers, the merged copy and `hacrl plan` assume linear adapters); "
+            "remove it from target_modules, or train the whole agent (no lora) to train it"
+        )
     config = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,

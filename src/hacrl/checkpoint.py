@@ -240,6 +240,24 @@ def resume_point(
     return None, damaged
 
 
+def checkpoint_to_read(path: str | Path, *, notice: Callable[[str], None]) -> Path | None:
+    """For reading only (`hacrl eval`, `hacrl export`): `path` when it is a checkpoint, refused when damaged; else
+    the newest undamaged checkpoint of the run directory `path` (None when it has no complete one), with a notice for
+    each damaged one passed over. Nothing is renamed or changed (unlike `resume_point`)."""
+    path = Path(path)
+    if (path / AGENTS_DIR).is_dir():
+        problems = checkpoint_problems(path)
+        if problems:
+            raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}; use another checkpoint")
+        return path
+    for candidate in reversed(complete_checkpoints(path)):
+        problems = checkpoint_problems(candidate)
+        if not problems:
+            return candidate
+        notice(f"skipping damaged checkpoint {candidate}: {'; '.join(problems)}")
+    return None
+
+
 def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str, Any]:
     """state.json of a checkpoint, checked against the run's agents (before any model loads)."""
     path = Path(path)

@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
-    plot.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/curves.png)")
+    plot.add_argument("--out", default=None, help="output .png file or directory (default: RUN_DIR/curves.png)")
     return parser
 
 
@@ -154,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hacrl: {_os_error_message(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training began (once it runs, a stop finishes the step and saves)
+        if debug:
+            raise
+        print("hacrl: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     finally:
         warnings.formatwarning = previous_format
 
@@ -220,7 +225,8 @@ def _run(args) -> int:
     if args.command == "plot":
         from hacrl.plot import plot_run
 
-        print(plot_run(args.run_dir, args.out))
+        for written in plot_run(args.run_dir, args.out):
+            print(written)
         return 0
     return 1
 
@@ -245,14 +251,30 @@ def _kind(e: Exception) -> str:
 def _os_error_message(e: OSError) -> str:
     where = f" {e.filename!r}" if e.filename else ""
     fix = {
-        errno.ENOSPC: "free disk space (or point trainer.output_dir elsewhere); the newest complete checkpoint is "
-        "intact, so --resume continues from it",
-        errno.EDQUOT: "free space within your quota; the newest complete checkpoint is intact (--resume)",
+        errno.ENOSPC: "free disk space (or point trainer.output_dir elsewhere)" + _resume_hint(e),
+        errno.EDQUOT: "free space within your quota" + _resume_hint(e),
         errno.EACCES: "check the permissions, or choose a directory you can write to",
         errno.EPERM: "check the permissions, or choose a directory you can write to",
         errno.EROFS: "the file system is read-only: choose another trainer.output_dir",
     }.get(e.errno, "check the path")
     return f"{e.strerror}{where}: {fix}"
+
+
+def _resume_hint(e: OSError) -> str:
+    """Where a run stopped by a full disk continues from: its newest complete checkpoint, or step 0 when it has
+    none ("" outside `hacrl train`)."""
+    run_dir = getattr(e, "hacrl_run_dir", None)
+    if run_dir is None:
+        return ""
+    from hacrl.checkpoint import latest_checkpoint
+
+    try:
+        newest = latest_checkpoint(run_dir)
+    except Exception:  # noqa: BLE001 - only for the message
+        newest = None
+    if newest is None:
+        return "; this run has no complete checkpoint yet, so `hacrl train CONFIG --resume` starts it from step 0"
+    return f"; its newest complete checkpoint ({newest}) is intact, so `hacrl train CONFIG --resume` continues from it"
 
 
 _default_format = warnings.formatwarning
@@ -279,8 +301,12 @@ def _train(args) -> int:
     _quiet_transformers()
     from hacrl.trainer import Trainer
 
-    trainer = Trainer(config, resume="auto" if args.resume else None)
-    trainer.train()
+    try:
+        trainer = Trainer(config, resume="auto" if args.resume else None)
+        trainer.train()
+    except OSError as e:  # a full disk: what the message says about resuming depends on what this run has saved
+        e.hacrl_run_dir = config.trainer.output_dir
+        raise
     print(f"run directory: {config.trainer.output_dir}")
     return 0
 

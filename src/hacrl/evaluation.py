@@ -183,16 +183,22 @@ def _saved_agent(index: int, by_name, model_dir, rollout) -> Agent:
 
 def _model_dirs(path) -> list[tuple[str, Any]]:
     """A model directory as it is; every agent of a checkpoint; every agent of a run directory's newest checkpoint."""
-    from hacrl.checkpoint import AGENTS_DIR, checkpoint_root, latest_checkpoint
+    from hacrl.checkpoint import AGENTS_DIR, checkpoint_root, checkpoint_to_read
     from hacrl.errors import ModelError
+
+    def notice(message: str) -> None:
+        print(f"hacrl eval: {message}")
 
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return [(path.name, path)]
-    if not (path / AGENTS_DIR).is_dir() and checkpoint_root(path).is_dir():  # a run directory
-        newest = latest_checkpoint(path)
+    if (path / AGENTS_DIR).is_dir():
+        checkpoint_to_read(path, notice=notice)  # a damaged checkpoint is refused, not evaluated
+    elif checkpoint_root(path).is_dir():  # a run directory
+        newest = checkpoint_to_read(path, notice=notice)
         if newest is None:
-            raise ModelError(f"{str(path)!r} is a run directory without a complete checkpoint: nothing to evaluate")
-        print(f"hacrl eval: {path} is a run directory; evaluating its newest checkpoint, {newest.name}")
+            raise ModelError(f"{str(path)!r} is a run directory without a complete, undamaged checkpoint: nothing to "
+                             "evaluate")  # fmt: skip
+        notice(f"{path} is a run directory; evaluating its newest checkpoint, {newest.name}")
         path = newest
     if (path / AGENTS_DIR).is_dir():
         return [(f"{p.name} ({path.name})", p) for p in sorted((path / AGENTS_DIR).iterdir()) if p.is_dir()]

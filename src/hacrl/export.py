@@ -43,12 +43,14 @@ def merged_model(directory: str | Path):
 def export_agent(path: str | Path, agent: str, out: str | Path, *, adapters_only: bool = False) -> Path:
     """Write agent `agent` of a run directory's newest checkpoint (or of the checkpoint `path`) to `out`."""
     from hacrl.agents import load_tokenizer
-    from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, latest_checkpoint
+    from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, checkpoint_to_read
 
     path, out = Path(path), Path(out)
-    checkpoint = path if (path / AGENTS_DIR).is_dir() else latest_checkpoint(path)
+    checkpoint = checkpoint_to_read(path, notice=lambda message: print(f"hacrl export: {message}"))
     if checkpoint is None:
-        raise CheckpointError(f"{str(path)!r} is neither a checkpoint nor a run directory with a complete one")
+        raise CheckpointError(
+            f"{str(path)!r} is neither a checkpoint nor a run directory with a complete, undamaged one"
+        )
     source = agent_weights_dir(checkpoint, agent)
     if not source.is_dir():
         names = sorted(p.name for p in (checkpoint / AGENTS_DIR).iterdir() if p.is_dir())

@@ -15,6 +15,7 @@ from typing import Any
 
 from hacrl import faults
 from hacrl.config import LoggingConfig
+from hacrl.errors import ConfigError, first_line
 from hacrl.metrics import agent_key
 
 
@@ -38,8 +39,15 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_writer_thread_errors()
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
-        self._trackers = _start_trackers(cfg, run_dir, config or {})
+        try:
+            self._trackers = _start_trackers(cfg, run_dir, config or {})
+        except BaseException:
+            for sink in (self._jsonl, self._tb):
+                if sink is not None:
+                    sink.close()
+            raise
         self._console = None
         self._progress = None
         if cfg.console:
@@ -105,15 +113,58 @@ class MetricsLogger:
             self._progress.update(self._task, completed=step)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-        for tracker in self._trackers:
-            tracker.finish()
+        """Close every sink, even when one fails (a full disk): the first error is raised after all were tried."""
+        closers = [self._progress.stop] if self._progress is not None else []
+        closers += [s.close for s in (self._jsonl, self._tb) if s is not None]
+        closers += [t.finish for t in self._trackers]
+        self._progress = self._jsonl = self._tb = None
         self._trackers = []
+        error = None
+        for close in closers:
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - the others still close; the first error is raised below
+                error = error or e
+        if error is not None:
+            raise error
+
+
+_QUIET = False
+
+
+def _quiet_writer_thread_errors() -> None:
+    """TensorBoard writes from a thread of its own; when a write fails there (a full disk) that thread prints a
+    traceback, and the same error is raised again in the training thread at the next write, where the CLI reports
+    it as one paragraph. Keep the thread's copy off the console."""
+    global _QUIET
+    if _QUIET:
+        return
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    _QUIET = True
+
+
+def check_trackers(cfg: LoggingConfig, where: str = "logging") -> None:
+    """Before anything is written: a tracker that cannot start says so with its fix (W&B online without
+    credentials failed after the run directory was created)."""
+    if cfg.wandb is not None and cfg.wandb.mode == "online":
+        import wandb
+
+        try:
+            wandb.login(verify=False)
+        except wandb.errors.Error as e:
+            raise ConfigError(
+                f"{where}.wandb.mode=online needs W&B credentials ({first_line(e)}): run `wandb login` or set "
+                f"WANDB_API_KEY, or set {where}.wandb.mode=offline (`wandb sync` uploads the run later)"
+            ) from None
 
 
 def _finite_number(value: Any) -> bool:
@@ -132,7 +183,10 @@ def _start_trackers(cfg: LoggingConfig, run_dir: Path | None, config: dict[str, 
         w = cfg.wandb
         run_id = hashlib.sha256(str(run_dir.resolve() if run_dir else name).encode()).hexdigest()[:16]
         trackers.append(
-            wandb.init(
+            _started(
+                "wandb",
+                wandb.errors.Error,
+                wandb.init,
                 project=w.project,
                 entity=w.entity,
                 name=w.name or name,
@@ -160,6 +214,17 @@ def _start_trackers(cfg: LoggingConfig, run_dir: Path | None, config: dict[str, 
             )
         )
     return trackers
+
+
+def _started(key: str, errors, start, **kwargs):
+    """`start(**kwargs)`, a tracker's init; its own errors (no network, a bad key) named with the setting to change."""
+    try:
+        return start(**kwargs)
+    except errors as e:
+        raise ConfigError(
+            f"logging.{key} could not start ({type(e).__name__}: {first_line(e)}); fix that, or log without it: "
+            f"remove logging.{key}" + (" or set logging.wandb.mode=offline" if key == "wandb" else "")
+        ) from None
 
 
 def _plain(value: Any) -> Any:

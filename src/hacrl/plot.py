@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the curves of `run_dir` to `out` (a .png file, or a directory for `curves.png`; default: the run
+    directory) and, when the run evaluated benchmarks, `benchmarks.png` beside it; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,15 +44,35 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if ax.lines:
             ax.legend()
     fig.tight_layout()
-    out_path = Path(out) if out else run_dir / "curves.png"
+    out_path = _png(out, run_dir)
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
-    _plot_benchmarks(records, out_path.with_name("benchmarks.png"), plt)
-    return out_path
+    written = [out_path]
+    if _plot_benchmarks(records, out_path.with_name("benchmarks.png"), plt):
+        written.append(out_path.with_name("benchmarks.png"))
+    return written
 
 
-def _plot_benchmarks(records: list[dict], out: Path, plt) -> None:
-    """One panel per benchmark (`eval/<agent>/<benchmark>/pass@1`), a line per agent; nothing without benchmarks."""
+def _png(out: str | Path | None, run_dir: Path) -> Path:
+    """Where the curves go: `out` as a .png file, `out/curves.png` for a directory, the run directory by default
+    (matplotlib would add `.png` to a name without it, and the path printed would not be the file written)."""
+    from hacrl.errors import RunDirError
+
+    if out is None:
+        return run_dir / "curves.png"
+    path = Path(out)
+    if path.is_dir():
+        return path / "curves.png"
+    if path.suffix.lower() != ".png":
+        raise RunDirError(f"hacrl plot --out {str(out)!r}: give a .png file or an existing directory")
+    if not path.parent.is_dir():
+        raise RunDirError(f"hacrl plot --out {str(out)!r}: the directory {str(path.parent)!r} does not exist")
+    return path
+
+
+def _plot_benchmarks(records: list[dict], out: Path, plt) -> bool:
+    """One panel per benchmark (`eval/<agent>/<benchmark>/pass@1`), a line per agent; nothing without benchmarks
+    (False)."""
     from hacrl.metrics import parse
 
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -61,7 +83,7 @@ def _plot_benchmarks(records: list[dict], out: Path, plt) -> None:
                 benchmark = key.split("/")[2]
                 curves.setdefault(benchmark, {}).setdefault(parsed[1], []).append((record["step"], value))
     if not curves:
-        return
+        return False
     fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.5), squeeze=False)
     for ax, (benchmark, agents) in zip(axes[0], sorted(curves.items()), strict=True):
         for agent, points in sorted(agents.items()):
@@ -73,3 +95,4 @@ def _plot_benchmarks(records: list[dict], out: Path, plt) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return True

@@ -120,7 +120,7 @@ def read_rows(spec, datasets_dir: str | Path = "data", *, role: str = "data.trai
         if col not in names:
             raise DataError(f"{role}.filter: {where} has no column {col!r} (its columns: {names})")
     questions, answers, others, skipped = [], [], [], 0
-    for row in table:
+    for row in _rows(table, where, role, names):
         if any(row[col] not in allowed for col, allowed in spec.filter.items()):
             continue
         gold = gold_answer(row[answer_col], rule)
@@ -140,6 +140,23 @@ def read_rows(spec, datasets_dir: str | Path = "data", *, role: str = "data.trai
             + (f" after {role}.filter={dict(spec.filter)}" if spec.filter else "")
         )
     return Rows(questions, answers, others, skipped, where)
+
+
+def _rows(table, where: str, role: str, names: list[str]):
+    """The table's rows; text that is not UTF-8 (a parquet string column can hold any bytes) names its row and
+    column instead of a UnicodeDecodeError from deep inside `datasets`."""
+    read = 0
+    try:
+        for row in table:
+            yield row
+            read += 1
+    except UnicodeDecodeError as e:
+        at = _undecodable(table, read, names)
+        place = f"row {at[0] + 1}, column {at[1]!r}" if at else f"a row after row {read}"
+        raise DataError(
+            f"{role}: {where}: {place} holds bytes that are not UTF-8 text ({e.reason} at byte {e.start}); re-encode "
+            f"that column as UTF-8 or remove the row"
+        ) from None
 
 
 def _load(path: str, config: str | None, split: str, role: str, named):
@@ -175,8 +192,9 @@ def _load(path: str, config: str | None, split: str, role: str, named):
                     f"{role}.path={path!r} holds several configs ({_configs(datasets, local)}): name the one to "
                     f"read with {role}.name"
                 ) from None
+            found = _diagnose(local, kind) if local.is_file() else None
             raise DataError(
-                f"{role}.path={path!r}: `datasets` cannot read it ({type(e).__name__}: {_first(e)})"
+                f"{role}.path={path!r}: " + (found or f"`datasets` cannot read it ({type(e).__name__}: {_first(e)})")
             ) from None
         return loaded, str(local)
     where = f"hub:{path}{f'/{config}' if config else ''}:{split}"
@@ -211,6 +229,65 @@ def _local_config(datasets, directory: Path, config: str | None, named) -> str |
     except Exception:  # noqa: BLE001 - unreadable here: load_dataset will say what is wrong
         return None
     return named.config if named.config in declared else None
+
+
+def _diagnose(file: Path, kind: str) -> str | None:
+    """What is wrong with a local file `datasets` could not read, with its line or row: empty, no rows, bytes that
+    are not UTF-8, a line that is not a JSON object. None when none of these (the caller says what `datasets` said).
+    One pass over the file, a line at a time."""
+    try:
+        if file.stat().st_size == 0:
+            return "the file is empty (0 bytes)"
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_metadata(file).num_rows
+            return "the parquet file holds no rows" if rows == 0 else None
+        if kind != "json":
+            return None
+        with open(file, "rb") as f:
+            head = f.read(1 << 16).lstrip()
+        if head[:1] == b"[" or (head[:1] == b"{" and file.suffix == ".json"):
+            try:  # a whole-file JSON document
+                json.loads(file.read_bytes())
+                return None
+            except UnicodeDecodeError as e:
+                return f"it holds bytes that are not UTF-8 text (at byte {e.start}); save it as UTF-8"
+            except ValueError as e:
+                if head[:1] == b"[" or file.suffix == ".json":
+                    return f"it is not valid JSON ({e})"
+        with open(file, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return (
+                        f"line {number} holds bytes that are not UTF-8 text (at byte {e.start}); save the file as UTF-8"
+                    )
+                try:
+                    value = json.loads(line)
+                except ValueError as e:
+                    return f"line {number} is not JSON ({e}): {line.strip()[:60]!r}; every line must be one JSON object"
+                if not isinstance(value, dict):
+                    return f"line {number} is a JSON {type(value).__name__}, not an object ({{column: value, ...}})"
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    return None
+
+
+def _undecodable(table, start: int, names: list[str]) -> tuple[int, str] | None:
+    """The first (row, column) from `start` whose text is not UTF-8 (rows are decoded when read, one batch at a
+    time: the error does not say where)."""
+    columns = {name: table.select_columns([name]) for name in names}
+    for i in range(start, len(table)):
+        for name, column in columns.items():
+            try:
+                column[i]
+            except UnicodeDecodeError:
+                return i, name
+    return None
 
 
 def _configs(datasets, directory: Path) -> str:

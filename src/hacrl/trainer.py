@@ -54,7 +54,7 @@ from hacrl.data import Example, PromptStream, load_benchmark, load_task
 from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
 from hacrl.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.exchange import foreign_trajectories
-from hacrl.logger import MetricsLogger
+from hacrl.logger import MetricsLogger, check_trackers
 from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
 from hacrl.metrics import agent_key, eval_key
 from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
@@ -70,6 +70,7 @@ class Trainer:
         self.run_dir = Path(config.trainer.output_dir)
         self._logger: MetricsLogger | None = None
         self.workers: Workers | None = None
+        check_trackers(config.logging)  # W&B online without credentials: refused before the directory is claimed
         claim = claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
         try:
             self.lock = RunLock(self.run_dir, notice=self.notice).acquire()

@@ -133,6 +133,15 @@ def test_lora_settings_that_cannot_work_are_refused(tiny_agents, tmp_path):
         load_config(cfg, ["agents.0.lora.r=0"])
 
 
+def test_lora_on_the_embedding_is_one_message(tiny_agents, tmp_path, capsys):
+    """Issue 42: `target_modules: [embed_tokens]` ended in an AttributeError traceback."""
+    cfg = _config(tiny_agents, tmp_path, tmp_path / "run")
+    assert main(["train", str(cfg), "agents.0.lora.target_modules=[q_proj,embed_tokens]"]) == 2
+    err = capsys.readouterr().err
+    assert "adapters go on linear layers only, and embed_tokens (Embedding) is not one" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
 def test_a_merged_sampling_copy_follows_the_adapters_and_leaves_the_base_alone(tiny_agents):
     from hacrl.samplers.hf import HFSampler
 

@@ -279,6 +279,30 @@ def test_hacrl_eval_takes_a_run_directory(tiny_agents, tmp_path, capsys):
     _fails_cleanly(capsys, ["eval", str(tmp_path), "--config", str(cfg)], "is not a model directory")
 
 
+def test_eval_and_export_never_read_a_damaged_checkpoint(tiny_agents, tmp_path, capsys):
+    """Issue 42: `hacrl eval RUN_DIR` evaluated a checkpoint whose SHA-256 did not match (resume refused it)."""
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 2}, checkpoint={"every": 1, "keep_last": 3})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg)]) == 0
+    weights = run / "checkpoints" / "step_000002" / "agents" / "llama" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: only the digest tells
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "skipping damaged checkpoint" in out and "does not match its SHA-256" in out
+    assert "evaluating its newest checkpoint, step_000001" in out
+    _fails_cleanly(capsys, ["eval", str(run / "checkpoints" / "step_000002"), "--config", str(cfg)],
+                   "step_000002 is damaged", "model.safetensors does not match its SHA-256")  # fmt: skip
+    _fails_cleanly(capsys, ["export", str(run / "checkpoints" / "step_000002"), "--agent", "llama",
+                            str(tmp_path / "out")], "is damaged")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    assert main(["export", str(run), "--agent", "llama", str(tmp_path / "out")]) == 0
+    assert "skipping damaged checkpoint" in capsys.readouterr().out
+    assert (run / "checkpoints" / "step_000002").is_dir()  # reading never renames anything
+
+
 def test_reward_and_checkpoint_errors_take_the_error_path_and_debug_shows_the_traceback(
     tiny_agents, tmp_path, capsys, monkeypatch
 ):
@@ -755,3 +779,62 @@ def test_a_missing_model_directory_is_named_before_any_data_loads(tiny_agents, t
         "(does not exist); hacrl loads local directories only", "`agents.1.model=/models/<name>` on the command line"
     )  # fmt: skip
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# -- issue 42: messages instead of tracebacks --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpoint_every", [1, 0])
+def test_a_full_disk_under_tensorboards_writer_thread_is_one_message(
+    checkpoint_every, tiny_agents, tmp_path, monkeypatch, capsys
+):
+    """Issue 42: ENOSPC in TensorBoard's writer thread printed that thread's traceback; and the message said "the
+    newest checkpoint is intact" when the run had none."""
+    import errno
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    real, calls = RecordWriter.write, {"n": 0}
+    first = tmp_path / "run" / "checkpoints" / "step_000001"
+
+    def write(self, data):
+        calls["n"] += 1
+        if first.exists() if checkpoint_every else calls["n"] > 40:  # then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", write)
+    cfg = _config(tiny_agents, tmp_path, trainer={"steps": 4}, checkpoint={"every": checkpoint_every})
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "Traceback" not in err and "Exception in thread" not in err, err
+    if checkpoint_every:
+        assert "its newest complete checkpoint" in err and "step_00000" in err and "continues from it" in err
+    else:
+        assert "this run has no complete checkpoint yet, so `hacrl train CONFIG --resume` starts it from step 0" in err
+
+
+def test_wandb_online_without_credentials_is_refused_before_the_run_directory_exists(
+    tiny_agents, tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = _config(tiny_agents, tmp_path, logging={"wandb": {"mode": "online"}})
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "logging.wandb.mode=online needs W&B credentials" in err and "wandb login" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_path, monkeypatch, capsys):
+    import hacrl.trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hacrl.trainer, "load_task", interrupted)
+    assert main(["train", str(_config(tiny_agents, tmp_path))]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "hacrl: interrupted (Ctrl-C)" and not (tmp_path / "run").exists()

@@ -4,6 +4,7 @@ no network. Rows are hand-written in the shape the Hub's copies have, awkward ca
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -357,3 +358,45 @@ def test_prepare_reads_a_local_copy_of_a_hub_repository_with_configs(tmp_path, c
     assert rows.answers == ["99"]
     with pytest.raises(DataError, match=r"holds several configs \(main, socratic\): name the one to read with"):
         read_rows(DatasetSpec(path=str(repo), split="test"))
+
+
+def test_unreadable_data_files_name_the_line_or_row(tmp_path):
+    """Issue 42: bytes that are not UTF-8 in a row were a UnicodeDecodeError traceback; an empty parquet file and a
+    line that is not JSON gave `datasets`' generic message without the line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cases = {}
+    cases["empty.parquet"] = (b"", "the file is empty (0 bytes)")
+    bad_text = pa.array([b"What is 1+1?", b"What is 2+2?\xff"], type=pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"problem": bad_text, "answer": ["2", "4"]}), tmp_path / "latin.parquet")
+    pq.write_table(pa.table({"problem": pa.array([], pa.string()), "answer": pa.array([], pa.string())}),
+                   tmp_path / "zero.parquet")  # fmt: skip
+    cases["lines.jsonl"] = (b'{"problem": "a", "answer": "1"}\n\nnot json\n', "line 3 is not JSON")
+    cases["list.jsonl"] = (b'{"problem": "a", "answer": "1"}\n[1, 2]\n', "line 2 is a JSON list, not an object")
+    cases["bytes.jsonl"] = (b'{"problem": "a", "answer": "1"}\n{"problem": "b\xff", "answer": "2"}\n',
+                            "row 2, column 'problem' holds bytes that are not UTF-8 text")  # fmt: skip
+    for name, (data, _) in cases.items():
+        (tmp_path / name).write_bytes(data)
+    cases["latin.parquet"] = (None, "row 2, column 'problem' holds bytes that are not UTF-8 text")
+    cases["zero.parquet"] = (None, "the parquet file holds no rows")
+    for name, (_, message) in cases.items():
+        with pytest.raises(DataError, match=re.escape(message)):
+            read_rows(DatasetSpec(path=str(tmp_path / name), question_column="problem"))
+
+
+def test_a_row_that_is_not_utf8_stops_hacrl_train_with_one_paragraph(tiny_agents, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hacrl.cli import main
+    from tests.conftest import write_config
+
+    text = pa.array([b"What is 1+1?", b"\xff\xfe"], type=pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"problem": text, "solution": ["\\boxed{2}", "\\boxed{4}"]}), tmp_path / "train.parquet")
+    data = {"source": "datasets", "train": {"set": "math", "path": str(tmp_path / "train.parquet")}}
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run", data=data)
+    assert main(["train", str(cfg), "algorithm.name=gspo"]) == 2
+    err = capsys.readouterr().err
+    assert "row 2, column 'problem' holds bytes that are not UTF-8 text" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

@@ -144,6 +144,14 @@ def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     assert main(["plot", str(run)]) == 0
     png = run / "curves.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    outside = tmp_path / "plots"
+    outside.mkdir()
+    assert main(["plot", str(run), "--out", str(outside)]) == 0  # a directory: curves.png in it (issue 42)
+    assert capsys.readouterr().out.split() == [str(outside / "curves.png")]
+    assert (outside / "curves.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "plots.png").exists()
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves")]) == 2
+    assert "give a .png file or an existing directory" in capsys.readouterr().err
 
 
 def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path, capsys):

@@ -523,7 +523,7 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
                 "seconds": train_seconds,
             }
         )
-    plot = plot_run(run_dir)
+    plot = plot_run(run_dir)[0]
     _print_summary(rows, report, bootstrap_seconds, run_dir, plot)
     return {"rows": rows, "bootstrap": report, "run_dir": str(run_dir)}
 
