@@ -217,6 +217,14 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+def _gone(marker: str, seconds: float = 5.0) -> bool:
+    """No process with `marker` left within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _processes_with(marker) == []
+
+
 def test_a_timed_out_functions_own_subprocesses_are_killed_with_it():
     marker = f"{os.getpid() % 1000 + 7000}.25"
     scorer = _user("hangs_with_a_child", timeout=0.5, on_hung="continue")
@@ -224,10 +232,7 @@ def test_a_timed_out_functions_own_subprocesses_are_killed_with_it():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", HacrlWarning)
             scorer.score(["p"], ["a"], {"marker": [marker]})
-        deadline = time.monotonic() + 5
-        while _processes_with(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _processes_with(marker) == []
+        assert _gone(marker)
     finally:
         scorer.close()
 
@@ -320,10 +325,7 @@ def test_a_detached_subprocess_of_a_reward_function_is_killed_too_and_does_not_i
             watcher.join()
         assert seen, "the reward function's detached child was never seen"
         assert not ignored[0] & (1 << (signal.SIGTERM - 1))
-        deadline = time.monotonic() + 5
-        while _processes_with(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _processes_with(marker) == []
+        assert _gone(marker)
     finally:
         scorer.close()
         for pid in _processes_with(marker):
