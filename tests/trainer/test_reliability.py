@@ -334,7 +334,8 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_says_
 
     monkeypatch.setattr(hacrl.checkpoint.torch, "save", full_disk)
     _fails_cleanly(capsys, ["train", str(cfg), "--resume", "trainer.steps=2"], "No space left on device",
-                   "the newest complete checkpoint is intact, so --resume continues from it")  # fmt: skip
+                   "its newest complete checkpoint", "step_000001) is intact, so `hacrl train CONFIG --resume` "
+                   "continues from it")  # fmt: skip
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]  # no half-written leftovers
     monkeypatch.undo()
     assert main(["train", str(cfg), "--resume", "trainer.steps=2"]) == 0
