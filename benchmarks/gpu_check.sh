@@ -4,7 +4,9 @@
 # 15 minutes of device time fits about 11 minutes of them (a fresh machine compiles everything once): pick parts
 # and their time limits with GPU_CHECK (NAME=SECONDS ..., in the order given); GPU_CHECK_PROFILE=1 profiles the
 # Qwen3 sampling part, GPU_CHECK_KERNEL (JSON) names the decode kernel's launch, GPU_CHECK_PAPER_MARGIN sets the
-# paper step's rollout.kv_cache_margin, GPU_CHECK_LONG_MODES the long part's modes (default: no-stop varied varied-calls). The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
+# paper step's rollout.kv_cache_margin, GPU_CHECK_LONG_MODES the long part's modes (default: no-stop varied varied-calls),
+# GPU_CHECK_PRECISION_NEW the new tokens of the precision part's three paper steps (issue 41: pure bf16, float32
+# masters, masters offloaded; suggested for a 15-minute lease: GPU_CHECK="precision=420"). The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
 # `GPU_CHECK_PROFILE=1 GPU_CHECK="tests=60 kernel=60 qwen=140 paper=320"`, then on a fresh machine
 # `GPU_CHECK_KERNEL=... GPU_CHECK="qwen=105 paper=320"`.
 #
@@ -47,7 +49,7 @@ part() {  # part NAME LIMIT ARGS: gpu_throughput.py ARGS under a time limit, the
   python benchmarks/gpu_throughput.py --out "$RESULTS" --merge "$PARTS"/* > /dev/null
 }
 for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-hf=50 parity=50 long=360 paper=300 \
-    logprobs=60 step=200}; do
+    precision=300 logprobs=60 step=200}; do
   name=${item%%=*} limit=${item#*=}
   case $name in
     tests)
@@ -62,9 +64,10 @@ for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-
     parity) part parity "$limit" --only parity ;;
     long) part long "$limit" --only long --shapes qwen3-0.6b ${GPU_CHECK_LONG_MODES:+--long-modes $GPU_CHECK_LONG_MODES} ;;
     paper) part paper "$limit" --only paper --shapes qwen3-4b ${GPU_CHECK_PAPER_MARGIN:+--paper-margin "$GPU_CHECK_PAPER_MARGIN"} ;;
+    precision) part precision "$limit" --only precision --shapes qwen3-4b --precision-new "${GPU_CHECK_PRECISION_NEW:-1024}" ;;
     logprobs) part logprobs "$limit" --only logprobs ;;
     step) part step "$limit" --only step --step-new "${GPU_CHECK_STEP_NEW:-512}" ;;
-    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper logprobs step)"
+    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper precision logprobs step)"
        exit 2 ;;
   esac
 done

@@ -23,6 +23,9 @@ runs to the length limit: the worst case for sampling. Parts (in this order):
 - paper: one Qwen3-4B-shape agent through the real trainer at the paper's structure scaled down (8 prompts x 8 x
   4,096 new tokens, gradient checkpointing, chunked log-probs): per-phase seconds, peak memory against `hacrl
   plan`'s prediction, the update's tokens per second and model FLOPs utilisation.
+- precision: the paper step (--precision-new tokens) three ways: pure bf16 (`master_weights: none`), bf16 with
+  float32 masters on the device, and with `offload: optimizer` (masters and AdamW state in pinned host memory):
+  step time, the offload seconds, peak device memory, and `hacrl plan`'s device peak and host bytes for each.
 
 Writes benchmarks/results/gpu.md and gpu.json (or --out DIR), stamped with the device, driver, torch and
 transformers versions and the command.
@@ -57,6 +60,8 @@ TINY = {
     "qwen3-0.6b": dict(family="qwen3", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=151_936),
     "llama-3.2-1b": dict(family="llama", hidden=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, vocab=128_256),
     "qwen3-4b": dict(family="qwen3", hidden=96, layers=3, heads=8, kv=2, head_dim=16, ffn=160, vocab=151_936),
+    # the precision part's dry run: three bf16 steps, which the CPU computes slowly at a real vocabulary
+    "qwen3-4b-char": dict(family="qwen3", hidden=96, layers=3, heads=8, kv=2, head_dim=16, ffn=160, vocab=128, char=1),
 }
 BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 """Dense bf16 tensor-core peak in TFLOP/s by GPU name fragment (vendor figures, SXM parts), for model FLOPs
@@ -74,7 +79,7 @@ def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, dev
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
 
-    tokenizer = _tokenizer(shape["family"], shape["vocab"])
+    tokenizer = _tokenizer(shape["family"], shape["vocab"], char=bool(shape.get("char")))
     common = dict(
         vocab_size=shape["vocab"],
         hidden_size=shape["hidden"],
@@ -101,11 +106,11 @@ def build_agent(name: str, shape: dict, directory: Path, dtype: torch.dtype, dev
     return out
 
 
-def _tokenizer(family: str, vocab: int):
+def _tokenizer(family: str, vocab: int, *, char: bool = False):
     from transformers import PreTrainedTokenizerFast
 
     folder = SHARED / ("qwen3" if family == "qwen3" else "llama-3.2-instruct")
-    if folder.is_dir():
+    if folder.is_dir() and not char:
         tok = PreTrainedTokenizerFast.from_pretrained(folder)
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
@@ -136,7 +141,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-PARTS = ("kernel", "sampling", "parity", "logprobs", "step", "long", "paper")
+PARTS = ("kernel", "sampling", "parity", "logprobs", "step", "long", "paper", "precision")
 """The parts of the check, in the order they run."""
 MODES = ("no-stop", "varied")
 """Sampling modes. `no-stop`: no stop token, every row decodes `new` tokens (random weights never emit EOS).
@@ -552,7 +557,14 @@ def long_rollout(
 
 
 def paper_step(
-    directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path, margin: float | None = None
+    directory: Path,
+    device: str,
+    dtype: str,
+    prompts: int,
+    new: int,
+    work: Path,
+    margin: float | None = None,
+    agent_extra: dict | None = None,
 ) -> dict:
     """One agent of the paper's larger shape through the real trainer at the paper's structure, scaled down:
     `prompts` prompts x 8 samples x `new` new tokens, prompts up to 1,024 tokens, `static` sampler with CUDA graphs
@@ -575,7 +587,7 @@ def paper_step(
     data.write_text("\n".join(rows) + "\n")
     config = {
         "agents": [{"name": directory.name, "model": str(directory), "lr": 1e-6, "device": device, "dtype": dtype,
-                    "gradient_checkpointing": True}],
+                    "gradient_checkpointing": True, **(agent_extra or {})}],
         "algorithm": {"name": "gspo"},  # one agent: HACPO with nobody to share with is GSPO
         "rollout": {"group_size": 8, "max_new_tokens": new, "max_prompt_tokens": 1024, "backend": "static",
                     "cuda_graphs": device == "cuda", "batch_size": "auto"},
@@ -593,7 +605,8 @@ def paper_step(
     cfg = load_config(path)
     predicted = plan(cfg)[0]
     out = {"config": config, "plan": {"rows_per_call": predicted.rows, "peak_gib": predicted.peak / 2**30,
-                                      "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()}}}  # fmt: skip
+                                      "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()},
+                                      "host_gib": sum(predicted.host.values()) / 2**30}}  # fmt: skip
     trainer = Trainer(cfg)
     try:
         worker = trainer.workers.workers[0]
@@ -624,6 +637,14 @@ def paper_step(
             out["mfu"] = 6 * params * tokens / metrics["time/update"] / (peak * 1e12)
             out["bf16_peak_tflops"] = peak
     return out
+
+
+PRECISIONS = {
+    "pure bf16": {"master_weights": "none"},
+    "fp32 masters": {},
+    "fp32 masters, offloaded": {"offload": "optimizer"},
+}
+"""The precision part's variants of the paper step's agent (issue 41)."""
 
 
 def _stamp(device: str) -> dict:
@@ -669,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper", nargs=2, type=int, default=[8, 4096], metavar=("PROMPTS", "NEW"),
                         help="paper: prompts (x 8 samples) and new tokens of the Qwen3-4B-shape step")  # fmt: skip
     parser.add_argument("--paper-margin", type=float, help="paper: rollout.kv_cache_margin (default: the config's)")
+    parser.add_argument("--precision-new", type=int, default=1024, help="precision: new tokens of each paper step")
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -761,6 +783,20 @@ def main(argv: list[str] | None = None) -> int:
             paper_dir = build_agent("qwen3-4b", shapes["qwen3-4b"], models, getattr(torch, dtype), build_device)
             result["paper"] = paper_step(paper_dir, device, dtype, paper_prompts, paper_new, work, args.paper_margin)
             save()
+        if "precision" in args.only:
+            prompts, new = (1, 4) if device == "cpu" else (args.paper[0], args.precision_new)
+            shape = "qwen3-4b-char" if device == "cpu" else "qwen3-4b"
+            paper_dir = build_agent(shape, shapes[shape], models, torch.bfloat16, build_device)
+            result["precision"] = {}
+            for label, extra in PRECISIONS.items():
+                try:
+                    measured = paper_step(paper_dir, device, "bfloat16", prompts, new, work, args.paper_margin, extra)
+                except Exception as e:  # noqa: BLE001 - out of memory is a result too (pure bf16 fits, masters may not)
+                    measured = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                result["precision"][label] = measured
+                save()
     save()
     print(markdown(result))
     return 0
@@ -882,6 +918,7 @@ def markdown(r: dict) -> str:
                          f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} | {warm} |")  # fmt: skip
         lines.append("")
     lines += _markdown_kernel(r.get("kernel")) + _markdown_long(r.get("long")) + _markdown_paper(r.get("paper"))
+    lines += _markdown_precision(r.get("precision"))
     return "\n".join(lines) + "\n"
 
 
@@ -956,6 +993,24 @@ def _markdown_paper(p: dict | None) -> list[str]:
             f"| {p['warm_up_s']:.1f} | {p['time/step']:.1f} | {p['time/sampling']:.1f} | {p['time/update']:.1f} | "
             f"{p['rows_per_call']} | {p['update_tokens']:,} | {p['update_tokens_per_second']:,.0f} | {mfu} | {peak} | "
             f"{plan['peak_gib']:.1f} GiB | {plan['rows_per_call']} |", "", f"Phases: {phases}.", ""]  # fmt: skip
+
+
+def _markdown_precision(variants: dict | None) -> list[str]:
+    if not variants:
+        return []
+    lines = ["## Precision: the paper step three ways (issue 41)", "",
+             "| agent | step s | update s | offload s | peak device | `hacrl plan` device peak | plan's host memory |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, p in variants.items():
+        if "error" in p:
+            lines.append(f"| {label} | {p['error']} | | | | | |")
+            continue
+        peak = f"{p['peak_gib']:.1f} of {p['card_gib']:.1f} GiB" if "peak_gib" in p else "-"
+        offload = p.get("time/offload")
+        lines.append(f"| {label} | {p['time/step']:.1f} | {p['time/update']:.1f} | "
+                     f"{'-' if offload is None else f'{offload:.2f}'} | {peak} | {p['plan']['peak_gib']:.1f} GiB | "
+                     f"{p['plan']['host_gib']:.1f} GiB |")  # fmt: skip
+    return lines + [""]
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
 def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (model shapes with the paper's
     vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
-    responses with auto rows, the paper-shape step) with tiny layers on the CPU."""
+    responses with auto rows, the paper-shape step, the precision part) with tiny layers on the CPU."""
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -101,8 +101,14 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     paper = result["paper"]  # one agent through the trainer, and the plan's prediction beside it
     assert paper["rows"] == 16 and paper["response_tokens"] == 16 * 16 and paper["time/update"] > 0
     assert paper["plan"]["rows_per_call"] == 64 and paper["update_tokens"] > paper["response_tokens"]
+    precision = result["precision"]  # the paper step three ways (issue 41), each with the plan's prediction
+    assert list(precision) == ["pure bf16", "fp32 masters", "fp32 masters, offloaded"]
+    assert all(p["time/update"] > 0 and p["plan"]["peak_gib"] > 0 for p in precision.values())
+    assert "time/offload" in precision["fp32 masters, offloaded"] and "time/offload" not in precision["fp32 masters"]
+    assert precision["fp32 masters, offloaded"]["plan"]["host_gib"] > 0 == precision["fp32 masters"]["plan"]["host_gib"]
     text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
     assert "## One 2-agent HACPO step" in text and "## One paper-shape step" in text and "## Long responses" in text
+    assert "## Precision: the paper step three ways" in text
 
 
 def test_throughput_benchmark_smoke(tmp_path):

@@ -19,6 +19,7 @@ import torch
 
 from hacrl.config import AgentConfig, RolloutConfig, require_model_dir
 from hacrl.errors import ModelError
+from hacrl.precision import HOST, MasterStep, ParameterStep
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -133,12 +134,13 @@ def first_nonfinite(model: torch.nn.Module) -> str | None:
     return named[int((~finite).nonzero()[0, 0])][0]
 
 
-def _load_model(path: str | Path, cfg: AgentConfig, index: int):
+def _load_model(path: str | Path, cfg: AgentConfig, index: int, *, dtype: torch.dtype | None = None, device=None):
+    """The model of a local directory in `dtype` (default: the agent's) on `device` (default: the agent's)."""
     from transformers import AutoModelForCausalLM
 
     model_dir = require_model_dir(path, f"agents.{index}.model")
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype], local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or DTYPES[cfg.dtype], local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged or foreign directory: name it and the cause
         raise ModelError(
             f"agents.{index}.model: cannot load the model in {str(model_dir)!r}: {type(e).__name__}: "
@@ -152,7 +154,12 @@ def _load_model(path: str | Path, cfg: AgentConfig, index: int):
             f"agents.{index}.model: the weights in {str(model_dir)!r} hold NaN or inf (first: {bad}); they cannot "
             "be trained or sampled from. Point the agent at an undamaged copy of the model."
         )
-    return model.to(torch.device(cfg.device))
+    return model.to(torch.device(device or cfg.device))
+
+
+def uses_masters(cfg: AgentConfig) -> bool:
+    """Whether an agent trains float32 master weights under low-precision compute weights (`hacrl.precision`)."""
+    return not cfg.frozen and cfg.lora is None and cfg.dtype != "float32" and cfg.master_weights == "float32"
 
 
 class Agent:
@@ -182,8 +189,15 @@ class Agent:
         self.tokenizer = load_tokenizer(source, key=key)
         self.device = torch.device(cfg.device)
         self.lora = cfg.lora if not cfg.frozen else None
-        # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
-        self.model = _load_model(cfg.model if self.lora else (weights_from or cfg.model), cfg, index)
+        masters = None
+        if uses_masters(cfg):  # float32 masters (a checkpoint holds them), the compute copy rounded from them
+            from hacrl.precision import make_masters
+
+            self.model = _load_model(weights_from or cfg.model, cfg, index, dtype=torch.float32, device=HOST)
+            params, masters = make_masters(self.model, DTYPES[cfg.dtype], self.device, offload=cfg.offload != "none")
+        else:
+            # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
+            self.model = _load_model(cfg.model if self.lora else (weights_from or cfg.model), cfg, index)
         self.peft_model = None
         if self.lora is not None:
             self.peft_model = _with_lora(self.model, self.lora, adapters_from=weights_from, seed=init_seed)
@@ -194,14 +208,17 @@ class Agent:
                 f"embedding only {self.model.get_input_embeddings().num_embeddings}"
             )
         self.frozen = cfg.frozen
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: ParameterStep | MasterStep | None = None
         if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
             self.model.eval().requires_grad_(False)
         else:
             self.model.train()
-            self.optimizer = torch.optim.AdamW(
-                self.trainable_parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-            )
+            if masters is not None:
+                self.optimizer = MasterStep(params, masters, cfg, offload=cfg.offload != "none")
+            else:
+                self.optimizer = ParameterStep(self.trainable_parameters(), cfg)
+                if cfg.dtype != "float32" and self.lora is None:
+                    _warn_if_updates_round_away(self, index)
         self.ref_model = None
         if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)
             self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
@@ -274,3 +291,33 @@ class Agent:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trained_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """What a checkpoint saves as this agent's weights when they are not the model's own: the float32 masters,
+        under the model's parameter names (None: save the model as it is)."""
+        if not isinstance(self.optimizer, MasterStep):
+            return None
+        master_of = {id(p): m for p, m in zip(self.optimizer.params, self.optimizer.masters, strict=True)}
+        state = self.model.state_dict()
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if id(p) in master_of:
+                state[name] = master_of[id(p)].detach().to(HOST)
+        return state
+
+
+def _warn_if_updates_round_away(agent: Agent, index: int) -> None:
+    """Pure low-precision training (`master_weights: none`): say so when lr is below half an ulp of a typical
+    weight, where AdamW's steps (about lr each) round away."""
+    from hacrl.errors import warn
+    from hacrl.precision import half_ulp, typical_weight
+
+    dtype = DTYPES[agent.cfg.dtype]
+    weight = typical_weight(agent.trainable_parameters())
+    resolution = half_ulp(weight, dtype)
+    if agent.cfg.lr < resolution:
+        warn(
+            f"agents.{index} ({agent.name!r}) trains its {agent.cfg.dtype} weights directly "
+            f"(master_weights=none) at lr {agent.cfg.lr:g}, below half a {agent.cfg.dtype} ulp at its typical "
+            f"weight (median |w| {weight:.3g}: {resolution:.2g}): most updates will round away and the agent will "
+            f"barely train. Use agents.{index}.master_weights=float32 (the default), or a larger lr"
+        )

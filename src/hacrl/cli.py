@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--agent", required=True, help="the agent's name")
     export.add_argument("out", help="output directory (new or empty)")
     export.add_argument("--adapters-only", action="store_true", help="a LoRA agent's adapters, not merged")
+    export.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the weights' dtype (default auto: the agent's compute dtype; a bfloat16 agent's float32 master "
+        "weights are rounded to it unless you ask for float32)",
+    )
 
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
@@ -197,7 +204,7 @@ def _run(args) -> int:
         _quiet_transformers()
         from hacrl.export import export_agent
 
-        out = export_agent(args.path, args.agent, args.out, adapters_only=args.adapters_only)
+        out = export_agent(args.path, args.agent, args.out, adapters_only=args.adapters_only, dtype=args.dtype)
         print(f"agent {args.agent!r} written to {out}")
         return 0
     if args.command == "plan":

@@ -44,7 +44,11 @@ AGENT = _table(
     ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off)"),
     ("reward_timeouts", "its responses whose scoring ran past scoring.timeout"),
     ("reward_errors", "its responses whose scoring raised or whose scoring process died (reward 0)"),
-    ("time/{phase}", "seconds its worker spent in a phase: generate, logprobs, update"),
+    (
+        "time/{phase}",
+        "seconds its worker spent in a phase: generate, logprobs, update; offload: moving gradients "
+        "to the host and weights back in its update (agents.<i>.offload)",
+    ),
     # its update (the worker)
     ("loss", "loss (policy + KL), mean over mini-batches", "part"),
     ("policy_loss", "policy loss, mean over mini-batches", "part"),
@@ -87,12 +91,16 @@ EVAL = _table(
 
 STEP = _table(
     ("time/step", "seconds of the step: sampling + scoring + update"),
-    ("time/{phase}", "seconds of a phase of the step on the driver: sampling, scoring, update"),
+    (
+        "time/{phase}",
+        "seconds of a phase of the step on the driver: sampling, scoring, update; offload: the agents' "
+        "offload seconds, summed (part of update)",
+    ),
     ("tokens_per_second/sampling", "response tokens of all agents per second of the sampling phase"),
     ("foreign_ratio_mode", "algorithm.foreign_ratio, logged when agents share"),
 )
 
-PHASES = {"agent": ("generate", "logprobs", "update"), "step": ("sampling", "scoring", "update")}
+PHASES = {"agent": ("generate", "logprobs", "update", "offload"), "step": ("sampling", "scoring", "update", "offload")}
 
 
 def agent_key(agent: str, name: str) -> str:

@@ -3,8 +3,11 @@
 Per agent, from its model directory's config.json alone (the parameter count from a model built on torch's meta
 device: no weights are read), in bytes:
 
-- weights (and the frozen reference copy when `algorithm.kl_coef > 0`), gradients, AdamW's two moments (each the
-  parameter dtype's size): exact;
+- weights in the agent's dtype (and the frozen reference copy when `algorithm.kl_coef > 0`), and what training
+  adds: float32 master weights, float32 gradient accumulators and float32 AdamW moments for a bfloat16 agent with
+  masters (`hacrl.precision`: 4 + 4 + 8 bytes per parameter beside its 2), the gradients and two AdamW moments in
+  the parameters' own dtype otherwise (float32 for LoRA adapters): exact. With `offload: optimizer` the masters and
+  AdamW's state are counted in host memory (`host`), with the float32 gradients the step copies there;
 - the KV pool of the `static` sampler (rows x (prompt limit + max_new_tokens) positions x 2 x layers x key/value
   heads x head dim x dtype), with `rollout.batch_size: auto` resolved as the sampler resolves it on the device
   (`hacrl.samplers.static.auto_rows`), and the sampling step's floats (rows x vocabulary x 16 bytes): exact;
@@ -18,9 +21,10 @@ device: no weights are read), in bytes:
   dim; with gradient checkpointing, h + 128 elements per token and layer are kept, and one layer's full set exists
   while it is recomputed.
 
-The peak is the larger of sampling (weights, optimizer state, pool, sampling floats; gradients are freed after
-each update) and the update (weights, optimizer state, pool, gradients, the micro-batch's activations and the
-log-prob head). A device's total
+The peak is the larger of sampling (weights, masters and optimizer state on the device, pool, sampling floats;
+gradients are freed after each update) and the update (the same, plus gradients, the micro-batch's activations and
+the log-prob head). Agents on one device take turns, one phase at a time, each holding its weights, device-resident
+state and pool throughout: an agent's peak adds the others' resident bytes. A device's total
 memory comes from CUDA when present, else `--device-memory GIB`; without either the plan shows the needs only.
 """
 
@@ -83,11 +87,19 @@ class AgentPlan:
     checkpointing: bool = False
     device_total: int | None = None
     advice: list[str] = field(default_factory=list)
+    precision: str = "float32"
+    """How it trains: float32, bfloat16 + float32 masters, pure bfloat16, LoRA, frozen."""
+    host: dict[str, int] = field(default_factory=dict)
+    """Bytes of each part kept in host memory (`agents.<i>.offload: optimizer`)."""
+    resident: int = 0
+    """Device bytes held between phases (weights, masters and optimizer state on the device, the KV pool)."""
+    others_resident: int = 0
+    """Device bytes the other agents on the same device hold while this one runs a phase."""
 
     @property
     def peak(self) -> int:
         update = self.update_peak_checkpointed if self.checkpointing else self.update_peak
-        return max(self.sampling_peak, update)
+        return self.others_resident + max(self.sampling_peak, update)
 
     @property
     def fits(self) -> bool | None:
@@ -204,7 +216,7 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
-    from hacrl.agents import DTYPES
+    from hacrl.agents import DTYPES, uses_masters
     from hacrl.samplers.base import next_power_of_two
     from hacrl.samplers.static import MIN_ROWS, auto_rows, row_bytes
 
@@ -223,12 +235,22 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         weights = shape.params * shape.dtype_bytes
         p.parts["weights"] = weights
         learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
+        masters = uses_masters(agent)
+        p.precision = _precision(agent, masters)
         p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
-        trained_bytes = 4 if lora is not None else shape.dtype_bytes  # peft keeps adapters in float32
+        # peft keeps adapters in float32; masters: float32 gradient accumulators and float32 AdamW state
+        trained_bytes = 4 if lora is not None or masters else shape.dtype_bytes
         if lora is not None:
             p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
+        offloaded = agent.offload == "optimizer"
+        master_bytes = shape.trainable * 4 * masters
+        state_bytes = 2 * shape.trainable * trained_bytes * learns
+        p.parts["master weights (float32)"] = 0 if offloaded else master_bytes
         p.parts["gradients"] = shape.trainable * trained_bytes * learns
-        p.parts["optimizer state (AdamW)"] = 2 * shape.trainable * trained_bytes * learns
+        p.parts["optimizer state (AdamW)"] = 0 if offloaded else state_bytes
+        if offloaded:
+            p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
+                      "gradients (the step's copy)": shape.trainable * 4}  # fmt: skip
         total = _device_total(agent.device, device_memory)
         p.device_total = total
         per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
@@ -238,7 +260,9 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         auto_on_gpu = rows == "auto" and total is not None and agent.device.startswith("cuda")
         if rows == "auto":
             if auto_on_gpu:
-                free = total - p.parts["weights"] - p.parts["reference model (KL)"]
+                free = (
+                    total - p.parts["weights"] - p.parts["reference model (KL)"] - p.parts["master weights (float32)"]
+                )
                 pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
                 try:
                     rows = auto_rows(free=free, total=total, pending=pending, margin=r.kv_cache_margin,
@@ -259,18 +283,43 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         )
         p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, t.logprob_chunk_size)
         held = (
-            p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["optimizer state (AdamW)"]
-            + p.parts["KV cache (sampling)"]
+            p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
+            + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]
         )  # fmt: skip
+        p.resident = held
         p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
         update = held + p.parts["gradients"] + p.parts["log-prob head"]
         p.update_peak = update + p.parts["activations, one micro-batch"]
         p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
-        _advise(p, i, micro)
-        if auto_on_gpu and p.fits:
-            _suggest_margin(p, r.kv_cache_margin, free - pending, per_row)
-        plans.append(p)
-    return plans
+        plans.append((p, i, micro, auto_on_gpu and (free - pending, per_row)))
+    _share_devices([p for p, *_ in plans])
+    for p, i, micro, margin in plans:
+        _advise(p, i, micro, config.agents[i])
+        if margin and p.fits:
+            _suggest_margin(p, config.rollout.kv_cache_margin, *margin)
+    return [p for p, *_ in plans]
+
+
+def _precision(agent, masters: bool) -> str:
+    if agent.frozen:
+        return f"{agent.dtype} (frozen)"
+    if agent.lora is not None:
+        return f"LoRA, {agent.dtype} base"
+    if masters:
+        return f"{agent.dtype} + fp32 masters" + (", offloaded" if agent.offload == "optimizer" else "")
+    return agent.dtype if agent.dtype == "float32" else f"{agent.dtype}, pure"
+
+
+def _share_devices(plans: list[AgentPlan]) -> None:
+    """Agents on one device take turns (one phase at a time), each holding its resident bytes throughout: each
+    agent's peak counts the others' resident bytes too."""
+    for p in plans:
+        p.others_resident = sum(q.resident for q in plans if q is not p and _same_device(p.device, q.device))
+
+
+def _same_device(a: str, b: str) -> bool:
+    """`cuda` is `cuda:0`; every agent on `cpu` shares the host (on a CPU the plan's sums are host memory)."""
+    return (a if ":" in a or a == "cpu" else f"{a}:0") == (b if ":" in b or b == "cpu" else f"{b}:0")
 
 
 def _device_total(device: str, device_memory: float | None) -> int | None:
@@ -281,9 +330,14 @@ def _device_total(device: str, device_memory: float | None) -> int | None:
     return None
 
 
-def _advise(p: AgentPlan, i: int, micro: int) -> None:
+def _advise(p: AgentPlan, i: int, micro: int, agent=None) -> None:
     if p.fits is None or p.fits:
         return
+    if agent is not None and p.parts["master weights (float32)"]:
+        moved = p.parts["master weights (float32)"] + p.parts["optimizer state (AdamW)"]
+        if p.peak - moved <= p.device_total:
+            p.advice.append(f"set agents.{i}.offload=optimizer ({moved / GIB:.1f} GiB of float32 masters and AdamW "
+                            "state move to the host)")  # fmt: skip
     if not p.checkpointing and p.update_peak_checkpointed <= p.device_total:
         p.advice.append(f"set agents.{i}.gradient_checkpointing=true (the update then needs "
                         f"{p.update_peak_checkpointed / GIB:.1f} GiB)")  # fmt: skip
@@ -328,12 +382,22 @@ def render(plans: list[AgentPlan]) -> str:
     lines.append(f"{'':{width}}  " + "  ".join(f"{n:>14}" for n in names))
     lines.append(f"{'parameters':{width}}  " + "  ".join(f"{p.shape.params / 1e9:>13.2f}B" for p in plans))
     lines.append(f"{'device':{width}}  " + "  ".join(f"{p.device:>14}" for p in plans))
+    lines.append(f"{'precision':{width}}  " + "  ".join(f"{p.precision:>14}" for p in plans))
     lines.append(f"{'rows per generation call':{width}}  " + "  ".join(f"{p.rows:>14}" for p in plans))
     for key in keys:
         lines.append(f"{key:{width}}  " + "  ".join(f"{p.parts[key] / GIB:>14.2f}" for p in plans))
     lines.append(f"{'peak while sampling':{width}}  " + "  ".join(f"{p.sampling_peak / GIB:>14.2f}" for p in plans))
     updates = [p.update_peak_checkpointed if p.checkpointing else p.update_peak for p in plans]
     lines.append(f"{'peak in the update':{width}}  " + "  ".join(f"{u / GIB:>14.2f}" for u in updates))
+    if any(p.others_resident for p in plans):
+        lines.append(f"{'other agents on the device':{width}}  " + "  ".join(
+            f"{p.others_resident / GIB:>14.2f}" for p in plans))  # fmt: skip
+    host_keys = list(dict.fromkeys(k for p in plans for k in p.host))
+    for key in host_keys:
+        lines.append(f"{'host: ' + key:{width}}  " + "  ".join(f"{p.host.get(key, 0) / GIB:>14.2f}" for p in plans))
+    if host_keys:
+        lines.append(f"{'host memory (pinned)':{width}}  " + "  ".join(
+            f"{sum(p.host.values()) / GIB:>14.2f}" for p in plans))  # fmt: skip
     lines.append(f"{'device memory':{width}}  " + "  ".join(
         f"{p.device_total / GIB:>14.2f}" if p.device_total else f"{'unknown':>14}" for p in plans))  # fmt: skip
     lines.append(f"{'fits':{width}}  " + "  ".join(

@@ -337,6 +337,9 @@ class Trainer:
             metrics["foreign_ratio_mode"] = self.params.foreign_ratio
         metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
         metrics["time/step"] = sum(timer.totals.values())
+        offload = [learned[j].metrics["time/offload"] for j in range(n) if "time/offload" in learned[j].metrics]
+        if offload:  # inside the update phase: not added to time/step
+            metrics["time/offload"] = sum(offload)
         metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(
             timer.totals["sampling"], 1e-9
         )

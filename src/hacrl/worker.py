@@ -194,7 +194,10 @@ class AgentWorker:
         try:
             if not self.agent.frozen:  # a frozen agent's weights are those of its model directory, unchanged
                 # a LoRA agent: its adapters (peft's format; the base is its model directory, `hacrl export` merges)
-                (self.agent.peft_model or self.agent.model).save_pretrained(part.weights_dir, safe_serialization=True)
+                # float32 masters under a bf16 compute copy: the masters (resume is exact, export picks the dtype)
+                (self.agent.peft_model or self.agent.model).save_pretrained(
+                    part.weights_dir, safe_serialization=True, state_dict=self.agent.trained_state_dict()
+                )
                 self.agent.tokenizer.save_pretrained(part.weights_dir)
                 part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
@@ -375,7 +378,7 @@ class AgentWorker:
                 reducer.add(out.metrics)
                 faults.hit("update.micro_batch")
             reducer.end_mini_batch()
-            grad_norm = torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), agent.cfg.grad_clip)
+            grad_norm = agent.optimizer.clip_grad_norm(agent.cfg.grad_clip)  # float32 with masters
             if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
                 agent.optimizer.step()
                 agent.weights_changed()
@@ -392,6 +395,9 @@ class AgentWorker:
             for value in torch.stack(grad_norms).double().tolist():
                 total += value
             metrics["grad_norm"] = total / len(grad_norms)
+        if agent.optimizer.offload:
+            metrics["time/offload"] = agent.optimizer.offload_seconds
+            agent.optimizer.offload_seconds = 0.0
         metrics["skipped_steps"] = skipped
         metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
         metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)

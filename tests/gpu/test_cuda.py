@@ -85,14 +85,18 @@ def test_token_logprobs_and_hacpo_gradients_match_the_cpu(tiny_agents):
     torch.testing.assert_close(gg, gc, atol=2e-5, rtol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_two_agents_train_checkpoint_and_resume_on_cuda(dtype, tiny_agents, tmp_path):
+@pytest.mark.parametrize(("dtype", "offload"), [("float32", "none"), ("bfloat16", "none"), ("bfloat16", "optimizer")])
+def test_two_agents_train_checkpoint_and_resume_on_cuda(dtype, offload, tiny_agents, tmp_path):
+    """bf16 agents train float32 masters (issue 41): the checkpoint holds them; with `offload: optimizer` they
+    live in pinned host memory and the copies are timed."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 2})
     _set_devices(cfg, {"llama": DEVICE, "qwen": DEVICE}, dtype)
+    if offload != "none":
+        cfg.write_text(cfg.read_text().replace("dtype: bfloat16", f"dtype: bfloat16\n  offload: {offload}"))
     assert main(["train", str(cfg)]) == 0
     assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 0
     records = _metrics(run)
@@ -102,11 +106,12 @@ def test_two_agents_train_checkpoint_and_resume_on_cuda(dtype, tiny_agents, tmp_
             assert math.isfinite(records[-1][f"{name}/{key}"]), (name, key)
         saved = run / "checkpoints" / "step_000003" / "agents" / name
         weights = load_file(saved / "model.safetensors")
-        assert {str(w.dtype) for w in weights.values()} == {f"torch.{dtype}"}
+        assert {str(w.dtype) for w in weights.values()} == {"torch.float32"}  # float32 masters for bf16 agents
         assert all(w.device.type == "cpu" for w in weights.values())
         before = load_file(tiny_agents[name] / "model.safetensors")
         assert any(not torch.equal(before[k].to(weights[k].dtype), weights[k]) for k in weights)
         AutoModelForCausalLM.from_pretrained(saved)  # loads anywhere, with plain transformers
+        assert (f"{name}/time/offload" in records[-1]) == (offload != "none")
 
 
 def test_resume_on_cuda_reproduces_the_next_step(tiny_agents, tmp_path, monkeypatch):

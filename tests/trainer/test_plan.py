@@ -177,7 +177,8 @@ def test_the_plan_counts_adapter_state_only(families, tmp_path):
 def test_the_plan_bounds_the_paper_shape_step_measured_on_an_h100_and_proposes_more_rows(tmp_path):
     """benchmarks/results/gpu-h100-paper-step.md: one Qwen3-4B-shape agent (8 prompts x 8 x 4,096 new tokens,
     prompts up to 1,024, `batch_size: auto`, gradient checkpointing, micro-batches of 8) on an H100 80GB (79.18 GiB):
-    16 rows per call, peak 48.9 GiB. The plan predicts the rows exactly and the peak on the safe side (within 20 %),
+    16 rows per call, peak 48.9 GiB, measured in pure bf16 (before float32 masters: `master_weights: none` here).
+    The plan predicts the rows exactly and the peak on the safe side (within 20 %),
     and, its update estimate leaving room, proposes the `kv_cache_margin` that doubles the rows per call, under
     which it plans 32 rows within the card."""
     import yaml
@@ -189,7 +190,7 @@ def test_the_plan_bounds_the_paper_shape_step_measured_on_an_h100_and_proposes_m
     (tmp_path / "d.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
     config = {
         "agents": [{"name": "qwen3-4b", "model": str(tmp_path / "qwen3-4b"), "lr": 1e-6, "device": "cuda",
-                    "dtype": "bfloat16", "gradient_checkpointing": True}],
+                    "dtype": "bfloat16", "master_weights": "none", "gradient_checkpointing": True}],
         "algorithm": {"name": "gspo"},
         "rollout": {"group_size": 8, "max_new_tokens": 4096, "max_prompt_tokens": 1024, "backend": "static",
                     "cuda_graphs": True, "batch_size": "auto"},

@@ -517,17 +517,15 @@ def test_auto_rows_fit_the_pool_beside_the_update():
 
 
 def test_pending_update_bytes_count_gradients_and_adam_state_not_yet_allocated(lively):
-    from hacrl.samplers.static import pending_update_bytes
-
     agent = _agent(lively["qwen"])
     size = sum(p.numel() * p.element_size() for p in agent.model.parameters())
-    assert pending_update_bytes(agent.model, agent.optimizer) == 3 * size  # gradients + two AdamW moments
+    assert agent.optimizer.pending_bytes() == 3 * size  # gradients + two AdamW moments
     batch = TokenBatch.build([[3, 4, 5]], [[6, 7]], agent.pad_id, "cpu")
     token_logprobs(agent.model, batch, 1.0)[batch.response_mask].sum().backward()
     agent.optimizer.step()
-    assert pending_update_bytes(agent.model, agent.optimizer) == 0
+    assert agent.optimizer.pending_bytes() == 0
     agent.optimizer.zero_grad(set_to_none=True)
-    assert pending_update_bytes(agent.model, agent.optimizer) == size
+    assert agent.optimizer.pending_bytes() == size
 
 
 def test_auto_batch_size_on_the_cpu_is_64_rows_per_call(lively, monkeypatch):

@@ -166,10 +166,11 @@ def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path, cap
     assert (run / "metrics.jsonl").read_text() == before
 
 
-def test_bfloat16_agents_train_and_save_in_their_dtype(tiny_agents, tmp_path):
+def test_pure_bfloat16_agents_train_and_save_in_their_dtype(tiny_agents, tmp_path):
+    """`master_weights: none` (with float32 masters, the default, the checkpoint holds them: test_precision.py)."""
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
-    assert main(["train", str(cfg), "agents.1.dtype=bfloat16"]) == 0
+    assert main(["train", str(cfg), "agents.1.dtype=bfloat16", "agents.1.master_weights=none"]) == 0
     weights = load_file(run / "checkpoints" / "step_000001" / "agents" / "qwen" / "model.safetensors")
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
     assert _last(run)["qwen/skipped_steps"] == 0

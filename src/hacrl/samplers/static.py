@@ -64,18 +64,6 @@ fill (rows end at ~B / mean-length per step) and ~B / k slot-steps of prefill: f
 k = B / 8 costs under ~10 % of the slot-steps (short answers pay relatively more); to be tuned on a GPU."""
 
 
-def pending_update_bytes(model, optimizer) -> int:
-    """Bytes the first update will allocate that are not allocated yet: gradients of the trainable parameters and
-    AdamW's two moment buffers (each the parameter's size), where they do not exist yet."""
-    total = 0
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        size = p.numel() * p.element_size()
-        total += size * (p.grad is None) + 2 * size * (optimizer is not None and p not in optimizer.state)
-    return total
-
-
 def auto_rows(*, free: int, total: int, pending: int, margin: float, bytes_per_row: int) -> int:
     """`rollout.batch_size: auto` on a GPU: the largest power of two of rows whose pool fits in the free memory
     after what the update will still allocate (`pending`) and `margin` x the device's total memory. A clear error
@@ -287,7 +275,8 @@ class StaticSampler(Sampler):
             per_row = row_bytes(KVPool.bytes_per_token(config, dtype), length, vocab)
             free, total = torch.cuda.mem_get_info(agent.device)
             held = self.pool.bytes if self.pool is not None else 0  # a pool it would replace
-            pending = pending_update_bytes(agent.model, getattr(agent, "optimizer", None))
+            optimizer = getattr(agent, "optimizer", None)
+            pending = optimizer.pending_bytes() if optimizer is not None else 0
             margin = getattr(agent, "kv_cache_margin", 0.35)
             self._auto_rows = auto_rows(
                 free=free + held, total=total, pending=pending, margin=margin, bytes_per_row=per_row
