@@ -220,7 +220,9 @@ class AgentWorker:
         file = part.optimizer_file
         try:
             if self.agent.optimizer is not None:  # a frozen agent has none
-                state = torch.load(file, weights_only=True, map_location=self.agent.device)
+                # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
+                where = "cpu" if self.agent.optimizer.offload else self.agent.device
+                state = torch.load(file, weights_only=True, map_location=where)
                 self.agent.optimizer.load_state_dict(state)
         except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
             raise CheckpointError(
