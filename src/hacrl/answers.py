@@ -51,6 +51,7 @@ __all__ = [
     "parse_answer",
     "parse_gold",
     "strip_math_delimiters",
+    "value_text",
 ]
 
 # ---------------------------------------------------------------------------------------------------- extraction
@@ -265,6 +266,20 @@ def strip_math_delimiters(text: str) -> str:
 
 def _unescaped_dollars(text: str) -> bool:
     return re.search(r"(?<!\\)\$", text) is not None
+
+
+def value_text(value: Any) -> str | None:
+    """A dataset's value as answer text: an integer-valued float without its `.0` (AMC's `27.0` is `27`); None for
+    None or a bool (no answer).
+
+    >>> value_text(27.0), value_text(2.5), value_text("x^2"), value_text(7), value_text(None), value_text(True)
+    ('27', '2.5', 'x^2', '7', None, None)
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
 
 
 def gold_target(gold: str) -> str:

@@ -294,7 +294,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         plans.append((p, i, micro, auto_on_gpu and (free - pending, per_row)))
     _share_devices([p for p, *_ in plans])
     for p, i, micro, margin in plans:
-        _advise(p, i, micro, config.agents[i])
+        _advise(p, i, micro)
         if margin and p.fits:
             _suggest_margin(p, config.rollout.kv_cache_margin, *margin)
     return [p for p, *_ in plans]
@@ -330,10 +330,10 @@ def _device_total(device: str, device_memory: float | None) -> int | None:
     return None
 
 
-def _advise(p: AgentPlan, i: int, micro: int, agent=None) -> None:
+def _advise(p: AgentPlan, i: int, micro: int) -> None:
     if p.fits is None or p.fits:
         return
-    if agent is not None and p.parts["master weights (float32)"]:
+    if p.parts["master weights (float32)"]:
         moved = p.parts["master weights (float32)"] + p.parts["optimizer state (AdamW)"]
         if p.peak - moved <= p.device_total:
             p.advice.append(f"set agents.{i}.offload=optimizer ({moved / GIB:.1f} GiB of float32 masters and AdamW "

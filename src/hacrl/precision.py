@@ -17,7 +17,7 @@ storage: nothing that captured it needs to know), once per optimizer step.
 `offload: optimizer` keeps the masters and AdamW's state in host memory (pinned when CUDA is present): the device
 holds the compute weights, the float32 gradient accumulators during an update, activations and the KV pool. The step
 then copies the gradients to the host, steps there, and copies the rounded weights back; its time is
-`time/offload` per training step (with `<agent>/offload_seconds`).
+`time/offload` per training step (and `<agent>/time/offload`).
 
 Float32 agents, LoRA agents (peft keeps adapters in float32) and `master_weights: none` step the parameters
 themselves (`ParameterStep`, plain AdamW): a float32 run computes exactly what it did before masters existed.
@@ -37,13 +37,11 @@ HOST = torch.device("cpu")
 class ParameterStep(torch.optim.AdamW):
     """AdamW on the model's own trainable parameters (see the module docstring)."""
 
-    masters = None
     offload = False
 
     def __init__(self, params: list[torch.nn.Parameter], cfg) -> None:
         super().__init__(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.params = params
-        self.offload_seconds = 0.0
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The gradients' global norm before clipping, with every gradient clipped to `max_norm` (spec 3.6)."""
@@ -65,8 +63,7 @@ class MasterStep(torch.optim.AdamW):
     def __init__(self, params: list[torch.nn.Parameter], masters: list[torch.Tensor], cfg, *, offload: bool) -> None:
         super().__init__(masters, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.params, self.masters, self.offload = params, masters, offload
-        self.offload_seconds = 0.0
-        """Seconds spent moving gradients to the host and weights back since the last `take_offload_seconds`."""
+        self._offload_seconds = 0.0
         self._grads: list[torch.Tensor | None] = [None] * len(params)
         self._host_grads: list[torch.Tensor | None] = [None] * len(params)
         for i, p in enumerate(params):
@@ -127,7 +124,12 @@ class MasterStep(torch.optim.AdamW):
             moved += time.perf_counter() - start
         for m in self.masters:
             m.grad = None
-        self.offload_seconds += moved
+        self._offload_seconds += moved
+
+    def take_offload_seconds(self) -> float:
+        """Seconds spent moving gradients to the host and weights back since the last call."""
+        seconds, self._offload_seconds = self._offload_seconds, 0.0
+        return seconds
 
     def pending_bytes(self) -> int:
         """Device bytes the next update will allocate that are not allocated yet: the float32 gradient

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hacrl.answers import extract_answer, final_answer
+from hacrl.answers import extract_answer, final_answer, value_text
 from hacrl.errors import RewardError
 
 __all__ = [
@@ -95,12 +95,10 @@ class MathReward:
 
 
 def _gold_text(gold: Any) -> str:
-    """A gold answer as text: a float that is an integer without its `.0` (AMC's `27.0`), a list's first entry."""
+    """A gold answer as text (`value_text`; a list's first entry, OlympiadBench's `final_answer`); "" for none."""
     if isinstance(gold, (list, tuple)):
-        gold = gold[0] if gold else ""
-    if isinstance(gold, float) and gold.is_integer():
-        gold = int(gold)
-    return str(gold)
+        gold = gold[0] if gold else None
+    return value_text(gold) or ""
 
 
 def math_reward(timeout: float = 5.0, max_answer_chars: int = MAX_ANSWER_CHARS) -> MathReward:

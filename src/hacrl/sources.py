@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacrl.answers import boxed_answer, strip_math_delimiters
+from hacrl.answers import boxed_answer, strip_math_delimiters, value_text
 from hacrl.errors import DataError
 from hacrl.named_sets import NAMED_SETS, not_named
 
@@ -57,11 +57,9 @@ def gold_answer(value: Any, rule: str) -> str | None:
         if isinstance(value, (list, tuple)):
             value = value[0] if value else None
         rule = "plain"
-    if value is None or isinstance(value, bool):
+    text = value_text(value)
+    if text is None:
         return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value)
     if rule == "boxed":
         found = boxed_answer(text)
         text = found if found is not None else ""
@@ -247,15 +245,14 @@ def _diagnose(file: Path, kind: str) -> str | None:
             return None
         with open(file, "rb") as f:
             head = f.read(1 << 16).lstrip()
-        if head[:1] == b"[" or (head[:1] == b"{" and file.suffix == ".json"):
-            try:  # a whole-file JSON document
+        if head[:1] == b"[" or (head[:1] == b"{" and file.suffix == ".json"):  # one JSON document, not lines
+            try:
                 json.loads(file.read_bytes())
-                return None
             except UnicodeDecodeError as e:
                 return f"it holds bytes that are not UTF-8 text (at byte {e.start}); save it as UTF-8"
             except ValueError as e:
-                if head[:1] == b"[" or file.suffix == ".json":
-                    return f"it is not valid JSON ({e})"
+                return f"it is not valid JSON ({e})"
+            return None
         with open(file, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():

@@ -398,8 +398,7 @@ class AgentWorker:
                 total += value
             metrics["grad_norm"] = total / len(grad_norms)
         if agent.optimizer.offload:
-            metrics["time/offload"] = agent.optimizer.offload_seconds
-            agent.optimizer.offload_seconds = 0.0
+            metrics["time/offload"] = agent.optimizer.take_offload_seconds()
         metrics["skipped_steps"] = skipped
         metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
         metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)

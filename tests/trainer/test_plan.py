@@ -252,3 +252,42 @@ def _layers(model_dir, out, layers):
     config.pop("layer_types", None)
     (out / "config.json").write_text(json.dumps(config))
     return out
+
+
+def test_masters_offload_and_agents_sharing_a_device_are_planned(tmp_path):
+    """Issue 41: a Qwen3-4B-shape agent with float32 masters does not fit an 80 GiB card beside its pool, and the
+    plan says to offload; offloaded it fits, its masters and AdamW state counted on the host. Two agents on one
+    device each count the other's resident bytes (weights, device-resident state, KV pool); on two devices none."""
+    import yaml
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=151_936, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "qwen3-4b")  # fmt: skip
+    (tmp_path / "d.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
+    agent = {"model": str(tmp_path / "qwen3-4b"), "device": "cuda:0", "dtype": "bfloat16",
+             "gradient_checkpointing": True}  # fmt: skip
+    config = {
+        "agents": [{"name": "a", **agent}, {"name": "b", **agent}],
+        "rollout": {"max_new_tokens": 4096, "max_prompt_tokens": 1024, "backend": "static", "batch_size": 16},
+        "data": {"source": "file", "train_file": str(tmp_path / "d.jsonl"), "prompt_column": "problem"},
+        "trainer": {"micro_batch_size": 8, "output_dir": str(tmp_path / "run")},
+    }
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(config))
+    alone = ["agents.1.device=cuda:1"]
+    a, _ = plan(load_config(path, alone), device_memory=80)
+    n = a.shape.trainable
+    assert a.precision == "bfloat16 + fp32 masters" and a.host == {} and a.others_resident == 0
+    assert a.parts["master weights (float32)"] == 4 * n and a.parts["optimizer state (AdamW)"] == 8 * n
+    assert a.parts["gradients"] == 4 * n and not a.fits
+    assert any(line.startswith("set agents.0.offload=optimizer") for line in a.advice), a.advice
+    a, _ = plan(load_config(path, [*alone, "agents.0.offload=optimizer"]), device_memory=80)
+    assert a.fits and a.parts["master weights (float32)"] == a.parts["optimizer state (AdamW)"] == 0
+    assert a.host == {"master weights (float32)": 4 * n, "optimizer state (AdamW)": 8 * n,
+                      "gradients (the step's copy)": 4 * n}  # fmt: skip
+    offloaded = ["agents.0.offload=optimizer", "agents.1.offload=optimizer"]
+    a, b = plan(load_config(path, offloaded), device_memory=141)  # both on cuda:0, taking turns
+    assert a.others_resident == b.resident and b.others_resident == a.resident > 0
+    apart, _ = plan(load_config(path, [*offloaded, *alone]), device_memory=141)
+    assert a.peak == apart.peak + b.resident

@@ -839,3 +839,18 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_
     assert main(["train", str(_config(tiny_agents, tmp_path))]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "hacrl: interrupted (Ctrl-C)" and not (tmp_path / "run").exists()
+
+
+def test_a_tracker_that_cannot_start_is_one_message(tiny_agents, tmp_path, monkeypatch, capsys):
+    """W&B's own errors at init (no network, a bad key) are named with the setting to change."""
+    wandb = pytest.importorskip("wandb")
+
+    def refuses(**kwargs):
+        raise wandb.errors.CommError("could not reach api.wandb.ai")
+
+    monkeypatch.setattr(wandb, "init", refuses)
+    cfg = _config(tiny_agents, tmp_path, logging={"wandb": {"mode": "offline"}})
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "logging.wandb could not start (CommError: could not reach api.wandb.ai)" in err, err
+    assert "logging.wandb.mode=offline" in err and "Traceback" not in err

@@ -374,6 +374,7 @@ def test_unreadable_data_files_name_the_line_or_row(tmp_path):
                    tmp_path / "zero.parquet")  # fmt: skip
     cases["lines.jsonl"] = (b'{"problem": "a", "answer": "1"}\n\nnot json\n', "line 3 is not JSON")
     cases["list.jsonl"] = (b'{"problem": "a", "answer": "1"}\n[1, 2]\n', "line 2 is a JSON list, not an object")
+    cases["cut.json"] = (b'[{"problem": "a", "answer": "1"}, {"problem":', "it is not valid JSON (Expecting")
     cases["bytes.jsonl"] = (b'{"problem": "a", "answer": "1"}\n{"problem": "b\xff", "answer": "2"}\n',
                             "row 2, column 'problem' holds bytes that are not UTF-8 text")  # fmt: skip
     for name, (data, _) in cases.items():
