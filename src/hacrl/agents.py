@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from hacrl.config import AgentConfig, RolloutConfig, require_model_dir
+from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, require_model_dir
+from hacrl.config.settings import AgentSettings
 from hacrl.errors import ModelError
 from hacrl.precision import HOST, MasterStep, ParameterStep
 
@@ -171,15 +172,19 @@ class Agent:
         cfg: AgentConfig,
         rollout: RolloutConfig,
         *,
+        trainer: TrainerConfig | None = None,
         with_reference: bool = False,
         weights_from: str | Path | None = None,
         init_seed: int = 0,
     ) -> None:
-        """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
+        """`trainer`: the loop's sizes (an unset `rollout.batch_size` means `trainer.logprob_batch_size` rows per
+        `hf` call). `weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
         `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream."""
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
+        self.settings = AgentSettings.resolve(cfg, rollout, trainer)
+        """What it samples with (temperature, top-p, length limits, sampler, rows per call): resolved once here."""
         key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
         source = cfg.tokenizer or cfg.model
         if weights_from is not None and any((Path(weights_from) / f).is_file() for f in TOKENIZER_FILES):
@@ -222,16 +227,10 @@ class Agent:
         self.ref_model = None
         if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)
             self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
-        self.temperature = cfg.temperature if cfg.temperature is not None else rollout.temperature
-        self.top_p = cfg.top_p if cfg.top_p is not None else rollout.top_p
-        self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
-        self.max_prompt_tokens = cfg.max_prompt_tokens or rollout.max_prompt_tokens
-        self.kv_cache_margin = rollout.kv_cache_margin
         longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
-        self._prompt_chars = self.max_prompt_tokens * (longest + 1)
+        self._prompt_chars = self.settings.max_prompt_tokens * (longest + 1)
         """Characters of a rendered prompt kept before tokenizing: no token is longer than the longest vocabulary
         entry, so a prompt that fits in `max_prompt_tokens` tokens is never cut by it."""
-        self.rollout_batch_size = rollout.batch_size
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
         extra = self.model.generation_config.eos_token_id
@@ -249,7 +248,7 @@ class Agent:
         sampling = self
         if self.lora is not None and self.lora.merge_for_sampling:
             sampling = self._merged = _MergedSampling(self, _load_model(cfg.model, cfg, index).eval())
-        self.sampler = make_sampler(cfg.rollout_backend or rollout.backend, sampling, cuda_graphs=rollout.cuda_graphs)
+        self.sampler = make_sampler(self.settings.sampler, sampling)
 
     def weights_changed(self) -> None:
         """After an optimizer step: what samples from these weights must follow (a merged copy, a sampler's own
@@ -271,8 +270,9 @@ class Agent:
         if len(text) > self._prompt_chars:  # a 100 MB row is cut before tokenizing, not after (memory, time)
             text = text[-self._prompt_chars :]
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        if len(ids) > self.max_prompt_tokens:
-            return ids[-self.max_prompt_tokens :], True
+        limit = self.settings.max_prompt_tokens
+        if len(ids) > limit:
+            return ids[-limit:], True
         return ids, False
 
     def encode_response(self, text: str, finished: bool) -> tuple[list[int], bool]:
@@ -281,8 +281,9 @@ class Agent:
         ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
         if finished:
             ids = [*ids, self.eos_id]
-        if len(ids) > self.max_new_tokens:
-            return ids[: self.max_new_tokens], True
+        limit = self.settings.max_new_tokens
+        if len(ids) > limit:
+            return ids[:limit], True
         return ids, False
 
     def decode(self, response_ids: list[int]) -> str:

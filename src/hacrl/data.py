@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hacrl import seeds
 from hacrl.config import DataConfig, ScoringConfig
 from hacrl.errors import DataError, warn
 from hacrl.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
@@ -251,7 +252,7 @@ class PromptStream:
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        g = torch.Generator().manual_seed(seeds.prompts(self.seed, self.epoch))
         return torch.randperm(len(self.examples), generator=g).tolist()
 
     def next_batch(self, size: int) -> list[Example]:

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from hacrl.config import TrainConfig, require_model_dir
+from hacrl.config.settings import AgentSettings
 from hacrl.errors import ModelError
 
 GIB = 2**30
@@ -226,11 +227,8 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         lora = agent.lora if not agent.frozen else None
         require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
         shape = model_shape(agent.model, dtype, lora)
-        r, t = config.rollout, config.trainer
-        prompt = agent.max_prompt_tokens or r.max_prompt_tokens
-        new = agent.max_new_tokens or r.max_new_tokens
-        tokens = prompt + new
-        backend = agent.rollout_backend or r.backend
+        settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+        tokens = settings.max_tokens
         p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing)
         weights = shape.params * shape.dtype_bytes
         p.parts["weights"] = weights
@@ -254,9 +252,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         total = _device_total(agent.device, device_memory)
         p.device_total = total
         per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
-        rows = r.batch_size
-        if rows is None:
-            rows = "auto" if backend == "static" else t.logprob_batch_size
+        rows = settings.rows_per_call
         auto_on_gpu = rows == "auto" and total is not None and agent.device.startswith("cuda")
         if rows == "auto":
             if auto_on_gpu:
@@ -265,7 +261,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
                 )
                 pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
                 try:
-                    rows = auto_rows(free=free, total=total, pending=pending, margin=r.kv_cache_margin,
+                    rows = auto_rows(free=free, total=total, pending=pending, margin=settings.kv_cache_margin,
                                      bytes_per_row=per_row)  # fmt: skip
                 except Exception as e:  # noqa: BLE001 - the sampler would refuse the same way: say so here
                     p.advice.append(str(e))
@@ -273,15 +269,15 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
             else:
                 rows = 64
         p.rows = int(rows)
-        pool_rows = next_power_of_two(p.rows) if backend == "static" else p.rows
+        pool_rows = next_power_of_two(p.rows) if settings.sampler == "static" else p.rows
         p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
         p.parts["sampling step floats"] = p.rows * shape.vocab * 16
-        micro = t.micro_batch_size
+        micro = config.trainer.micro_batch_size
         p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
         p.parts["activations, gradient checkpointing"] = (
             activation_bytes(shape, micro, tokens, checkpointing=True) * learns
         )
-        p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, t.logprob_chunk_size)
+        p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, config.trainer.logprob_chunk_size)
         held = (
             p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
             + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]

@@ -17,11 +17,21 @@ if TYPE_CHECKING:
     from hacrl.agents import Agent
 
 
-def generate(agent: Agent, prompts: list[list[int]], num_samples: int, **options) -> list[Sample]:
+def generate(
+    agent: Agent,
+    prompts: list[list[int]],
+    num_samples: int,
+    *,
+    greedy: bool = False,
+    batch_size: int | str | None = None,
+    logprobs: bool = False,
+) -> list[Sample]:
     """`num_samples` responses to each prompt (prompt-major: all of prompt 0's, then prompt 1's, ...) from the
-    agent's sampler (`rollout.backend`); options: greedy, batch_size, temperature, logprobs
-    (`hacrl.samplers.Sampler`)."""
-    return agent.sampler.sample(prompts, num_samples, **options)
+    agent's sampler, `batch_size` rows per call (None: the agent's `settings.rows_per_call`; `auto`: the sampler
+    decides), at the agent's temperature; with `logprobs`, each sample carries its tokens' log-probs as the
+    sampler computed them (`hacrl.samplers.Sampler.sample`)."""
+    rows = agent.settings.rows_per_call if batch_size is None else batch_size
+    return agent.sampler.sample(prompts, num_samples, greedy=greedy, batch_size=rows, logprobs=logprobs)
 
 
 def generate_completions(

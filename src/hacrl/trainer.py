@@ -31,33 +31,24 @@ from typing import Any
 
 import torch
 
-from hacrl import faults
+from hacrl import faults, seeds
 from hacrl.backends import Workers, start_workers
 from hacrl.checkpoint import (
-    agent_weights_dir,
     latest_checkpoint,
-    read_checkpoint_state,
     remove_stale_temporaries,
-    resume_point,
     save_checkpoint,
 )
-from hacrl.config import (
-    TrainConfig,
-    config_to_yaml,
-    require_model_dir,
-    resume_differences,
-    resume_rules,
-    save_config,
-)
+from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.data import Example, PromptStream, load_benchmark, load_task
-from hacrl.errors import CheckpointError, RunDirError, TrainingInterrupted, warn
+from hacrl.errors import TrainingInterrupted
 from hacrl.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.exchange import foreign_trajectories
 from hacrl.logger import MetricsLogger, check_trackers
 from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
 from hacrl.metrics import agent_key, eval_key
-from hacrl.rundir import RunLock, claim_run_dir, last_logged_step, trim_metrics
+from hacrl.resume import plan_resume, prepare_run_dir
+from hacrl.rundir import RunLock, claim_run_dir
 from hacrl.scoring import ScoreResult, math_scorer, scorer_for
 
 
@@ -90,13 +81,10 @@ class Trainer:
         self.algorithm = get_algorithm(config.algorithm.name)
         self.params = config.algorithm.params()
         remove_stale_temporaries(self.run_dir, self.notice)
-        checkpoint = self._choose_checkpoint(resume)
+        self.resume = plan = plan_resume(config, self.run_dir, resume, self.notice)
         names = [a.name for a in config.agents]
-        state = read_checkpoint_state(checkpoint, names) if checkpoint else None
         self.frozen = [a.frozen for a in config.agents]
-        if checkpoint:
-            self._check_resume_settings(checkpoint, state)
-        if config.runtime.backend == "local" and checkpoint is None:
+        if config.runtime.backend == "local" and plan.checkpoint is None:
             # a fresh start needs every model directory: say so before the data (a Hub set can take a minute to fail
             # offline); a resume may need none (a checkpoint holds full weights), a Ray worker may see other paths:
             # those are checked where the weights load
@@ -126,7 +114,7 @@ class Trainer:
                 rollout=config.rollout,
                 trainer=config.trainer,
                 algorithm=config.algorithm,
-                weights_from=str(agent_weights_dir(checkpoint, cfg.name)) if checkpoint and not cfg.frozen else None,
+                weights_from=plan.weights_from(cfg),
                 torch_threads=config.runtime.torch_threads,
                 eval_batch_size=config.eval.batch_size,
                 num_agents=len(config.agents),
@@ -135,63 +123,11 @@ class Trainer:
         ]
         resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
         self.workers = start_workers(config.runtime, specs, resources)
-        if state is not None:
-            self.workers.load(str(checkpoint))
-            self.step = state["step"]
-            self.tracker.load_state_dict(state["capability"])
-            self.stream.load_state_dict(state["data"])
-        self.resumed_from = checkpoint
-
-    def _choose_checkpoint(self, resume: str) -> Path | None:
-        """`never`: none. A path: that one, or an error. `auto`: the newest good one; none when the run stopped
-        before its first checkpoint (it starts again from step 0: `self.restarting`)."""
-        self.restarting = False
-        if resume == "never":
-            return None
-        if resume != "auto":
-            return Path(resume)
-        checkpoint, damaged = resume_point(
-            self.run_dir, verify_digests=self.config.checkpoint.verify_digests, notice=self.notice
-        )
-        if checkpoint is None and damaged:
-            raise CheckpointError(
-                f"no usable checkpoint in {str(self.run_dir)!r}: every one is damaged ({len(damaged)}, kept as "
-                "step_N.damaged). To train again from step 0, move the run directory away or choose another "
-                "trainer.output_dir."
-            )
-        if checkpoint is None and (self.run_dir / "metrics.jsonl").exists():
-            last = last_logged_step(self.run_dir / "metrics.jsonl")
-            self.notice(
-                f"{self.run_dir} has no checkpoint: the earlier attempt stopped before its first one"
-                f"{f' (it logged up to step {last})' if last is not None else ''}. Starting again from step 0 in "
-                "place; its metrics.jsonl is replaced."
-            )
-            self.restarting = True
-        return checkpoint
-
-    def _check_resume_settings(self, checkpoint: Path, state: dict[str, Any]) -> None:
-        import yaml
-
-        saved_file = checkpoint / "config.yaml"
-        if saved_file.is_file():
-            refused, not_exact = resume_differences(yaml.safe_load(saved_file.read_text()) or {}, self.config)
-        else:  # checkpoints of early versions record only the algorithm
-            saved = state.get("algorithm", self.config.algorithm.name)
-            now = self.config.algorithm.name
-            refused = [] if saved == now else [f"algorithm.name: {saved!r} in the checkpoint, {now!r} now"]
-            not_exact = []
-        if refused and self.config.checkpoint.strict_resume:
-            raise CheckpointError(
-                f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "
-                "continue that run: " + "; ".join(refused) + ". Set them back, or start a new run in another "
-                f"trainer.output_dir. Safe to change on resume: {', '.join(resume_rules('safe'))}; allowed but no "
-                f"longer bit-exact: {', '.join(resume_rules('not_exact'))}. To resume anyway, set "
-                "checkpoint.strict_resume=false."
-            )
-        for line in refused:
-            warn(f"resuming with a changed setting (checkpoint.strict_resume=false): {line}")
-        for line in not_exact:
-            self.notice(f"resuming with {line}: allowed, but no longer bit-identical to an uninterrupted run")
+        if plan.checkpoint is not None:
+            self.workers.load(str(plan.checkpoint))
+            self.step = plan.step
+            self.tracker.load_state_dict(plan.state["capability"])
+            self.stream.load_state_dict(plan.state["data"])
 
     def notice(self, message: str) -> None:
         """Something the user should see now (a fallback, a takeover, a stop): the console, or stderr."""
@@ -212,14 +148,18 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         cfg = self.config
         try:
-            self._prepare_run_dir()
+            prepare_run_dir(self.resume, self.run_dir, self.notice)
             save_config(cfg, self.run_dir / "config.yaml")
-            purge = self.step + 1 if self.resumed_from else 0 if self.restarting else None
             self._logger = MetricsLogger(
-                cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=purge, config=asdict(cfg)
+                cfg.logging,
+                self.run_dir,
+                cfg.trainer.steps,
+                self.names,
+                purge_step=self.resume.purge_step,
+                config=asdict(cfg),
             )
-            if self.resumed_from:
-                self._logger.print(f"resumed from {self.resumed_from} at step {self.step}")
+            if self.resume.checkpoint:
+                self._logger.print(f"resumed from {self.resume.checkpoint} at step {self.step}")
             with _GracefulStop(self.notice, lambda: self.step) as stop:
                 self._loop(stop)
         finally:
@@ -231,7 +171,7 @@ class Trainer:
 
     def _loop(self, stop: _GracefulStop) -> None:
         cfg = self.config
-        last_saved = self.step if self.resumed_from else None
+        last_saved = self.step if self.resume.checkpoint else None
         if self.step == 0 and cfg.eval.at_start:
             self._logger.log(0, self.evaluate())
         for step in range(self.step + 1, cfg.trainer.steps + 1):
@@ -262,27 +202,6 @@ class Trainer:
                 f"`hacrl train <config> --resume` (trainer.output_dir={str(self.run_dir)!r}).",
                 stop.signum,
             )
-
-    def _prepare_run_dir(self) -> None:
-        """A fresh run never writes into an old one; a resumed run drops metrics logged after its checkpoint."""
-        metrics = self.run_dir / "metrics.jsonl"
-        if self.resumed_from is None and not self.restarting:
-            if metrics.exists() or latest_checkpoint(self.run_dir) is not None:
-                last = last_logged_step(metrics) if metrics.exists() else None
-                has_checkpoint = latest_checkpoint(self.run_dir) is not None
-                what = f"metrics up to step {last}" if last is not None else "an earlier run"
-                how = (
-                    "continue it with --resume (or checkpoint.resume=auto)"
-                    if has_checkpoint
-                    else "it has no checkpoint, so --resume starts it again from step 0 in place"
-                )
-                raise RunDirError(
-                    f"trainer.output_dir={str(self.run_dir)!r} already holds a run ({what}"
-                    f"{', with checkpoints' if has_checkpoint else ''}); {how}, or choose another trainer.output_dir"
-                )
-        elif metrics.exists():
-            trim_metrics(metrics, self.step if self.resumed_from else None, notice=self.notice)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def train_step(self) -> dict[str, Any]:
         cfg, n, step = self.config, len(self.names), self.step + 1
@@ -386,24 +305,24 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Each agent alone on the eval split (concurrently on Ray). Sampled evaluation draws from a stream seeded
-        by the run's seed, the step and the agent, so evaluating, or changing eval.* on resume, never changes
-        training."""
+        by the run's seed, the step, the split and the agent (`seeds.evaluation`), so evaluating, or changing eval.*
+        on resume, never changes training."""
         cfg, n = self.config, len(self.names)
         examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
         out: dict[str, float] = {}
         splits = [(None, examples, self.scorer)] if examples else []
         splits += [(name, rows, self.benchmark_scorer) for name, rows in self.benchmarks.items()]
         table: dict[str, dict[str, dict[str, float]]] = {name: {} for name in self.names}
-        for b, (benchmark, rows, scorer) in enumerate(splits):
+        for benchmark, rows, scorer in splits:
             what = f"evaluating{f' on {benchmark}' if benchmark else ''} at step {self.step}"
-            seeds = [cfg.trainer.seed * 1_000_003 + self.step * 1_009 + j + 7_919 * b for j in range(n)]
+            streams = [seeds.evaluation(cfg.trainer.seed, self.step, benchmark or "", j) for j in range(n)]
             results, greedy, rewards = evaluate_agents(
                 rows,
                 lambda calls, what=what: self.workers.generate(calls, what=what),
                 scorer,
                 num_agents=n,
                 num_samples=cfg.eval.num_samples,
-                seeds=seeds,
+                seeds=streams,
             )
             prefix = f"{benchmark}/" if benchmark else ""
             for name, result in zip(self.names, results, strict=True):

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hacrl import faults
+from hacrl import faults, seeds
 from hacrl.agents import Agent, first_nonfinite
 from hacrl.checkpoint import agent_part
 from hacrl.core import LossInputs, get_algorithm
@@ -62,11 +62,6 @@ class _Rollout:
     trajectories: list[Trajectory]
 
 
-def rng_seed(seed: int, index: int) -> int:
-    """The seed of agent `index`'s random stream in a run seeded `seed`."""
-    return seed * 1_000_003 + 7_919 * (index + 1)
-
-
 class AgentWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         if spec.torch_threads:
@@ -80,14 +75,15 @@ class AgentWorker:
             spec.index,
             spec.agent,
             spec.rollout,
+            trainer=spec.trainer,
             with_reference=spec.algorithm.kl_coef > 0,
             weights_from=spec.weights_from,
-            init_seed=rng_seed(spec.trainer.seed, spec.index) + 1,
+            init_seed=seeds.adapters(spec.trainer.seed, spec.index),
         )
         cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
         self._cuda_devices = cuda
         with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(rng_seed(spec.trainer.seed, spec.index))
+            torch.manual_seed(seeds.training(spec.trainer.seed, spec.index))
             self._rng = self._capture_rng()
         self._rollout: _Rollout | None = None
         self.optimizer_steps = 0
@@ -97,16 +93,13 @@ class AgentWorker:
     def sample(self, call: SampleCall) -> Sampled:
         """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3)."""
         agent, step, group_size = self.agent, call.step, call.group_size
-        batch_size = self.spec.rollout.batch_size
-        if batch_size is None:  # as before `auto` existed for `hf`; `static` sizes its pool to the device
-            batch_size = "auto" if agent.sampler.name == "static" else self.spec.trainer.logprob_batch_size
         began = time.time()
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(messages)[0] for messages in call.prompts]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
         agent.sync_sampling_weights()
         with self._own_rng(), self._guarded("sampling", step):
-            samples = generate(agent, prompt_ids, group_size, batch_size=batch_size, logprobs=from_sampler)
+            samples = generate(agent, prompt_ids, group_size, logprobs=from_sampler)
         faults.hit("sampling")
         generated = time.perf_counter()
         needed = self._rows_needing_old_logprobs(len(samples))
@@ -299,7 +292,9 @@ class AgentWorker:
             tb = TokenBatch.build(
                 [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
             )
-            logp = token_logprobs(agent.model, tb, agent.temperature, chunk_size=self.spec.trainer.logprob_chunk_size)
+            logp = token_logprobs(
+                agent.model, tb, agent.settings.temperature, chunk_size=self.spec.trainer.logprob_chunk_size
+            )
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
 
@@ -415,7 +410,7 @@ class AgentWorker:
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
         chunk = self.spec.trainer.logprob_chunk_size
-        logp = token_logprobs(agent.model, tb, agent.temperature, chunk_size=chunk)
+        logp = token_logprobs(agent.model, tb, agent.settings.temperature, chunk_size=chunk)
         old = torch.zeros_like(logp)
         for i, r in enumerate(rows):
             if r.old_logp is not None:
@@ -425,7 +420,7 @@ class AgentWorker:
         ref = None
         if agent.ref_model is not None:
             with torch.no_grad():
-                ref = token_logprobs(agent.ref_model, tb, agent.temperature, chunk_size=chunk)
+                ref = token_logprobs(agent.ref_model, tb, agent.settings.temperature, chunk_size=chunk)
         inputs = LossInputs(
             logp=logp,
             mask=tb.response_mask,

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hacrl.config import (
-    ConfigError,
-    ScoringConfig,
-    TrainConfig,
-    load_config,
-    resume_differences,
-    resume_policy,
-    resume_rules,
-)
+from hacrl.config import ConfigError, ScoringConfig, TrainConfig, load_config
+from hacrl.resume import resume_differences, resume_policy, resume_rules
 
 DEMO = "configs/demo.yaml"
 

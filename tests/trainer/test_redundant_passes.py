@@ -92,7 +92,7 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
                 [s.prompt_ids for s in samples], [s.response_ids for s in samples], llama.agent.pad_id, "cpu"
             )
             with torch.no_grad():
-                logp = token_logprobs(llama.agent.model, batch, llama.agent.temperature)
+                logp = token_logprobs(llama.agent.model, batch, llama.agent.settings.temperature)
             return [float(logp[i][batch.response_mask[i]].sum()) for i in range(len(samples))]
 
         after = sums()

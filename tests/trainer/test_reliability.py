@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hacrl import seeds
 from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
 from hacrl.cli import main
 from hacrl.config import load_config
@@ -180,11 +181,20 @@ def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, caps
     assert "holds agents ['llama', 'qwen'] but the config has ['llama', 'tiny']" in capsys.readouterr().err
 
 
-def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference):
-    """Sampled evaluation draws from its own stream: adding it (or changing eval.* on resume) keeps the numbers."""
+def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference, monkeypatch):
+    """Sampled evaluation draws from its own stream: adding it (or changing eval.* on resume) keeps the numbers.
+    Every torch.manual_seed of the run (local backend: the workers are in this process) is one of the run's named
+    streams (`hacrl.seeds`), none seeded twice."""
+    seeded: list[int] = []
+    real = torch.manual_seed
+    monkeypatch.setattr(torch, "manual_seed", lambda s: (seeded.append(int(s)), real(s))[1])
     cfg = _config(tiny_agents, tmp_path, eval={"at_start": True, "every": 1, "num_samples": 2})
     run = tmp_path / "run"
     assert main(["train", str(cfg)]) == 0
+    seed = load_config(cfg).trainer.seed
+    assert seeded == [seeds.training(seed, a) for a in range(2)] + [
+        seeds.evaluation(seed, step, "", a) for step in range(4) for a in range(2)
+    ]
     training = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(run)[1:]]
     _same_numbers(training, [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(reference)])
 

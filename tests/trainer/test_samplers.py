@@ -171,7 +171,7 @@ def test_warm_up_compiles_before_the_first_call_and_allocates_its_pool(lively):
     assert sampler.warm_up(rows=8) > 0
     assert _compile_counts() == (graphs + 1, breaks)
     pool = sampler.pool
-    assert (pool.rows, pool.length) == (8, agent.max_prompt_tokens + 10)
+    assert (pool.rows, pool.length) == (8, agent.settings.max_prompt_tokens + 10)
     out = sampler.sample(prompts, 1, greedy=True, batch_size=8)
     assert [s.response_ids for s in out] == [s.response_ids for s in reference]
     assert sampler.pool is pool and _compile_counts() == (graphs + 1, breaks)
@@ -201,18 +201,18 @@ def test_gradient_checkpointing_leaves_the_decode_step_one_graph_and_the_gradien
     torch.testing.assert_close(grads[1], grads[0])
 
 
-def test_agents_in_one_process_never_share_a_compile_cache(lively, monkeypatch):
+def test_agents_in_one_process_never_share_a_compile_cache(lively):
     """torch keeps compilations per code object, with a limit (8 by default) past which it silently runs eagerly.
     Each sampler compiles its own copy of the step: with the limit at 1, three samplers (two of them for one model
     class) each still get their own compilation."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     graphs, _ = _compile_counts()
-    for name in ("llama", "qwen", "llama"):
-        agent = _agent(lively[name], max_new_tokens=6)
-        prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
-        reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
-        out = StaticSampler(agent, compile_backend="eager").sample(prompts, 1, greedy=True, batch_size=10)
-        assert [s.response_ids for s in out] == [s.response_ids for s in reference]
+    with torch._dynamo.config.patch(recompile_limit=1):  # (monkeypatch's undo hides the option for later tests)
+        for name in ("llama", "qwen", "llama"):
+            agent = _agent(lively[name], max_new_tokens=6)
+            prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+            reference = agent.sampler.sample(prompts, 1, greedy=True, batch_size=10)
+            out = StaticSampler(agent, compile_backend="eager").sample(prompts, 1, greedy=True, batch_size=10)
+            assert [s.response_ids for s in out] == [s.response_ids for s in reference]
     assert _compile_counts()[0] == graphs + 3  # shared, the third would exceed the limit and run uncompiled
 
 
@@ -546,10 +546,11 @@ def test_auto_rows_on_a_gpu_use_the_free_memory_the_model_config_and_the_margin(
     answer is fixed once, and every call (evaluation's int batch sizes too) is capped by it."""
     from hacrl.samplers.static import KVPool
 
-    agent = _agent(lively["qwen3"], max_new_tokens=64)
+    agent = _agent(lively["qwen3"], max_new_tokens=64, backend="static")  # rollout.batch_size unset: auto
     sampler = StaticSampler(agent)
     config = agent.model.config
-    per_row = KVPool.bytes_per_token(config, torch.float32) * (agent.max_prompt_tokens + 64) + 16 * config.vocab_size
+    per_row = KVPool.bytes_per_token(config, torch.float32) * (agent.settings.max_prompt_tokens + 64)
+    per_row += 16 * config.vocab_size
     size = sum(p.numel() * p.element_size() for p in agent.model.parameters())
     total, free = 1000 * per_row, 900 * per_row
     monkeypatch.setattr(agent, "device", torch.device("cuda"))

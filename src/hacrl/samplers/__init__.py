@@ -25,11 +25,11 @@ __all__ = ["AUTO_ROWS", "SAMPLERS", "Sample", "Sampler", "SamplingAgent", "make_
 SAMPLERS = {"hf": "hacrl.samplers.hf:HFSampler", "static": "hacrl.samplers.static:StaticSampler"}
 
 
-def make_sampler(name: str, agent: SamplingAgent, *, cuda_graphs: bool = False) -> Sampler:
+def make_sampler(name: str, agent: SamplingAgent) -> Sampler:
     target = SAMPLERS.get(name)
     if target is None:
         from hacrl.errors import ConfigError
 
         raise ConfigError(f"rollout backend {name!r} is not one of {sorted(SAMPLERS)}")
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)(agent, cuda_graphs=cuda_graphs)
+    return getattr(importlib.import_module(module), cls)(agent)

@@ -1,17 +1,20 @@
 """What every sampler shares: the `Sample` it returns, the `Sampler` base class, and the padding helpers.
 
-Imports nothing else of hacrl: a sampler reads its agent through `SamplingAgent` (the few attributes it needs;
-`hacrl.agents.Agent` has them), so `hacrl.agents` can build a sampler and the training side can read samples
-without an import circle.
+Imports nothing else of hacrl at run time: a sampler reads its agent through `SamplingAgent` (the few attributes it
+needs; `hacrl.agents.Agent` has them), so `hacrl.agents` can build a sampler and the training side can read
+samples without an import circle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from hacrl.config.settings import AgentSettings
 
 
 class SamplingAgent(Protocol):
@@ -19,15 +22,18 @@ class SamplingAgent(Protocol):
     call)."""
 
     name: str
+    index: int
+    """Its agent id (names its compiled decode step)."""
     model: Any
     """The Hugging Face causal LM (the training module itself: samplers decode with its current weights)."""
     device: torch.device
     pad_id: int
     stop_ids: list[int]
-    max_new_tokens: int
-    max_prompt_tokens: int
-    temperature: float
-    top_p: float
+    settings: AgentSettings
+    """Temperature, top-p, length limits, rows per call, KV margin, CUDA graphs (`hacrl.config.settings`)."""
+    optimizer: Any
+    """Its optimizer (None: frozen): `pending_bytes()` is what its first step will still allocate on the device,
+    which the static sampler leaves free when it sizes its KV pool."""
 
     def decode(self, response_ids: list[int]) -> str: ...
 
@@ -85,7 +91,7 @@ class Sampler:
 
     name = "base"
 
-    def __init__(self, agent: SamplingAgent, *, cuda_graphs: bool = False) -> None:
+    def __init__(self, agent: SamplingAgent) -> None:
         self.agent = agent
 
     def sample(
@@ -108,7 +114,7 @@ class Sampler:
         model.eval()
         rows = [p for p in prompts for _ in range(num_samples)]
         batch_size = self.rows_per_call(rows) if batch_size == "auto" else self.cap_rows(batch_size)
-        temperature = temperature or self.agent.temperature
+        temperature = temperature or self.agent.settings.temperature
         try:
             with torch.no_grad():
                 samples = self.sample_rows(rows, batch_size, greedy, temperature, logprobs=logprobs)

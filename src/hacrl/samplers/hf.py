@@ -53,9 +53,9 @@ class HFSampler(Sampler):
         config = GenerationConfig(
             do_sample=not greedy,
             temperature=(1.0 if recorder else temperature) if not greedy else None,  # the recorder applies it
-            top_p=agent.top_p if not greedy else None,
+            top_p=agent.settings.top_p if not greedy else None,
             top_k=0 if not greedy else None,
-            max_new_tokens=agent.max_new_tokens,
+            max_new_tokens=agent.settings.max_new_tokens,
             eos_token_id=agent.stop_ids,
             pad_token_id=agent.pad_id,
             use_cache=True,

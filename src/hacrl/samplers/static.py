@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from hacrl.samplers.attention import FLAG, unsupported_reason, use_static_decode
-from hacrl.samplers.base import AUTO_ROWS, Sample, Sampler, next_power_of_two, pad_left
+from hacrl.samplers.base import AUTO_ROWS, Sample, Sampler, SamplingAgent, next_power_of_two, pad_left
 
 SYNC_EVERY = 8
 """Decode steps between the host's looks at how many rows are still running."""
@@ -201,10 +201,16 @@ class StaticSampler(Sampler):
     name = "static"
 
     def __init__(
-        self, agent, *, cuda_graphs: bool = False, sync_every: int = SYNC_EVERY, compile_backend: str | None = None
+        self,
+        agent: SamplingAgent,
+        *,
+        cuda_graphs: bool | None = None,
+        sync_every: int = SYNC_EVERY,
+        compile_backend: str | None = None,
     ) -> None:
         """`compile_backend`: compile the decode step with this torch.compile backend (tests count compilations
-        on the CPU with "eager"); `cuda_graphs` compiles with inductor and captures CUDA graphs."""
+        on the CPU with "eager"); `cuda_graphs` (default: the agent's `settings.cuda_graphs`) compiles with inductor
+        and captures CUDA graphs."""
         super().__init__(agent)
         reason = unsupported_reason(agent.model.config)
         if reason is not None:
@@ -215,7 +221,7 @@ class StaticSampler(Sampler):
                 "rollout.backend=hf for it (agents.<i>.rollout_backend: hf)."
             )
         self.sync_every = sync_every
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = cuda_graphs = agent.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         self.pool: KVPool | None = None
         self._auto_rows: int | None = None
         self.stats = {"decode_steps": 0, "slot_steps": 0, "tokens": 0, "refills": 0}
@@ -263,21 +269,20 @@ class StaticSampler(Sampler):
     def _auto_on_gpu(self) -> bool:
         """`rollout.batch_size` is auto (or unset: auto for this sampler) and the agent is on a GPU."""
         agent = self.agent
-        return agent.device.type == "cuda" and getattr(agent, "rollout_batch_size", None) in (None, "auto")
+        return agent.device.type == "cuda" and agent.settings.rows_per_call == "auto"
 
     def _auto_limit(self) -> int:
         if self._auto_rows is None:
             agent = self.agent
             config = agent.model.config
             dtype = next(agent.model.parameters()).dtype
-            length = agent.max_prompt_tokens + agent.max_new_tokens
+            length = agent.settings.max_tokens
             vocab = agent.model.get_output_embeddings().weight.shape[0]
             per_row = row_bytes(KVPool.bytes_per_token(config, dtype), length, vocab)
             free, total = torch.cuda.mem_get_info(agent.device)
             held = self.pool.bytes if self.pool is not None else 0  # a pool it would replace
-            optimizer = getattr(agent, "optimizer", None)
-            pending = optimizer.pending_bytes() if optimizer is not None else 0
-            margin = getattr(agent, "kv_cache_margin", 0.35)
+            pending = agent.optimizer.pending_bytes() if agent.optimizer is not None else 0
+            margin = agent.settings.kv_cache_margin
             self._auto_rows = auto_rows(
                 free=free + held, total=total, pending=pending, margin=margin, bytes_per_row=per_row
             )
@@ -291,7 +296,7 @@ class StaticSampler(Sampler):
             rows = max(rows, self._auto_limit())  # sized once for the run's calls, not for the first one
         if pool is None or pool.rows < rows or pool.length < length:
             rows = max(rows, pool.rows if pool else 0)
-            length = max(length, agent.max_prompt_tokens + agent.max_new_tokens, pool.length if pool else 0)
+            length = max(length, agent.settings.max_tokens, pool.length if pool else 0)
             self.pool = pool = None
             if agent.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -336,7 +341,7 @@ class StaticSampler(Sampler):
         import time
 
         agent = self.agent
-        size = getattr(agent, "rollout_batch_size", None)
+        size = agent.settings.rows_per_call
         if rows is None and isinstance(size, int):  # a given rollout.batch_size: its calls' rows
             rows = self.cap_rows(size)
         elif rows is None:  # auto: the rows the pool is sized for on a GPU, 64 elsewhere
@@ -349,7 +354,7 @@ class StaticSampler(Sampler):
         model.eval()
         try:
             with torch.no_grad():
-                self._decode([[agent.pad_id]] * rows, False, agent.temperature, steps=steps)
+                self._decode([[agent.pad_id]] * rows, False, agent.settings.temperature, steps=steps)
         finally:
             model.train(was_training)
         if agent.device.type == "cuda":
@@ -370,7 +375,7 @@ class StaticSampler(Sampler):
         that has ended (at least a REFILL_SHARE-th of the slots at a time, or all that still wait), so the batch
         keeps its size while rows wait; once none waits, it compacts as rows end."""
         agent = self.agent
-        device, pad, steps = agent.device, agent.pad_id, steps or agent.max_new_tokens
+        device, pad, steps = agent.device, agent.pad_id, steps or agent.settings.max_new_tokens
         total = len(rows)
         batch = max(MIN_ROWS, min(total, slots or total))
         width = max(len(r) for r in rows)
@@ -399,7 +404,7 @@ class StaticSampler(Sampler):
             torch.tensor(float(temperature), dtype=torch.float32, device=device),
             torch.tensor(bool(greedy), device=device),
         )
-        token, logp = draw(self._prefill(pool, rows[:batch], live), *draw_args, agent.top_p)  # first tokens
+        token, logp = draw(self._prefill(pool, rows[:batch], live), *draw_args, agent.settings.top_p)  # first tokens
         waiting = batch  # rows[waiting:] have no slot yet
         deadline = steps - 1  # the iteration by which every row started so far has reached the length limit
         share = max(1, batch // REFILL_SHARE)
@@ -435,7 +440,7 @@ class StaticSampler(Sampler):
                     free = finished.nonzero()[:, 0][:begin]
                     harvest(free)
                     new = rows[waiting : waiting + begin]
-                    first, first_logp = draw(self._prefill(pool, new, free), *draw_args, agent.top_p)
+                    first, first_logp = draw(self._prefill(pool, new, free), *draw_args, agent.settings.top_p)
                     ended = torch.isin(first, stops) | (steps == 1)
                     starts = torch.tensor([[len(r)] for r in new], dtype=torch.long, device=device)
                     live = live.index_put((free,), torch.arange(waiting, waiting + begin, device=device))
@@ -483,7 +488,7 @@ class StaticSampler(Sampler):
                 torch._dynamo.mark_dynamic(tensor, 0, min=MIN_ROWS, max=pool.rows)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-        return self._step(self.agent.model, pool, token, position, *draw_args, self.agent.top_p)
+        return self._step(self.agent.model, pool, token, position, *draw_args, self.agent.settings.top_p)
 
 
 def _layers(cache):

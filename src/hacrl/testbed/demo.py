@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hacrl import seeds
 from hacrl.config import DataConfig
 
 DEMO_TASK: dict[str, Any] = {
@@ -235,7 +236,7 @@ def with_seed(recipe: BootstrapRecipe, seed: int) -> BootstrapRecipe:
     the task data (train and eval prompts) stay the same, so every seed is evaluated on the same prompts."""
     if seed == 0:
         return recipe
-    agents = [replace(a, seed=a.seed + 1000 * seed) for a in recipe.agents]
+    agents = [replace(a, seed=seeds.warm_start(a.seed, seed)) for a in recipe.agents]
     return replace(recipe, agents=agents)
 
 

@@ -1,28 +1,30 @@
-"""The one config tree of a hacrl run: defaults here < YAML file < dotted `key=value` overrides.
-
-Every field has a default and a docstring (shown by `hacrl train --help`). `load_config` rejects unknown keys
-(with a suggestion), wrong types and inconsistent settings before any model loads, with a message that names the
-key and says what to set. The resolved config is saved in the run directory as `config.yaml`.
+"""The config tree's schema: one dataclass per group, each field with its default, its docstring (`hacrl train
+--help-config`) and, where a resumed run may change it, its resume policy (SAFE / NOT_EXACT, read by
+`hacrl.resume`); each group's `check` validates its own fields (checks across groups: `hacrl.config.validation`).
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from hacrl.core.params import AlgorithmParams
 from hacrl.errors import ConfigError, ModelError
 
-__all__ = ["ConfigError", "TrainConfig", "load_config", "resume_differences", "validate"]
+MAX_AGENT_NAME = 64
+"""Agent names are path components (checkpoints/step_N/agents/<name>, <name>.tmp files): far below any file
+system's 255-byte limit, so a long name fails at validation, not at the first checkpoint."""
+_AGENT_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_AGENT_NAME - 1}}}")
+
+
+RESERVED_AGENT_NAMES = ("eval", "time", "tokens_per_second")
+"""Names that start run-wide metric keys (`eval/<agent>/...`, `time/step`, `tokens_per_second/sampling`)."""
+
 
 # What a resumed run may change, per field (`field(metadata=...)`) or per group (a class's RESUME); anything else
-# would change the training numbers and is refused by `checkpoint.strict_resume` (see `resume_differences`).
+# would change the training numbers and is refused by `checkpoint.strict_resume` (`hacrl.resume`).
 SAFE = {"resume": "safe"}
 """Never changes the training numbers (evaluation, logging, scoring limits, where workers run)."""
 NOT_EXACT = {"resume": "not_exact"}
@@ -198,8 +200,9 @@ class AgentConfig:
 class AlgorithmConfig(AlgorithmParams):
     """Which algorithm, and every hyper-parameter of the spec with the paper's defaults."""
 
-    name: Literal["grpo", "gspo", "naive", "hacpo"] = "hacpo"
-    """Registered algorithm: grpo, gspo (no sharing), naive (shared, plain pooled), hacpo."""
+    name: str = "hacpo"
+    """A registered algorithm (`hacrl.core.algorithms`): grpo, gspo (no sharing), naive (shared, plain pooled),
+    hacpo, or one added with `register`."""
     capability_window: int = 5
     """K: capability is the mean of the last K per-step mean rewards (spec 3.1)."""
     capability_warmup_steps: int = 0
@@ -211,6 +214,13 @@ class AlgorithmConfig(AlgorithmParams):
 
     def check(self, where: str = "algorithm") -> None:
         """This group's own fields (the inherited ones are checked by `AlgorithmParams` on construction)."""
+        from hacrl.core import ALGORITHMS
+
+        if self.name not in ALGORITHMS:
+            raise ConfigError(
+                f"{where}.name={self.name!r} is not a registered algorithm; known: {', '.join(sorted(ALGORITHMS))} "
+                "(add one with hacrl.core.register)"
+            )
         if self.capability_window < 1:
             raise ConfigError(f"{where}.capability_window must be >= 1, got {self.capability_window}")
         if self.capability_warmup_steps < 0:
@@ -442,7 +452,8 @@ class TrainerConfig:
     ones up to float rounding: <= 2e-5 per token in float32 on the CPU, larger in bf16: measure before relying on
     it). Rows of the first optimizer step always use the training forward's own (ratio exactly 1)."""
     seed: int = 0
-    """Seeds sampling and prompt order (not the starting agents)."""
+    """Seeds sampling, prompt order, new LoRA adapters and sampled evaluation (not the starting agents); every
+    stream is derived from it in `hacrl.seeds`."""
     output_dir: str = field(default="runs/hacrl", metadata=SAFE)
     """Run directory: config.yaml, metrics.jsonl, eval/ (per-prompt evaluation records), TensorBoard events,
     checkpoints/, plots."""
@@ -467,6 +478,11 @@ class TrainerConfig:
             and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1)
         ):
             raise ConfigError(f"{where}.logprob_chunk_size must be auto, an integer >= 1 or null, got {chunk!r}")
+        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**40:
+            raise ConfigError(
+                f"{where}.seed must be an integer in [0, 2**40) (its streams are derived in hacrl.seeds), got "
+                f"{self.seed!r}"
+            )
 
 
 @dataclass
@@ -641,444 +657,10 @@ class TrainConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self) -> None:
-        """Cross-field checks; each message names the key and what to set."""
+        """Every group's checks and the checks across groups; each message names the key and what to set."""
+        from hacrl.config.validation import validate
+
         validate(self)
 
 
 GROUPS = ("agents", "algorithm", "rollout", "data", "scoring", "trainer", "eval", "logging", "checkpoint", "runtime")
-
-
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults < YAML file < `dotted.key=value` overrides (list indexes too: `agents.1.lr=5e-7`)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = OmegaConf.structured(TrainConfig)
-    try:
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups {list(GROUPS)}")
-            data = loaded.get("data")
-            _refuse_renamed([f"data.{k}" for k in data] if isinstance(data, dict) else [], f"config file {path}")
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
-        for item in overrides:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
-            _refuse_renamed([key], f"override {item!r}")
-            _check_list_index(cfg, key)
-            parsed = _load_yaml(value, f"override {item!r}")
-            # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
-            target = OmegaConf.select(cfg, key, default=None)
-            replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
-            OmegaConf.update(cfg, key, parsed, merge=not replace)
-        for i in range(len(cfg.agents)):
-            for key in ("name", "model"):
-                if OmegaConf.is_missing(cfg.agents[i], key):
-                    raise ConfigError(f"agents.{i}.{key} is required: set it in the YAML file or as agents.{i}.{key}=")
-        config = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e)) from None
-    except (ValueError, TypeError) as e:  # __post_init__ of AlgorithmParams and friends
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(str(e)) from None
-    validate(config)
-    return config
-
-
-RENAMED = {
-    "data.reward": "scoring.builtin",
-    "data.reward_function": "scoring.function",
-    "data.reward_timeout": "scoring.timeout",
-    "data.reward_on_timeout": "scoring.on_timeout",
-    "data.stop_on_reward_timeout": "scoring.stop_on_timeout",
-    "data.reward_on_hung": "scoring.on_hung",
-    "data.reward_workers": "scoring.workers",
-    "data.reward_isolation": "scoring.isolation",
-    "data.reward_memory_mb": "scoring.memory_mb",
-    "data.max_answer_chars": "scoring.max_answer_chars",
-}
-"""Keys of earlier hacrl versions and their names now: a config that uses one is refused with the new name (a
-checkpoint's saved config is read through this table when a run resumes)."""
-
-
-def _refuse_renamed(keys: Sequence[str], where: str) -> None:
-    old = [k for k in keys if k in RENAMED]
-    if old:
-        moves = ", ".join(f"{k} -> {RENAMED[k]}" for k in old)
-        raise ConfigError(
-            f"{where}: every scoring setting moved from `data:` to its own `scoring:` group ({moves}); write "
-            f"{'them' if len(old) > 1 else 'it'} under scoring: (e.g. `scoring: {{{RENAMED[old[0]].split('.')[1]}: "
-            "...}` or the override " + f"{RENAMED[old[0]]}=...)"
-        )
-
-
-MAX_YAML_NODES = 100_000
-"""A config's YAML, aliases expanded, may hold at most this many nodes (a 390-byte "billion laughs" file expands to
-billions, and OmegaConf expands it)."""
-_INTERPOLATION = re.compile(r"(?<!\\)\$\{")
-
-
-def _load_yaml(text: str, where: str) -> Any:
-    """YAML text as Python data, refusing what would hang or leak later: aliases that refer to themselves or expand
-    past MAX_YAML_NODES, and OmegaConf interpolations (`${oc.env:TOKEN}` would be resolved and written, secret and
-    all, into config.yaml and every checkpoint)."""
-    import yaml
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        _expanded_size(root, where)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(e)}") from None
-    _refuse_interpolation(data, where, "")
-    return data
-
-
-def _expanded_size(root, where: str) -> int:
-    """Nodes of the document with every alias expanded (memoised: linear in the file); a cycle is refused."""
-    import yaml
-
-    sizes: dict[int, int] = {}
-    active: set[int] = set()
-
-    def size(node) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in active:
-            raise ConfigError(f"{where}: a YAML alias refers to itself (a recursive anchor); write the value out")
-        active.add(key)
-        if isinstance(node, yaml.MappingNode):
-            total = 1 + sum(size(k) + size(v) for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(size(v) for v in node.value)
-        else:
-            total = 1
-        active.discard(key)
-        sizes[key] = total
-        if total > MAX_YAML_NODES:
-            raise ConfigError(
-                f"{where}: its YAML aliases expand to more than {MAX_YAML_NODES:,} values (nested anchors that "
-                "multiply); write the config without them"
-            )
-        return total
-
-    return size(root) if root is not None else 0
-
-
-def _refuse_interpolation(node: Any, where: str, key: str) -> None:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _refuse_interpolation(v, where, f"{key}.{k}" if key else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            _refuse_interpolation(v, where, f"{key}.{i}")
-    elif isinstance(node, str) and _INTERPOLATION.search(node):
-        raise ConfigError(
-            f"{where}{f', key {key}' if key else ''}: {node[:80]!r} is an interpolation (${{...}}); hacrl configs do "
-            "not interpolate, since the resolved value (an environment secret, say) would be written into "
-            "config.yaml and every checkpoint. Write the value, or pass it from the shell as an override "
-            "(hacrl train c.yaml key=\"$VAR\"); for a literal '${' write '\\${'."
-        )
-
-
-MAX_AGENT_NAME = 64
-"""Agent names are path components (checkpoints/step_N/agents/<name>, <name>.tmp files): far below any file
-system's 255-byte limit, so a long name fails at validation, not at the first checkpoint."""
-_AGENT_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_AGENT_NAME - 1}}}")
-
-
-RESERVED_AGENT_NAMES = ("eval", "time", "tokens_per_second")
-"""Names that start run-wide metric keys (`eval/<agent>/...`, `time/step`, `tokens_per_second/sampling`)."""
-
-
-MAX_GROUP_SIZE = 1024
-"""G beyond this is a typo (`1e6`), not an experiment: the paper uses 8."""
-MAX_RESPONSES_PER_STEP = 65536
-"""prompts_per_step x group_size beyond this would hold a step's rollouts in memory for hours of sampling."""
-
-
-def _check_finite_fields(node: Any, prefix: str = "") -> None:
-    """Every float in the config finite: `lr: .inf` or `reward_timeout: .nan` would pass the range checks below
-    (comparisons with NaN are false) and fail deep inside a run."""
-    import math
-
-    if is_dataclass(node):
-        for f in fields(node):
-            _check_finite_fields(getattr(node, f.name), f"{prefix}{f.name}.")
-    elif isinstance(node, (list, tuple)):
-        for i, item in enumerate(node):
-            _check_finite_fields(item, f"{prefix}{i}.")
-    elif isinstance(node, dict):
-        for key, item in node.items():
-            _check_finite_fields(item, f"{prefix}{key}.")
-    elif isinstance(node, float) and not math.isfinite(node):
-        raise ConfigError(f"{prefix.rstrip('.')}={node} must be a finite number")
-
-
-def validate(config: TrainConfig) -> None:
-    """Every group's own checks (`check` next to its fields), then the checks across groups; each message names
-    the key and what to set."""
-    _check_finite_fields(config)
-    if not config.agents:
-        raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
-    for i, agent in enumerate(config.agents):
-        agent.check(f"agents.{i}")
-    names = [a.name for a in config.agents]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")
-    for group in GROUPS[1:]:
-        if group == "trainer":  # the sizes across groups first: the mini-batch before the micro-batch inside it
-            _check_batch_sizes(config.trainer, config.rollout, len(config.agents))
-        check = getattr(getattr(config, group), "check", None)
-        if check is not None:  # logging has nothing to check
-            check()
-    algo, r, t, n = config.algorithm, config.rollout, config.trainer, len(config.agents)
-    if algo.name in ("hacpo", "naive") and n < 2 and algo.share_rollouts:
-        raise ConfigError(
-            f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
-            f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
-        )
-    frozen = [i for i, a in enumerate(config.agents) if a.frozen]
-    if frozen and not (algo.name in ("hacpo", "naive") and algo.share_rollouts):
-        raise ConfigError(
-            f"agents.{frozen[0]}.frozen=true: a frozen agent contributes only its rollouts to the others' pools, "
-            f"but algorithm.name={algo.name!r} with algorithm.share_rollouts={algo.share_rollouts} shares nothing, "
-            "so it would only cost sampling. Use algorithm.name=hacpo (or naive) with share_rollouts=true, or "
-            "remove the agent."
-        )
-    if frozen and len(frozen) == n:
-        raise ConfigError("every agent is frozen, so nothing would learn: set agents.<i>.frozen=false for one")
-    top_ps = [a.top_p if a.top_p is not None else r.top_p for a in config.agents]
-    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
-        raise ConfigError(
-            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
-            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
-        )
-    if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
-        raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
-    sc = config.scoring
-    if not 0 <= sc.on_timeout <= algo.r_max:
-        raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
-    if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
-        raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
-
-
-def _check_batch_sizes(t: TrainerConfig, r: RolloutConfig, num_agents: int) -> None:
-    per_agent = t.prompts_per_step * r.group_size
-    if r.group_size > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
-        tokens = per_agent * num_agents * (r.max_prompt_tokens + r.max_new_tokens)
-        raise ConfigError(
-            f"trainer.prompts_per_step x rollout.group_size = {t.prompts_per_step} x {r.group_size} = {per_agent:,} "
-            f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
-            f"agent and step <= {MAX_RESPONSES_PER_STEP:,}): up to {tokens:,} tokens per step, "
-            f"{tokens * 8 / 2**20:,.0f} MiB of token ids alone before any model runs. The paper uses 128 x 8; "
-            "lower one of them"
-        )
-    if t.mini_batch_size < 1 or per_agent % t.mini_batch_size:
-        divisors = [d for d in range(1, per_agent + 1) if per_agent % d == 0]
-        raise ConfigError(
-            f"trainer.mini_batch_size={t.mini_batch_size} must divide the responses per agent and step, "
-            f"trainer.prompts_per_step x rollout.group_size = {per_agent}; choose one of {divisors}"
-        )
-
-
-def config_to_yaml(config: TrainConfig) -> str:
-    """The resolved config as YAML text (loadable by `load_config`)."""
-    import yaml
-
-    return yaml.safe_dump(asdict(config), sort_keys=False)
-
-
-def save_config(config: TrainConfig, path: Path) -> None:
-    path.write_text(config_to_yaml(config))
-
-
-def describe() -> str:
-    """Every config group and field with its type, default and docstring (the body of `hacrl train --help`)."""
-    lines = []
-    for group in GROUPS:
-        cls = {"agents": AgentConfig}.get(group) or type(getattr(TrainConfig(), group))
-        title = f"{group}:" + ("  (a list; index with agents.<i>.<field>)" if group == "agents" else "")
-        lines.append(title)
-        lines.extend(_describe_fields(cls, ""))
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _describe_fields(cls: type, prefix: str) -> list[str]:
-    lines = []
-    docs = field_docs(cls)
-    for f in fields(cls):
-        default = _default(f)
-        if is_dataclass(default):  # a nested group, e.g. runtime.ray
-            lines.extend(_describe_fields(type(default), f"{prefix}{f.name}."))
-            continue
-        doc = " ".join(docs.get(f.name, "").split())
-        lines.append(f"  {prefix}{f.name} = {default!r}")
-        if doc:
-            lines.extend(textwrap.wrap(doc, width=100, initial_indent="      ", subsequent_indent="      "))
-    return lines
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, after in zip(body, body[1:], strict=False):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                    docs[node.target.id] = str(after.value.value)
-    return docs
-
-
-def _default(f) -> Any:
-    from dataclasses import MISSING
-
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return "???"
-
-
-def _check_list_index(cfg, key: str) -> None:
-    """Give `agents.5.lr=...` with two agents a clear message instead of OmegaConf's type error."""
-    parts = key.split(".")
-    node = cfg
-    for depth, part in enumerate(parts[:-1]):
-        from omegaconf import ListConfig
-
-        if isinstance(node, ListConfig):
-            if not part.isdigit() or int(part) >= len(node):
-                prefix = ".".join(parts[:depth])
-                raise ConfigError(
-                    f"{key}: {prefix} has {len(node)} entries (indexes 0..{len(node) - 1}); add the entry in the "
-                    f"YAML file first"
-                )
-            node = node[int(part)]
-        elif part in node:
-            node = node[part]
-        else:
-            return  # OmegaConf reports the unknown key with a suggestion
-
-
-def _yaml_problem(e: Exception) -> str:
-    mark = getattr(e, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    what = " ".join(str(x) for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e)
-    return where + what
-
-
-def _omegaconf_message(e: Exception) -> str:
-    lines = str(e).splitlines()
-    full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), None)
-    head = lines[0] if lines else type(e).__name__
-    return f"config key {full_key}: {head}" if full_key else head
-
-
-# -- what may change when a run is resumed ------------------------------------------------------------------------
-
-
-def resume_policy(key: str) -> str:
-    """`safe`, `not_exact` or `refused`: what changing the flattened config key `key` (`agents.1.device`,
-    `data.task_options.min_digits`) does to a resumed run, from the field's metadata (SAFE / NOT_EXACT) or its
-    group's `RESUME`; `refused` when neither says otherwise (it would change the training numbers)."""
-    cls: Any = TrainConfig
-    policy = "refused"
-    parts = key.split(".")
-    i = 0
-    while i < len(parts) and cls is not None and is_dataclass(cls):
-        known = {f.name: f for f in fields(cls)}
-        f = known.get(parts[i])
-        if f is None:
-            break
-        policy = f.metadata.get("resume", policy)
-        default = _default(f)
-        if is_dataclass(default):
-            cls = type(default)
-            policy = getattr(cls, "RESUME", {}).get("resume", policy)
-        elif f.name == "agents":
-            cls, i = AgentConfig, i + 1  # skip the index
-        else:
-            cls = None
-        i += 1
-    return policy
-
-
-def resume_rules(policy: str) -> list[str]:
-    """The keys (`eval.*` for a whole group, `agents.*.device`) whose resume policy is `policy`."""
-    out: list[str] = []
-
-    def walk(cls: type, prefix: str, inherited: str) -> None:
-        group = getattr(cls, "RESUME", {}).get("resume", inherited)
-        if group == policy and group != inherited:
-            out.append(f"{prefix}*")
-            return
-        for f in fields(cls):
-            default = _default(f)
-            if is_dataclass(default):
-                walk(type(default), f"{prefix}{f.name}.", group)
-            elif f.name == "agents":
-                walk(AgentConfig, "agents.*.", group)
-            elif f.metadata.get("resume", group) == policy and group != policy:
-                out.append(prefix + f.name)
-
-    walk(TrainConfig, "", "refused")
-    return out
-
-
-_DICT_VALUED = ("data.task_options", "agents.*.chat_template_kwargs")
-
-
-def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[list[str], list[str]]:
-    """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use.
-
-    Returns (refused, not_exact): lines `key: <saved> in the checkpoint, <now> now` for each changed key that would
-    change the training numbers, and for each changed key whose `resume_policy` is `not_exact`; `safe` keys are
-    free. A saved key of an earlier version is read under its new name (`RENAMED`). Keys that exist on one side
-    only are ignored (a config field added or removed by another hacrl version), except inside dict-valued settings
-    such as `data.task_options`."""
-    old = {RENAMED.get(k, k): v for k, v in _flatten(saved).items()}
-    new = _flatten(asdict(current))
-    refused, not_exact = [], []
-    for key in sorted(set(old) | set(new)):
-        pattern = _pattern(key)
-        if key not in old or key not in new:
-            if not any(pattern.startswith(d + ".") for d in _DICT_VALUED):
-                continue
-        before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
-        policy = resume_policy(key)
-        if before == after or policy == "safe":
-            continue
-        line = f"{key}: {before!r} in the checkpoint, {after!r} now"
-        (not_exact if policy == "not_exact" else refused).append(line)
-    return refused, not_exact
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list) and prefix == "agents":  # other lists are compared whole
-        items = ((str(i), v) for i, v in enumerate(value))
-    else:
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for k, v in items:
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def _pattern(key: str) -> str:
-    import re
-
-    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", key)

@@ -1,0 +1,105 @@
+"""The checks across config groups (each group checks its own fields in `hacrl.config.schema`): run by
+`load_config` before any model loads; each message names the key and what to set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from hacrl.config.schema import GROUPS, RolloutConfig, TrainConfig, TrainerConfig
+from hacrl.config.settings import AgentSettings
+from hacrl.errors import ConfigError
+
+MAX_GROUP_SIZE = 1024
+"""G beyond this is a typo (`1e6`), not an experiment: the paper uses 8."""
+MAX_RESPONSES_PER_STEP = 65536
+"""prompts_per_step x group_size beyond this would hold a step's rollouts in memory for hours of sampling."""
+
+
+def _check_finite_fields(node: Any, prefix: str = "") -> None:
+    """Every float in the config finite: `lr: .inf` or `reward_timeout: .nan` would pass the range checks below
+    (comparisons with NaN are false) and fail deep inside a run."""
+    import math
+
+    if is_dataclass(node):
+        for f in fields(node):
+            _check_finite_fields(getattr(node, f.name), f"{prefix}{f.name}.")
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            _check_finite_fields(item, f"{prefix}{i}.")
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            _check_finite_fields(item, f"{prefix}{key}.")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{prefix.rstrip('.')}={node} must be a finite number")
+
+
+def validate(config: TrainConfig) -> None:
+    """Every group's own checks (`check` next to its fields), then the checks across groups; each message names
+    the key and what to set."""
+    _check_finite_fields(config)
+    if not config.agents:
+        raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
+    for i, agent in enumerate(config.agents):
+        agent.check(f"agents.{i}")
+    names = [a.name for a in config.agents]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")
+    for group in GROUPS[1:]:
+        if group == "trainer":  # the sizes across groups first: the mini-batch before the micro-batch inside it
+            _check_batch_sizes(config.trainer, config.rollout, len(config.agents))
+        check = getattr(getattr(config, group), "check", None)
+        if check is not None:  # logging has nothing to check
+            check()
+    from hacrl.core import get_algorithm  # (torch: not at import, so `hacrl --help` stays fast)
+
+    algo, r, t, n = config.algorithm, config.rollout, config.trainer, len(config.agents)
+    shares = get_algorithm(algo.name).pool_is_shared(algo)
+    if shares and n < 2:
+        raise ConfigError(
+            f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
+            f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
+        )
+    frozen = [i for i, a in enumerate(config.agents) if a.frozen]
+    if frozen and not shares:
+        raise ConfigError(
+            f"agents.{frozen[0]}.frozen=true: a frozen agent contributes only its rollouts to the others' pools, "
+            f"but algorithm.name={algo.name!r} with algorithm.share_rollouts={algo.share_rollouts} shares nothing, "
+            "so it would only cost sampling. Use algorithm.name=hacpo (or naive) with share_rollouts=true, or "
+            "remove the agent."
+        )
+    if frozen and len(frozen) == n:
+        raise ConfigError("every agent is frozen, so nothing would learn: set agents.<i>.frozen=false for one")
+    top_ps = [AgentSettings.resolve(a, r, t).top_p for a in config.agents]
+    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
+        raise ConfigError(
+            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
+            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
+        )
+    if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
+        raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
+    sc = config.scoring
+    if not 0 <= sc.on_timeout <= algo.r_max:
+        raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
+    if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
+        raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def _check_batch_sizes(t: TrainerConfig, r: RolloutConfig, num_agents: int) -> None:
+    per_agent = t.prompts_per_step * r.group_size
+    if r.group_size > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
+        tokens = per_agent * num_agents * (r.max_prompt_tokens + r.max_new_tokens)
+        raise ConfigError(
+            f"trainer.prompts_per_step x rollout.group_size = {t.prompts_per_step} x {r.group_size} = {per_agent:,} "
+            f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
+            f"agent and step <= {MAX_RESPONSES_PER_STEP:,}): up to {tokens:,} tokens per step, "
+            f"{tokens * 8 / 2**20:,.0f} MiB of token ids alone before any model runs. The paper uses 128 x 8; "
+            "lower one of them"
+        )
+    if t.mini_batch_size < 1 or per_agent % t.mini_batch_size:
+        divisors = [d for d in range(1, per_agent + 1) if per_agent % d == 0]
+        raise ConfigError(
+            f"trainer.mini_batch_size={t.mini_batch_size} must divide the responses per agent and step, "
+            f"trainer.prompts_per_step x rollout.group_size = {per_agent}; choose one of {divisors}"
+        )

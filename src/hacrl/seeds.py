@@ -1,0 +1,70 @@
+"""Every random stream of a training run, derived from the run's seed (`trainer.seed`) here and nowhere else.
+
+| stream | drives | derived from |
+| --- | --- | --- |
+| `training(seed, agent)` | the agent worker's torch RNG: sampling, dropout (saved in checkpoints) | seed, agent |
+| `adapters(seed, agent)` | the initialisation of new LoRA adapters | seed, agent |
+| `prompts(seed, epoch)` | the order of the training prompts in an epoch | seed, epoch |
+| `evaluation(seed, step, split, agent)` | sampled evaluation of one agent on one split at one step | all four |
+
+The first three keep the formulas of the runs already published (a number in `benchmarks/` reproduces); they are
+pairwise distinct for any run with fewer than 126 agents and fewer than 7,919 epochs. Evaluation seeds are a hash
+of their four parts with bit 62 set, so they can equal none of the others (which stay below 2**62 for any seed
+below 2**40) and none of each other's, whatever the steps, splits and agents: evaluating can never replay a
+training stream. (An earlier formula gave agent 0's sampled evaluation of the second split at step 0 agent 0's
+training seed.) `streams` lists a run's streams by name, for the test that they are distinct.
+
+The testbed's warm-start (`hacrl bootstrap`) is a separate process with its own streams: `warm_start` below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["adapters", "evaluation", "prompts", "streams", "training", "warm_start"]
+
+_EVAL_BIT = 1 << 62
+
+
+def training(seed: int, agent: int) -> int:
+    """Agent `agent`'s own random stream (sampling, dropout) in a run seeded `seed`."""
+    return seed * 1_000_003 + 7_919 * (agent + 1)
+
+
+def adapters(seed: int, agent: int) -> int:
+    """The stream that initialises agent `agent`'s new LoRA adapters."""
+    return training(seed, agent) + 1
+
+
+def prompts(seed: int, epoch: int) -> int:
+    """The permutation of the training prompts in epoch `epoch`."""
+    return seed * 100_003 + epoch
+
+
+def evaluation(seed: int, step: int, split: str, agent: int) -> int:
+    """Sampled evaluation of agent `agent` on split `split` ('' for the task's eval split, else the benchmark's
+    name) at step `step`. Keyed by the split's name, so adding a benchmark moves no other split's samples."""
+    digest = hashlib.blake2b(f"evaluation\0{seed}\0{step}\0{split}\0{agent}".encode(), digest_size=8).digest()
+    return _EVAL_BIT | (int.from_bytes(digest, "little") & (_EVAL_BIT - 1))
+
+
+def streams(seed: int, *, agents: int, steps: int, epochs: int, splits: tuple[str, ...] = ("",)) -> dict[tuple, int]:
+    """Every stream of a run of `agents` agents, `steps` steps and `epochs` epochs over the prompts, evaluated on
+    `splits` at every step, by name: {("training", agent): seed, ("evaluation", step, split, agent): seed, ...}."""
+    out: dict[tuple, int] = {}
+    for a in range(agents):
+        out["training", a] = training(seed, a)
+        out["adapters", a] = adapters(seed, a)
+    for e in range(epochs):
+        out["prompts", e] = prompts(seed, e)
+    for step in range(steps + 1):
+        for split in splits:
+            for a in range(agents):
+                out["evaluation", step, split, a] = evaluation(seed, step, split, a)
+    return out
+
+
+def warm_start(base: int, benchmark_seed: int) -> int:
+    """A testbed agent's warm-start seed (its initialisation and its SFT batch order) for benchmark seed
+    `benchmark_seed`, from its recipe's base seed (1, 2, 3 ...): each benchmark seed moves every agent's."""
+    return base + 1000 * benchmark_seed

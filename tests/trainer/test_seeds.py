@@ -1,0 +1,31 @@
+"""Every random stream of a run comes from `hacrl.seeds`, and no two streams of a run share a seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacrl import seeds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 2**40 - 1])
+def test_the_streams_of_a_run_are_pairwise_distinct(seed):
+    streams = seeds.streams(seed, agents=8, steps=300, epochs=100, splits=("", "math500", "aime24", "gsm8k"))
+    assert len(streams) == 8 * 2 + 100 + 301 * 4 * 8
+    by_value: dict[int, list[tuple]] = {}
+    for name, value in streams.items():
+        by_value.setdefault(value, []).append(name)
+    assert [names for names in by_value.values() if len(names) > 1] == []
+    assert all(0 <= v < 2**64 for v in by_value)  # what torch.manual_seed takes
+
+
+def test_the_old_collision_is_gone():
+    """The earlier formula gave agent 0's sampled evaluation of the second split at step 0 its training seed (and
+    agent 1's the seed of agent 0's new adapters)."""
+    assert seeds.evaluation(0, 0, "math500", 0) != seeds.training(0, 0)
+    assert seeds.evaluation(0, 0, "math500", 1) != seeds.adapters(0, 0)
+    # the kept formulas: published runs and checkpoints of earlier versions keep their numbers
+    assert [seeds.training(3, a) for a in range(2)] == [3 * 1_000_003 + 7_919, 3 * 1_000_003 + 2 * 7_919]
+    assert seeds.adapters(3, 1) == seeds.training(3, 1) + 1 and seeds.prompts(3, 2) == 3 * 100_003 + 2
+    # an evaluation stream is keyed by the split's name, not its position
+    assert seeds.evaluation(0, 5, "math500", 1) == seeds.evaluation(0, 5, "math500", 1)
+    assert len({seeds.evaluation(0, 5, s, 1) for s in ("", "math500", "aime24")}) == 3
