@@ -4,7 +4,7 @@ both nodes stopped.
     python benchmarks/ray_cluster.py                       # the demo's agents, 2 steps, one agent per node
     python benchmarks/ray_cluster.py CONFIG [key=value ...]
 
-What it does, as a user would on a real cluster (see README, "Two backends"):
+What it does, as a user would on a real cluster (docs/design.md, "Two backends"):
     RAY_AUTH_MODE=token ray start --head --port P --num-cpus 1 ...       (node 1)
     RAY_AUTH_MODE=token ray start --address 127.0.0.1:P --num-cpus 1 ... (node 2)
     hacrl train CONFIG runtime.backend=ray runtime.ray.address=127.0.0.1:P

@@ -169,8 +169,6 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
     for name in state["agents"]:
         part = agent_part(path, name)
         rng = part.rng_file
-        if not rng.exists() and part.legacy_rng_file.exists():
-            rng = part.legacy_rng_file  # written before each agent had its own random stream
         problem = _torch_file_problem(rng)
         if problem:
             problems.append(f"{rng.relative_to(path)}: {problem}")
@@ -298,11 +296,6 @@ class AgentPart:
     @property
     def rng_file(self) -> Path:
         return self.checkpoint / "rng" / f"{self.name}.pt"
-
-    @property
-    def legacy_rng_file(self) -> Path:
-        """The process-wide random state that checkpoints written before per-agent streams hold instead."""
-        return self.checkpoint / "rng.pt"
 
 
 def agent_part(path: str | Path, name: str) -> AgentPart:

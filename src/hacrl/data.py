@@ -21,7 +21,7 @@ import torch
 
 from hacrl import seeds
 from hacrl.config import DataConfig, ScoringConfig
-from hacrl.errors import DataError, warn
+from hacrl.errors import DataError, clip, warn
 from hacrl.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
 
 
@@ -216,7 +216,7 @@ def _read_rows(cfg: DataConfig, path: str | None) -> list[Example]:
         if not isinstance(row, dict):
             raise DataError(
                 f"{path}:{where.split()[-1]}: each row must be a JSON object with the columns "
-                f"{cfg.prompt_column!r} and {cfg.answer_column!r}, got {type(row).__name__} {_clip(row)}"
+                f"{cfg.prompt_column!r} and {cfg.answer_column!r}, got {type(row).__name__} {clip(repr(row))}"
             )
         for col in (cfg.prompt_column, cfg.answer_column):
             if col not in row:
@@ -234,11 +234,6 @@ def _read_rows(cfg: DataConfig, path: str | None) -> list[Example]:
     if not out:
         raise DataError(f"data file {path!r} holds no rows")
     return out
-
-
-def _clip(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class PromptStream:

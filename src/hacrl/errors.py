@@ -68,6 +68,12 @@ class HacrlWarning(UserWarning):
     """Something a user should know that does not stop the run (a slow reward function, eval data = train data)."""
 
 
+def clip(text: str, limit: int = 60) -> str:
+    """`text`, or its first `limit` characters and "..." when it is longer (for quoting untrusted text in a
+    message)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def first_line(error: BaseException, limit: int = 200) -> str:
     """An exception's first message line, cut to `limit` characters (its type's name when it has no message)."""
     text = str(error).strip()

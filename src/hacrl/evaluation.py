@@ -119,15 +119,10 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     if not examples:
         raise DataError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
     scorer = scorer_for(task, config.scoring, r_max=config.algorithm.r_max).start()
-    by_name = {a.name: a for a in config.agents}
-    results = []
-    for i, (label, model_dir) in enumerate(dirs):
-        agent = _saved_agent(i, by_name, model_dir, config.rollout)
-        result = evaluate(
-            agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size
-        )
-        results.append({"agent": label, **result})
-        del agent
+    results = [
+        {"agent": label, **by_split["eval"]}
+        for label, by_split in _evaluate_saved(config, dirs, {"eval": examples}, scorer)
+    ]
     _print_table(results, len(examples))
     return results
 
@@ -146,20 +141,33 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
     dirs = [d for path in paths for d in _model_dirs(path)]
     rows = {b: load_benchmark(config.data, b, config.eval.max_prompts) for b in benchmarks}
     scorer = math_scorer(config.scoring, r_max=config.algorithm.r_max).start()
-    by_name = {a.name: a for a in config.agents}
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for i, (label, model_dir) in enumerate(dirs):
-        agent = _saved_agent(i, by_name, model_dir, config.rollout)
-        results[label] = {
-            b: evaluate(agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size)
-            for b, examples in rows.items()
-        }
-        del agent
+    results = dict(_evaluate_saved(config, dirs, rows, scorer))
     print(benchmark_table(results))
     if out is not None:
         write_benchmark_table(out, 0, results)
         print(f"written: {out}/benchmarks_step_000000.md and .json")
     return results
+
+
+def _evaluate_saved(config, dirs, splits: dict[str, list[Example]], scorer: Scorer):
+    """[(label, {split: result})]: each saved agent of `dirs` alone on each split, one agent loaded at a time."""
+    by_name = {a.name: a for a in config.agents}
+    out = []
+    for i, (label, model_dir) in enumerate(dirs):
+        agent = _saved_agent(i, by_name, model_dir, config.rollout)
+        out.append(
+            (
+                label,
+                {
+                    name: evaluate(
+                        agent, examples, scorer, num_samples=config.eval.num_samples, batch_size=config.eval.batch_size
+                    )
+                    for name, examples in splits.items()
+                },
+            )
+        )
+        del agent
+    return out
 
 
 def _saved_agent(index: int, by_name, model_dir, rollout) -> Agent:

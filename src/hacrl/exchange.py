@@ -42,7 +42,7 @@ def foreign_trajectories(pool: list[Trajectory], learner: int, *, shared: bool) 
     The learner's pool is its own responses, then these: mini-batches are taken in that order, so the own rows get
     the first optimizer steps and m counts the same for every learner.
 
-    >>> pool = [Trajectory(0, [], "", 0.0, source, 0.0, 1, "eos") for source in (0, 0, 1, 2, 2)]
+    >>> pool = [Trajectory(0, "", 0.0, source, 0.0, 1, "eos", 0) for source in (0, 0, 1, 2, 2)]
     >>> [t.source for t in foreign_trajectories(pool, 1, shared=True)]
     [0, 0, 2, 2]
     >>> foreign_trajectories(pool, 2, shared=False)

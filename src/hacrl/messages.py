@@ -26,9 +26,8 @@ class Trajectory:
     """One response, as every agent may see it (spec 2, step 5): tokenizer-neutral."""
 
     group: int
-    """Index of its prompt in the step (the advantage's group id)."""
-    messages: list[dict[str, str]]
-    """The raw prompt messages (each learner renders them with its own template)."""
+    """Index of its prompt in the step (the advantage's group id; each learner renders that prompt with its own
+    template)."""
     text: str
     """Decoded response text (special tokens dropped)."""
     reward: float
@@ -42,20 +41,13 @@ class Trajectory:
     """Number of response tokens in the source's tokenization."""
     finish_reason: str
     """`eos` or `length`."""
-    num_bytes: int = -1
-    """UTF-8 bytes of `text` (the `bytes` foreign-ratio normalisation, spec 3.4b); -1: not recorded, counted here."""
+    num_bytes: int
+    """UTF-8 bytes of `text` (the `bytes` foreign-ratio normalisation, spec 3.4b)."""
 
     @property
     def response_bytes(self) -> int:
         """b(y): the response text's UTF-8 byte count, at least 1 (EOS is not text)."""
-        if self.num_bytes >= 0:
-            return max(1, self.num_bytes)
-        return max(1, len(self.text.encode("utf-8", errors="surrogatepass")))
-
-    @property
-    def truncated(self) -> bool:
-        """Cut at the source's length limit."""
-        return self.finish_reason == "length"
+        return max(1, self.num_bytes)
 
 
 @dataclass(frozen=True)
@@ -91,13 +83,8 @@ class WorkerInfo:
     """What a started worker reports about itself."""
 
     name: str
-    index: int
-    parameters: int
     device: str
-    dtype: str
-    optimizer_steps: int
     pid: int
-    torch_threads: int
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ same functions, and `parse` names any key's metric. A metric that is not here is
 (`unknown_keys` over a real run's records), never a failure of a user's run.
 
 The learner's loss metrics are reduced over an update's micro- and mini-batches by the kind `hacrl.core.metrics`
-declares for them (`part`, `own`, `foreign`, `values`); the `kind` here repeats it for the reader.
+declares for them (`part`, `own`, `foreign`, `values`); `Metric.kind` reads it from there.
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ from dataclasses import dataclass
 class Metric:
     name: str
     doc: str
-    kind: str = "value"
-    """How it is reduced: `value` (computed once per step), or the loss metrics' kind in `hacrl.core.metrics`."""
+
+    @property
+    def kind(self) -> str:
+        """How it is reduced: the kind `hacrl.core.metrics.METRIC_KINDS` declares for a loss metric (the
+        percentiles `<stem>_p{q}` of a `values` metric `<stem>s` are `values`), else `value` (once per step)."""
+        from hacrl.core.metrics import METRIC_KINDS  # (torch: only when asked)
+
+        stem = self.name.removesuffix("_p{q}") + "s" if self.name.endswith("_p{q}") else self.name
+        return METRIC_KINDS.get(stem, "value")
 
 
-def _table(*rows: tuple[str, str] | tuple[str, str, str]) -> dict[str, Metric]:
-    return {row[0]: Metric(*row) for row in rows}
+def _table(*rows: tuple[str, str]) -> dict[str, Metric]:
+    return {name: Metric(name, doc) for name, doc in rows}
 
 
 AGENT = _table(
@@ -50,18 +57,18 @@ AGENT = _table(
         "to the host and weights back in its update (agents.<i>.offload)",
     ),
     # its update (the worker)
-    ("loss", "loss (policy + KL), mean over mini-batches", "part"),
-    ("policy_loss", "policy loss, mean over mini-batches", "part"),
-    ("kl", "k3 KL to the frozen reference over own rows (when a reference is kept)", "part"),
-    ("own_ratio_mean", "mean sequence ratio s of its own rows", "own"),
-    ("own_clip_frac", "share of own rows whose clipped term is taken (GRPO: of own tokens)", "own"),
-    ("foreign_ratio_mean", "mean sequence ratio s of foreign rows", "foreign"),
-    ("foreign_clip_frac", "share of foreign rows outside [lo_m, 1]", "foreign"),
-    ("foreign_below_frac", "share of foreign rows with s < lo_m", "foreign"),
-    ("foreign_above_frac", "share of foreign rows with s > 1", "foreign"),
-    ("foreign_lower_bound", "lo_m, the foreign rows' lower clip, averaged over their mini-batches", "foreign"),
-    ("rho_foreign_mean", "mean rho over foreign rows", "foreign"),
-    ("foreign_ratio_p{q}", "the 10th, 50th and 90th percentile of the foreign rows' ratios s", "values"),
+    ("loss", "loss (policy + KL), mean over mini-batches"),
+    ("policy_loss", "policy loss, mean over mini-batches"),
+    ("kl", "k3 KL to the frozen reference over own rows (when a reference is kept)"),
+    ("own_ratio_mean", "mean sequence ratio s of its own rows"),
+    ("own_clip_frac", "share of own rows whose clipped term is taken (GRPO: of own tokens)"),
+    ("foreign_ratio_mean", "mean sequence ratio s of foreign rows"),
+    ("foreign_clip_frac", "share of foreign rows outside [lo_m, 1]"),
+    ("foreign_below_frac", "share of foreign rows with s < lo_m"),
+    ("foreign_above_frac", "share of foreign rows with s > 1"),
+    ("foreign_lower_bound", "lo_m, the foreign rows' lower clip, averaged over their mini-batches"),
+    ("rho_foreign_mean", "mean rho over foreign rows"),
+    ("foreign_ratio_p{q}", "the 10th, 50th and 90th percentile of the foreign rows' ratios s"),
     ("grad_norm", "mean gradient norm (before clipping) over the optimizer steps taken"),
     ("skipped_steps", "mini-batches whose gradient was not finite: no optimizer step (spec 3.6)"),
     ("optimizer_steps", "optimizer steps taken in this update (mini-batches with a finite gradient)"),

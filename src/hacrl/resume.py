@@ -59,7 +59,7 @@ def plan_resume(config: TrainConfig, run_dir: Path, resume: str, notice: Notice)
     if checkpoint is None:
         return ResumePlan(restarting=restarting)
     state = read_checkpoint_state(checkpoint, [a.name for a in config.agents])
-    _check_settings(config, checkpoint, state, notice)
+    _check_settings(config, checkpoint, notice)
     return ResumePlan(checkpoint, state)
 
 
@@ -110,17 +110,16 @@ def _choose_checkpoint(config: TrainConfig, run_dir: Path, resume: str, notice: 
     return checkpoint, False
 
 
-def _check_settings(config: TrainConfig, checkpoint: Path, state: dict[str, Any], notice: Notice) -> None:
+def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> None:
     import yaml
 
-    saved_file = checkpoint / "config.yaml"
-    if saved_file.is_file():
-        refused, not_exact = resume_differences(yaml.safe_load(saved_file.read_text()) or {}, config)
-    else:  # checkpoints of early versions record only the algorithm
-        saved = state.get("algorithm", config.algorithm.name)
-        now = config.algorithm.name
-        refused = [] if saved == now else [f"algorithm.name: {saved!r} in the checkpoint, {now!r} now"]
-        not_exact = []
+    saved = checkpoint / "config.yaml"
+    if not saved.is_file():
+        raise CheckpointError(
+            f"{checkpoint} has no config.yaml (every checkpoint hacrl writes holds the run's config), so the settings "
+            "it was trained with are unknown: resume from another checkpoint (checkpoint.resume=<its directory>)"
+        )
+    refused, not_exact = resume_differences(yaml.safe_load(saved.read_text()) or {}, config)
     if refused and config.checkpoint.strict_resume:
         raise CheckpointError(
             f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "

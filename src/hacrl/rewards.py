@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hacrl.answers import extract_answer, final_answer, value_text
-from hacrl.errors import RewardError
+from hacrl.errors import RewardError, clip
 
 __all__ = [
     "MathReward",
@@ -174,7 +174,7 @@ def call_reward(
         raise RewardError(
             f"reward function {name or reward_name(fn)} raised {type(e).__name__}: {e} (while scoring "
             f"{len(completions)} completions from sample {offset}, the first: "
-            f"{_short(completions[0]) if completions else ''!r})"
+            f"{clip(completions[0], 77) if completions else ''!r})"
         ) from e
 
 
@@ -204,7 +204,7 @@ def validate_rewards(name: str, rewards: Any, completions: Sequence[str], *, r_m
         if not math.isfinite(number) or not 0.0 <= number <= r_max:
             raise RewardError(
                 f"reward function {name} returned {value!r} ({type(value).__name__}) for sample {offset + i} "
-                f"(completion {_short(completions[i])!r}); rewards must be finite numbers in "
+                f"(completion {clip(completions[i], 77)!r}); rewards must be finite numbers in "
                 f"[0, algorithm.r_max={r_max}]"
             )
         out.append(number)
@@ -225,7 +225,3 @@ def _as_number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return math.nan
-
-
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hacrl.errors import RunDirError
+from hacrl.errors import RunDirError, clip
 
 LOCK_NAME = ".hacrl.lock"
 RUN_MARKER = ".hacrl-run"
@@ -145,10 +145,6 @@ class RunLock:
         self._fd = fd
         return self
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def release(self) -> None:
         if self._fd is None:
             return
@@ -199,7 +195,7 @@ def read_metrics(path: Path, *, notice: Callable[[str], None] = print) -> list[t
                 raise ValueError("not a metrics record with an integer 'step'")
         except ValueError as e:
             if number == len(lines):
-                notice(f"{path}: dropped its last line, cut off when the run stopped mid-write ({_clip(line)!r})")
+                notice(f"{path}: dropped its last line, cut off when the run stopped mid-write ({clip(line)!r})")
                 continue
             raise RunDirError(
                 f"{path}:{number} is damaged ({e}); this is not what an interrupted write leaves (only the last "
@@ -230,7 +226,3 @@ def last_logged_step(path: Path) -> int | None:
         return None
     records = read_metrics(path, notice=lambda _: None)
     return records[-1][1]["step"] if records else None
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -49,10 +49,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hacrl.config import ScoringConfig
-from hacrl.errors import RewardError, warn
+from hacrl.errors import RewardError, clip, warn
 from hacrl.rewards import (
     RewardFn,
-    _short,
     call_reward,
     import_reward_function,
     math_reward,
@@ -258,7 +257,7 @@ class Scorer:
             )
         todo = job.indexes[job.next :]
         if job.mode == "batch":
-            where = f"samples {todo[0]}-{todo[-1]}, the first: {_short(completions[todo[0]])!r}"
+            where = f"samples {todo[0]}-{todo[-1]}, the first: {clip(completions[todo[0]], 77)!r}"
             if kind == "raised":
                 raise RewardError(f"reward function {self.name} raised {message[1]} (while scoring {where})")
             if kind == "died":
@@ -278,13 +277,13 @@ class Scorer:
         elif kind == "raised":
             raise RewardError(
                 f"reward function {self.name} raised {message[1]} (while scoring sample {index}: "
-                f"{_short(completions[index])!r})"
+                f"{clip(completions[index], 77)!r})"
             )
         elif kind == "died":
             if not self.builtin:
                 raise RewardError(
                     f"the scoring process of reward function {self.name} died ({message[1]}) while scoring sample "
-                    f"{index}: {_short(completions[index])!r}" + address_space_note(self.settings.memory_mb)
+                    f"{index}: {clip(completions[index], 77)!r}" + address_space_note(self.settings.memory_mb)
                 )
             result.errors.append(index)  # model output crashed a built-in scorer: that completion scores 0
             self._restart(w)
@@ -327,7 +326,7 @@ class Scorer:
         if s.stop_on_timeout:
             raise RewardError(
                 f"reward function {self.name} ran past scoring.timeout={s.timeout:g}s on sample {index} "
-                f"({_short(completions[index])!r}); the run stops because scoring.stop_on_timeout=true"
+                f"({clip(completions[index], 77)!r}); the run stops because scoring.stop_on_timeout=true"
             )
         result.rewards[index] = s.on_timeout
         result.timeouts.append(index)
@@ -342,7 +341,7 @@ class Scorer:
             warn(
                 f"reward function {self.name} ran past scoring.timeout={s.timeout:g}s on "
                 f"{self.total_timeouts} completion(s) so far (the latest: "
-                f"{_short(completions[result.timeouts[-1]])!r}); each scored scoring.on_timeout="
+                f"{clip(completions[result.timeouts[-1]], 77)!r}); each scored scoring.on_timeout="
                 f"{s.on_timeout:g}. Raise scoring.timeout if the function is only slow, or make it return "
                 "faster on such text."
             )
@@ -597,7 +596,7 @@ def _portable_value(value: Any) -> Any:
             return _portable_value(value.item())
         except Exception:  # noqa: BLE001 - not a scalar
             pass
-    return _Unusable(f"{type(value).__name__} {_short(repr(value), 60)}")
+    return _Unusable(f"{type(value).__name__} {clip(repr(value), 57)}")
 
 
 @dataclass(frozen=True)
@@ -613,7 +612,7 @@ class _Unusable:
 def _describe(e: BaseException) -> str:
     where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
-    return f"{type(e).__name__}: {_short(str(e), 300)}{at}"
+    return f"{type(e).__name__}: {clip(str(e), 297)}{at}"
 
 
 # -- one scorer per reward function and settings, shared by the trainers and evaluations of a process ------------

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.answers import boxed_answer, strip_math_delimiters, value_text
-from hacrl.errors import DataError
+from hacrl.errors import DataError, first_line
 from hacrl.named_sets import NAMED_SETS, not_named
 
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -192,7 +192,8 @@ def _load(path: str, config: str | None, split: str, role: str, named):
                 ) from None
             found = _diagnose(local, kind) if local.is_file() else None
             raise DataError(
-                f"{role}.path={path!r}: " + (found or f"`datasets` cannot read it ({type(e).__name__}: {_first(e)})")
+                f"{role}.path={path!r}: "
+                + (found or f"`datasets` cannot read it ({type(e).__name__}: {first_line(e)})")
             ) from None
         return loaded, str(local)
     where = f"hub:{path}{f'/{config}' if config else ''}:{split}"
@@ -212,7 +213,7 @@ def _load(path: str, config: str | None, split: str, role: str, named):
         return datasets.load_dataset(path, config, split=split), where
     except Exception as e:  # noqa: BLE001 - offline, unknown id, gated: one message with what to do
         raise DataError(
-            f"{role}: cannot load {path!r} from the Hugging Face Hub ({type(e).__name__}: {_first(e)}); if this "
+            f"{role}: cannot load {path!r} from the Hugging Face Hub ({type(e).__name__}: {first_line(e)}); if this "
             f"machine is offline, {how}"
         ) from None
 
@@ -292,11 +293,6 @@ def _configs(datasets, directory: Path) -> str:
         return ", ".join(datasets.get_dataset_config_names(str(directory)))
     except Exception:  # noqa: BLE001 - only for a message
         return "see its README.md"
-
-
-def _first(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 def prepare(names: list[str], out: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:

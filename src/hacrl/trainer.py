@@ -12,7 +12,7 @@ or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities 
        worker computes its advantages and takes its mini-batch updates (concurrently on Ray)
     6. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
 
-Around the loop (see README, "Failure and safety"): the run directory is locked for the trainer's lifetime; a
+Around the loop (docs/reliability.md, "Failure and safety"): the run directory is locked for the trainer's lifetime; a
 resume takes the newest checkpoint that passes its checks and refuses settings that would change the numbers;
 SIGTERM or Ctrl-C finish the current step, write a checkpoint and raise `TrainingInterrupted`.
 """

@@ -9,7 +9,7 @@ actor (`ray`), the calls and their results are the same typed messages (`hacrl.m
     learn(LearnCall)        -> Learned: its own rewards and the foreign trajectories in, metrics out (spec 2, step 5)
     generate(GenerateCall)  -> completions for evaluation (the driver scores them)
     save(directory) / load(directory) -> its part of a checkpoint (layout: `hacrl.checkpoint`)
-    describe()              -> WorkerInfo: name, parameters, device, optimizer steps taken
+    describe()              -> WorkerInfo: name, device, process id
 
 No tensor of a model, no logit and no gradient leaves a worker. Its random stream is its own (seeded by the run's
 seed and its index, saved in its checkpoint part), so the numbers do not depend on where the worker runs or on
@@ -114,7 +114,6 @@ class AgentWorker:
         trajectories = [
             Trajectory(
                 group=i // group_size,
-                messages=call.prompts[i // group_size],
                 text=s.text,
                 reward=float("nan"),
                 source=self.index,
@@ -225,15 +224,10 @@ class AgentWorker:
             ) from e
         rng_file = part.rng_file
         try:
-            if rng_file.is_file():
-                rng = torch.load(rng_file, weights_only=True)
-                self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
-                torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
-                self._rng = rng
-            else:  # a checkpoint of hacrl before per-agent streams: the process-wide state it saved
-                rng_file = part.legacy_rng_file
-                legacy = torch.load(rng_file, weights_only=True)
-                self._rng = {"cpu": legacy["torch"], **({"cuda": legacy["cuda"][0]} if legacy.get("cuda") else {})}
+            rng = torch.load(rng_file, weights_only=True)
+            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
+            torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
+            self._rng = rng
         except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
             raise CheckpointError(
                 f"{rng_file}: cannot load the random stream of agent {self.name!r} ({type(e).__name__}: "
@@ -243,17 +237,7 @@ class AgentWorker:
             ) from e
 
     def describe(self) -> WorkerInfo:
-        model = self.agent.model
-        return WorkerInfo(
-            name=self.name,
-            index=self.index,
-            parameters=sum(p.numel() for p in model.parameters()),
-            device=str(self.agent.device),
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-            optimizer_steps=self.optimizer_steps,
-            pid=os.getpid(),
-            torch_threads=torch.get_num_threads(),
-        )
+        return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
 
     # -- inside ------------------------------------------------------------------------------------------------------
 

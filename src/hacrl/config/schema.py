@@ -656,11 +656,5 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
-    def validate(self) -> None:
-        """Every group's checks and the checks across groups; each message names the key and what to set."""
-        from hacrl.config.validation import validate
-
-        validate(self)
-
 
 GROUPS = ("agents", "algorithm", "rollout", "data", "scoring", "trainer", "eval", "logging", "checkpoint", "runtime")

@@ -143,6 +143,12 @@ def _triton_decode(query: Tensor, key: Tensor, value: Tensor, lengths: Tensor, s
 
 
 def _build_kernel():
+    """The split kernel (each program: one row, one key/value head, one split of the row's positions) and the
+    kernel that combines the splits' partial results."""
+    return _split_kernel(), _combine_kernel()
+
+
+def _split_kernel():
     import triton
     import triton.language as tl
 
@@ -200,6 +206,13 @@ def _build_kernel():
             tl.store(Max + stat, top, mask=in_group)
             tl.store(Sum + stat, total, mask=in_group)
 
+    return kernel
+
+
+def _combine_kernel():
+    import triton
+    import triton.language as tl
+
     @triton.jit
     def combine(
         Acc, Max, Sum, Out, splits, groups, dim, sab, sah, sas, sag, smb, smh, sms, sob, soh,
@@ -229,7 +242,7 @@ def _build_kernel():
         tl.store(Out + row * sob + (head * groups + g)[:, None] * soh + d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask)  # fmt: skip
 
-    return kernel, combine
+    return combine
 
 
 # -- wiring into transformers' attention interface --------------------------------------------------------------------

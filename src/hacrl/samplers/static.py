@@ -43,6 +43,7 @@ recompilation across calls whose rows stop at different steps.
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -375,112 +376,76 @@ class StaticSampler(Sampler):
         that has ended (at least a REFILL_SHARE-th of the slots at a time, or all that still wait), so the batch
         keeps its size while rows wait; once none waits, it compacts as rows end."""
         agent = self.agent
-        device, pad, steps = agent.device, agent.pad_id, steps or agent.settings.max_new_tokens
-        total = len(rows)
-        batch = max(MIN_ROWS, min(total, slots or total))
+        device, steps = agent.device, steps or agent.settings.max_new_tokens
+        batch = max(MIN_ROWS, min(len(rows), slots or len(rows)))
         width = max(len(r) for r in rows)
         pool = self._pool(batch, width + steps)
-        stops = torch.tensor(agent.stop_ids, device=device)
-        # per slot (a slot is a pool row; slots get compacted once no row waits): the row it decodes, its tokens so
-        # far (column `steps` takes what a slot writes after its row has ended, dropped), their log-probs, ...
-        live = torch.arange(batch, device=device)
-        out = torch.full((batch, steps + 1), pad, dtype=torch.long, device=device)
-        out_logp = torch.zeros((batch, steps + 1), dtype=torch.float32, device=device) if logprobs else None
-        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        column = torch.zeros(batch, dtype=torch.long, device=device)  # the index of the row's next token
-        position = torch.tensor([[len(r)] for r in rows[:batch]], dtype=torch.long, device=device)  # next write
-        results: dict[int, tuple] = {}  # row -> (tokens, length, finished, log-probs), read off ended slots
-
-        def harvest(index: Tensor) -> None:
-            """The rows of slots `index` to the host (at a sync: the loop waits for the device there anyway)."""
-            done = (lengths[index] < steps) | torch.isin(out[index, steps - 1], stops)
-            fields = [live[index].tolist(), out[index, :steps].tolist(), lengths[index].tolist(), done.tolist()]
-            fields.append(out_logp[index, :steps].tolist() if out_logp is not None else [None] * len(fields[0]))
-            for row, *result in zip(*fields, strict=True):
-                results[row] = tuple(result)
-
         draw_args = (
             torch.tensor(float(temperature), dtype=torch.float32, device=device),
             torch.tensor(bool(greedy), device=device),
         )
-        token, logp = draw(self._prefill(pool, rows[:batch], live), *draw_args, agent.settings.top_p)  # first tokens
-        waiting = batch  # rows[waiting:] have no slot yet
-        deadline = steps - 1  # the iteration by which every row started so far has reached the length limit
+        first = draw(self._prefill(pool, rows[:batch], torch.arange(batch, device=device)), *draw_args,
+                     agent.settings.top_p)  # fmt: skip
+        state = _Slots.start(rows[:batch], *first, steps=steps, pad=agent.pad_id, logprobs=logprobs)
+        run = _Run(rows, steps, torch.tensor(agent.stop_ids, device=device), width, waiting=batch)
         share = max(1, batch // REFILL_SHARE)
         it = 0
         while True:
-            token = torch.where(finished, torch.full_like(token, pad), token)
-            at = torch.where(finished, torch.full_like(column, steps), column)[:, None]
-            out.scatter_(1, at, token[:, None])
-            if out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
-                out_logp.scatter_(1, at, logp[:, None])
-            stopped = torch.isin(token, stops) & ~finished
-            lengths = torch.where(stopped, column + 1, lengths)
-            finished = finished | stopped | (column == steps - 1)
-            column = column + 1
-            if it >= deadline and waiting == total:
+            state.write(run.stops, agent.pad_id)
+            if it >= run.deadline and run.waiting == len(rows):
                 break
-            if (it + 1) % self.sync_every == 0 or it >= deadline:
-                # the loop's only host sync, once per `sync_every` steps: slots still running, a finite log-prob of
-                # every drawn token (NaN or +inf anywhere in a row's logits makes it NaN), the furthest position
-                check = [(~finished).sum(), (~torch.isfinite(logp)).any().long(), position.max()]
-                running, bad, reach = torch.stack(check).tolist()
-                if bad:
-                    from hacrl.errors import NonFiniteError
-
-                    raise NonFiniteError(
-                        f"agent {agent.name!r}: the model's next-token logits hold NaN or inf while sampling (its "
-                        "weights or activations overflowed); lower the agent's lr, or use dtype float32 / bfloat16 "
-                        "instead of float16, and resume from the newest checkpoint (never written from non-finite "
-                        "weights)"
-                    )
-                begin = min(finished.shape[0] - running, total - waiting)  # rows to start in freed slots
-                if begin and (begin >= share or begin == total - waiting):
-                    free = finished.nonzero()[:, 0][:begin]
-                    harvest(free)
-                    new = rows[waiting : waiting + begin]
-                    first, first_logp = draw(self._prefill(pool, new, free), *draw_args, agent.settings.top_p)
-                    ended = torch.isin(first, stops) | (steps == 1)
-                    starts = torch.tensor([[len(r)] for r in new], dtype=torch.long, device=device)
-                    live = live.index_put((free,), torch.arange(waiting, waiting + begin, device=device))
-                    fresh = torch.full((begin, steps + 1), pad, dtype=torch.long, device=device)
-                    fresh[:, 0] = first
-                    out[free] = fresh
-                    if out_logp is not None:
-                        fresh = torch.zeros((begin, steps + 1), dtype=torch.float32, device=device)
-                        fresh[:, 0] = first_logp
-                        out_logp[free] = fresh
-                    lengths = lengths.index_put((free,), torch.where(ended, 1, steps))
-                    token, logp = token.index_put((free,), first), logp.index_put((free,), first_logp)
-                    position = position.index_put((free,), starts)
-                    finished = finished.index_put((free,), ended)
-                    column = column.index_put((free,), torch.ones_like(free))
-                    waiting, running, deadline = waiting + begin, running + begin, it + steps - 1
-                    self.stats["refills"] += 1
-                if waiting == total:
-                    if running == 0:
-                        break
-                    size = max(MIN_ROWS, next_power_of_two(running))
-                    if size <= finished.shape[0] // 2:  # compact: the running rows, topped up with ended ones
-                        harvest(finished.nonzero()[:, 0])  # the ended rows that the compaction may drop
-                        keep = torch.cat([(~finished).nonzero()[:, 0], finished.nonzero()[:, 0]])[:size]
-                        pool.keep_rows(keep, max(reach, width) + 1)
-                        live, finished, token, position = live[keep], finished[keep], token[keep], position[keep]
-                        column, lengths, out = column[keep], lengths[keep], out[keep]
-                        out_logp = out_logp[keep] if out_logp is not None else None
+            if (it + 1) % self.sync_every == 0 or it >= run.deadline:
+                if self._sync(pool, state, run, it, share, draw_args):
+                    break
             if steps == 1:  # every row's one token came from its prefill: no decode step, only the next starts
                 it += 1
                 continue
-            token, logp = self._run_step(pool, token.unsqueeze(-1), position, draw_args)
+            state.token, state.logp = self._run_step(pool, state.token.unsqueeze(-1), state.position, draw_args)
             self.stats["decode_steps"] += 1
-            self.stats["slot_steps"] += finished.shape[0]
-            position = position + (~finished).long().unsqueeze(-1)  # an ended row's slot stays where it stopped
+            self.stats["slot_steps"] += state.size
+            state.advance()
             it += 1
-        harvest(torch.arange(finished.shape[0], device=device))
-        tokens, lengths, done, token_logp = (list(f) for f in zip(*(results[r] for r in range(total)), strict=True))
+        state.harvest(torch.arange(state.size, device=device), run)
+        tokens, lengths, done, token_logp = (list(f) for f in zip(*(run.results[r] for r in range(len(rows))),
+                                                                  strict=True))  # fmt: skip
         self.stats["tokens"] += sum(lengths)
         return tokens, lengths, done, token_logp
+
+    def _sync(self, pool: KVPool, state: _Slots, run: _Run, it: int, share: int, draw_args) -> bool:
+        """The loop's only host sync, once per `sync_every` steps: a finite log-prob of every drawn token (NaN or
+        +inf anywhere in a row's logits makes it NaN), then waiting rows into the slots of ended ones, or once none
+        waits a compaction into a smaller bucket. True: every row has ended."""
+        check = [(~state.finished).sum(), (~torch.isfinite(state.logp)).any().long(), state.position.max()]
+        running, bad, reach = torch.stack(check).tolist()
+        if bad:
+            from hacrl.errors import NonFiniteError
+
+            raise NonFiniteError(
+                f"agent {self.agent.name!r}: the model's next-token logits hold NaN or inf while sampling (its "
+                "weights or activations overflowed); lower the agent's lr, or use dtype float32 / bfloat16 "
+                "instead of float16, and resume from the newest checkpoint (never written from non-finite weights)"
+            )
+        total = len(run.rows)
+        begin = min(state.size - running, total - run.waiting)  # rows to start in freed slots
+        if begin and (begin >= share or begin == total - run.waiting):
+            free = state.finished.nonzero()[:, 0][:begin]
+            state.harvest(free, run)
+            new = run.rows[run.waiting : run.waiting + begin]
+            first = draw(self._prefill(pool, new, free), *draw_args, self.agent.settings.top_p)
+            state.refill(free, range(run.waiting, run.waiting + begin), new, *first, run, self.agent.pad_id)
+            run.waiting, running, run.deadline = run.waiting + begin, running + begin, it + run.steps - 1
+            self.stats["refills"] += 1
+        if run.waiting < total:
+            return False
+        if running == 0:
+            return True
+        size = max(MIN_ROWS, next_power_of_two(running))
+        if size <= state.size // 2:  # compact: the running rows, topped up with ended ones
+            state.harvest(state.finished.nonzero()[:, 0], run)  # the ended rows that the compaction may drop
+            keep = torch.cat([(~state.finished).nonzero()[:, 0], state.finished.nonzero()[:, 0]])[:size]
+            pool.keep_rows(keep, max(reach, run.width) + 1)
+            state.keep(keep)
+        return False
 
     def _run_step(self, pool: KVPool, token: Tensor, position: Tensor, draw_args) -> tuple[Tensor, Tensor]:
         if self.compiled:
@@ -489,6 +454,124 @@ class StaticSampler(Sampler):
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
         return self._step(self.agent.model, pool, token, position, *draw_args, self.agent.settings.top_p)
+
+
+@dataclass
+class _Run:
+    """One `_decode` call's rows and its progress: `rows[waiting:]` have no slot yet; by iteration `deadline`
+    every row started so far has reached the length limit; `results` holds the rows read off ended slots."""
+
+    rows: list[list[int]]
+    steps: int
+    stops: Tensor
+    width: int
+    """The longest prompt."""
+    waiting: int
+    deadline: int = -1
+    results: dict[int, tuple] = field(default_factory=dict)
+    """row -> (tokens, length, finished, log-probs)."""
+
+    def __post_init__(self) -> None:
+        self.deadline = self.steps - 1
+
+
+@dataclass
+class _Slots:
+    """The decode state per slot (a slot is a pool row; slots get compacted once no row waits), on the device:
+    the row it decodes, its tokens so far (column `steps` takes what a slot writes after its row has ended,
+    dropped) and their log-probs, its response length, whether it has ended, the column of its next token, the
+    position of its next write, and the token (and its log-prob) it drew last. Updated whole by `write` (after a
+    draw), `advance` (after a decode step), `refill` (waiting rows into freed slots) and `keep` (compaction)."""
+
+    live: Tensor
+    out: Tensor
+    out_logp: Tensor | None
+    lengths: Tensor
+    finished: Tensor
+    column: Tensor
+    position: Tensor
+    token: Tensor
+    logp: Tensor
+    steps: int
+
+    @classmethod
+    def start(
+        cls, rows: list[list[int]], token: Tensor, logp: Tensor, *, steps: int, pad: int, logprobs: bool
+    ) -> _Slots:
+        """Slots 0 .. len(rows) - 1 holding `rows`, whose first tokens (from their prefill) are `token`."""
+        batch, device = len(rows), token.device
+        return cls(
+            live=torch.arange(batch, device=device),
+            out=torch.full((batch, steps + 1), pad, dtype=torch.long, device=device),
+            out_logp=torch.zeros((batch, steps + 1), dtype=torch.float32, device=device) if logprobs else None,
+            lengths=torch.full((batch,), steps, dtype=torch.long, device=device),
+            finished=torch.zeros(batch, dtype=torch.bool, device=device),
+            column=torch.zeros(batch, dtype=torch.long, device=device),
+            position=torch.tensor([[len(r)] for r in rows], dtype=torch.long, device=device),
+            token=token,
+            logp=logp,
+            steps=steps,
+        )
+
+    @property
+    def size(self) -> int:
+        return self.finished.shape[0]
+
+    def write(self, stops: Tensor, pad: int) -> None:
+        """The drawn tokens into their columns (an ended slot's into the dropped column, as padding); a stop token
+        or the last column ends a slot's row."""
+        steps = self.steps
+        self.token = torch.where(self.finished, torch.full_like(self.token, pad), self.token)
+        at = torch.where(self.finished, torch.full_like(self.column, steps), self.column)[:, None]
+        self.out.scatter_(1, at, self.token[:, None])
+        if self.out_logp is not None:  # the drawn token's log-prob at the sampling temperature (no top-p)
+            self.out_logp.scatter_(1, at, self.logp[:, None])
+        stopped = torch.isin(self.token, stops) & ~self.finished
+        self.lengths = torch.where(stopped, self.column + 1, self.lengths)
+        self.finished = self.finished | stopped | (self.column == steps - 1)
+        self.column = self.column + 1
+
+    def advance(self) -> None:
+        """After a decode step: a running slot's next write moves on (an ended one stays where it stopped)."""
+        self.position = self.position + (~self.finished).long().unsqueeze(-1)
+
+    def harvest(self, index: Tensor, run: _Run) -> None:
+        """The rows of slots `index` to the host, into `run.results` (at a sync: the loop waits there anyway)."""
+        steps = self.steps
+        done = (self.lengths[index] < steps) | torch.isin(self.out[index, steps - 1], run.stops)
+        fields = [self.live[index].tolist(), self.out[index, :steps].tolist(), self.lengths[index].tolist()]
+        fields.append(done.tolist())
+        logps = self.out_logp[index, :steps].tolist() if self.out_logp is not None else [None] * len(fields[0])
+        for row, *result in zip(*fields, logps, strict=True):
+            run.results[row] = tuple(result)
+
+    def refill(
+        self, free: Tensor, row_ids: range, rows: list[list[int]], token: Tensor, logp: Tensor, run: _Run, pad: int
+    ) -> None:
+        """Rows `row_ids` (prompts `rows`, first tokens `token` from their prefill) into the ended slots `free`."""
+        steps, device, begin = self.steps, free.device, len(rows)
+        ended = torch.isin(token, run.stops) | (steps == 1)
+        starts = torch.tensor([[len(r)] for r in rows], dtype=torch.long, device=device)
+        self.live = self.live.index_put((free,), torch.arange(row_ids.start, row_ids.stop, device=device))
+        fresh = torch.full((begin, steps + 1), pad, dtype=torch.long, device=device)
+        fresh[:, 0] = token
+        self.out[free] = fresh
+        if self.out_logp is not None:
+            fresh_logp = torch.zeros((begin, steps + 1), dtype=torch.float32, device=device)
+            fresh_logp[:, 0] = logp
+            self.out_logp[free] = fresh_logp
+        self.lengths = self.lengths.index_put((free,), torch.where(ended, 1, steps))
+        self.token, self.logp = self.token.index_put((free,), token), self.logp.index_put((free,), logp)
+        self.position = self.position.index_put((free,), starts)
+        self.finished = self.finished.index_put((free,), ended)
+        self.column = self.column.index_put((free,), torch.ones_like(free))
+
+    def keep(self, index: Tensor) -> None:
+        """Compaction: slots `index` (in that order) become slots 0 .. len(index) - 1."""
+        self.live, self.finished, self.token = self.live[index], self.finished[index], self.token[index]
+        self.position, self.column, self.lengths = self.position[index], self.column[index], self.lengths[index]
+        self.out = self.out[index]
+        self.out_logp = self.out_logp[index] if self.out_logp is not None else None
 
 
 def _layers(cache):
