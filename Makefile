@@ -9,7 +9,7 @@ DEV    := $(VENV)/.installed-dev
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: setup setup-dev test demo lint format clean
+.PHONY: setup setup-dev test test-fast demo lint format clean
 
 # `make demo` needs hacrl and its runtime dependencies only; `make test` adds the dev extra (pytest, ruff,
 # hypothesis, Ray for the backend tests).
@@ -41,6 +41,11 @@ $(DEV): $(STAMP)
 test: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q
+
+# The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark).
+test-fast: $(DEV)
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m pytest -q -m "not slow"
 
 demo: $(STAMP)
 	$(PY) -m hacrl demo configs/demo.yaml

@@ -43,6 +43,41 @@ def tiny_agents(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def records(run: Path) -> list[dict]:
+    """Every record of a run's metrics.jsonl, in order."""
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timings(record: dict) -> dict:
+    """A metrics record without the keys that measure time (they differ between two runs of the same numbers)."""
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "tokens_per_second")) and "/time/" not in k}
+
+
+def same_numbers(a: list[dict], b: list[dict]) -> None:
+    """Every training number of two runs' records equal; evaluations too at the last step (a shorter first attempt
+    evaluated at its own last step, which an uninterrupted run does not)."""
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        skip = () if i == len(a) - 1 else ("eval/",)
+        x, y = without_timings(x), without_timings(y)
+        assert {k: v for k, v in x.items() if not k.startswith(skip)} == {
+            k: v for k, v in y.items() if not k.startswith(skip)
+        }
+
+
+def same_weights(run_a: Path, run_b: Path, step: int, names=("llama", "qwen")) -> None:
+    """The agents' saved weights of two runs' checkpoints at `step` equal bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    for name in names:
+        a = load_file(run_a / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
+        b = load_file(run_b / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
 def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
     """{learner index: the source of each row of its pool, in pool order}, filled as learners build their rows."""
     import hacrl.worker
@@ -62,8 +97,6 @@ def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
 def assert_resumes_exactly(make_config, tmp_path: Path, steps: int) -> tuple[Path, Path]:
     """`make_config(run_dir)` gives a config of `steps` steps: trained straight through, and stopped one step early
     then resumed, the last records agree in every value but the timings. Returns (full run, resumed run)."""
-    import json
-
     from hacrl.cli import main
 
     full_run, cut_run = tmp_path / "full", tmp_path / "cut"
@@ -72,13 +105,7 @@ def assert_resumes_exactly(make_config, tmp_path: Path, steps: int) -> tuple[Pat
     assert main(["train", str(cut), f"trainer.steps={steps - 1}"]) == 0
     assert main(["train", str(cut), "--resume"]) == 0
 
-    def last(run: Path) -> dict:
-        record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-        return {
-            k: v for k, v in record.items() if not k.startswith(("time/", "tokens_per_second")) and "/time/" not in k
-        }
-
-    assert last(cut_run) == last(full_run)
+    assert without_timings(records(cut_run)[-1]) == without_timings(records(full_run)[-1])
     return full_run, cut_run
 
 

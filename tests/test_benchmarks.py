@@ -20,6 +20,7 @@ def _load():
     return module
 
 
+@pytest.mark.slow
 def test_learning_benchmark_smoke(tmp_path, capsys):
     bench = _load()
     methods = ["hacpo", "gspo", "gspo_x2", "hacpo_3_agents", "gspo_3_agents"]
@@ -63,6 +64,7 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     assert capsys.readouterr().out.count("cached in") == len(methods)
 
 
+@pytest.mark.slow
 def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (model shapes with the paper's
     vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
@@ -111,6 +113,7 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     assert "## Precision: the paper step three ways" in text
 
 
+@pytest.mark.slow
 def test_throughput_benchmark_smoke(tmp_path):
     """`benchmarks/throughput.py --smoke`: hacrl's GSPO and 2-agent HACPO processes, 2 steps each, through the same
     code that measures them against TRL (TRL itself is an optional extra and not needed here)."""
@@ -133,6 +136,7 @@ def _load_evidence():
     return module
 
 
+@pytest.mark.slow
 def test_evidence_benchmark_smoke(tmp_path):
     """Round 2 end to end at tiny size: deltas from the ratio distributions, seed-shifted warm-starts, per-sub-skill
     curves, paired differences with t intervals over seeds."""
@@ -389,6 +393,7 @@ def test_time_to_accuracy_in_seconds_and_in_rollouts_by_hand():
     assert busy["reached"] == 2 and busy["timed"] == 1 and busy["rollout_ratio_median"] == 0.25
 
 
+@pytest.mark.slow
 def test_a_run_that_shares_the_machine_is_not_quiet(tmp_path):
     """`Load` counts the CPU time of the run's process tree (a worker process it starts is its own work) and what
     the rest of the machine used meanwhile: a process of someone else's spinning through the run makes it not
@@ -468,6 +473,7 @@ def test_gpu_throughput_parts_merge_into_one_result(tmp_path):
     assert "| m | 4 x 8 | varied | hf |" in (tmp_path / "out" / "gpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_the_parts_it_is_given_and_refuses_unknown_ones(tmp_path):
     """`benchmarks/gpu_check.sh` as the device tool runs it, on the CPU (its dry run): GPU_CHECK names the parts
     and their limits, GPU_CHECK_LONG_MODES reaches the long part, the results land in $OUT; a part it does not know
@@ -489,6 +495,7 @@ def test_gpu_check_runs_the_parts_it_is_given_and_refuses_unknown_ones(tmp_path)
     assert run.returncode == 2 and "no part named sampling" in run.stdout
 
 
+@pytest.mark.slow
 def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
     """`benchmarks/warm_start_curve.py` (the round-3 bed calibration): greedy accuracy per sub-skill every k
     warm-start steps, and the warm-started agent is the one a plain bootstrap of the same budget gives, weight for
@@ -518,6 +525,7 @@ def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
     assert (tmp_path / "out" / "tiny_gap-s0-llama-char.json").is_file()
 
 
+@pytest.mark.slow
 def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
     """Round 3's bed (`gap`) at tiny size: its own results directory, one ratio mode plus the ablations and the
     frozen-teacher arm, in which the stronger agent is frozen (its greedy accuracy never moves: same weights) while
@@ -566,6 +574,7 @@ def test_evidence_round3_smoke_has_the_frozen_teacher_arm(tmp_path):
             bench.main([*replay[:-1], steps])
 
 
+@pytest.mark.slow
 def test_per_mechanism_verdicts_and_a_frozen_agent_left_out_of_comparisons(tmp_path):
     """Through `aggregate` from written summaries (round 3's bed, five seeds): each mechanism's paired difference
     per agent and its verdict (hand-made differences); the frozen-teacher arm's stronger agent, which never trained,

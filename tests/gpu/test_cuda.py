@@ -85,6 +85,7 @@ def test_token_logprobs_and_hacpo_gradients_match_the_cpu(tiny_agents):
     torch.testing.assert_close(gg, gc, atol=2e-5, rtol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "offload"), [("float32", "none"), ("bfloat16", "none"), ("bfloat16", "optimizer")])
 def test_two_agents_train_checkpoint_and_resume_on_cuda(dtype, offload, tiny_agents, tmp_path):
     """bf16 agents train float32 masters (issue 41): the checkpoint holds them; with `offload: optimizer` they
@@ -114,6 +115,7 @@ def test_two_agents_train_checkpoint_and_resume_on_cuda(dtype, offload, tiny_age
         assert (f"{name}/time/offload" in records[-1]) == (offload != "none")
 
 
+@pytest.mark.slow
 def test_resume_on_cuda_reproduces_the_next_step(tiny_agents, tmp_path, monkeypatch):
     """With deterministic kernels, a run cut after step 2 and resumed gives step 3 bit for bit (CUDA RNG restored)."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -138,6 +140,7 @@ def test_resume_on_cuda_reproduces_the_next_step(tiny_agents, tmp_path, monkeypa
             assert resumed[key] == value, key
 
 
+@pytest.mark.slow
 def test_agents_on_different_devices_share_rollouts(tiny_agents, tmp_path):
     """One agent on the CPU, one on the GPU: the pool is device-neutral, both learn from each other."""
     run = tmp_path / "run"

@@ -12,8 +12,7 @@ import pytest
 
 from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
 from hacrl.cli import main
-from tests.conftest import write_config
-from tests.trainer.test_reliability import _records, _same_numbers, _same_weights
+from tests.conftest import records, same_numbers, same_weights, write_config
 
 ray = pytest.importorskip("ray")
 
@@ -35,6 +34,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp_path):
     names, algorithm = CASES[case]
@@ -54,11 +54,12 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
         )
         assert main(["train", str(cfg)]) == 0
         runs[backend] = run
-    _same_numbers(_records(runs["ray"]), _records(runs["local"]))
-    _same_weights(runs["ray"], runs["local"], 3, names)
-    assert _records(runs["ray"])[-1][f"{names[0]}/optimizer_steps"] > 0
+    same_numbers(records(runs["ray"]), records(runs["local"]))
+    same_weights(runs["ray"], runs["local"], 3, names)
+    assert records(runs["ray"])[-1][f"{names[0]}/optimizer_steps"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("first", "then"), [("ray", "local"), ("local", "ray")])
 def test_a_checkpoint_of_one_backend_resumes_on_the_other(first, then, tiny_agents, tmp_path, reference_run, capsys):
     run = tmp_path / "run"
@@ -66,10 +67,11 @@ def test_a_checkpoint_of_one_backend_resumes_on_the_other(first, then, tiny_agen
     assert main(["train", str(cfg), "trainer.steps=2", f"runtime.backend={first}"]) == 0
     assert main(["train", str(cfg), "--resume", f"runtime.backend={then}"]) == 0
     assert "not bit-identical" not in capsys.readouterr().err  # the backend is free to change
-    _same_numbers(_records(run), _records(reference_run))
-    _same_weights(run, reference_run, 3)
+    same_numbers(records(run), records(reference_run))
+    same_weights(run, reference_run, 3)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, tmp_path, reference_run, capsys):
     """kill -9 of one actor's process after the first checkpoint: the driver stops within seconds with a message
     naming the agent and the step, the checkpoint stays valid, and --resume continues exactly."""
@@ -101,10 +103,11 @@ def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, 
     assert stopped < 15, f"the driver took {stopped:.1f}s to notice"
     assert latest_checkpoint(run).name == "step_000001" and checkpoint_problems(latest_checkpoint(run)) == []
     assert main(["train", str(cfg), "--resume", "runtime.backend=ray"]) == 0
-    _same_numbers(_records(run), _records(reference_run))
-    _same_weights(run, reference_run, 3)
+    same_numbers(records(run), records(reference_run))
+    same_weights(run, reference_run, 3)
 
 
+@pytest.mark.slow
 def test_an_error_inside_a_worker_reaches_the_user_as_itself(tiny_agents, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -116,12 +119,14 @@ def test_an_error_inside_a_worker_reaches_the_user_as_itself(tiny_agents, tmp_pa
     assert "model error: agents.0.model:" in err and "holds no tokenizer files" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_ray_asked_for_more_than_the_cluster_has_fails_before_any_model_loads(tiny_agents, tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
     assert main(["train", str(cfg), "runtime.backend=ray", "agents.0.num_cpus=3", "agents.1.num_cpus=3"]) == 2
     assert "ask Ray for 6 CPUs and 0 GPUs in all, the cluster has 4 and 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ray_without_ray_installed_fails_with_what_to_install(tiny_agents, tmp_path, capsys, monkeypatch):
     import importlib.util
 
@@ -133,6 +138,7 @@ def test_ray_without_ray_installed_fails_with_what_to_install(tiny_agents, tmp_p
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_local_backend_and_the_core_never_import_ray(tmp_path):
     import subprocess
     import sys
@@ -144,6 +150,7 @@ def test_the_local_backend_and_the_core_never_import_ray(tmp_path):
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     """Both actors are inside `sample` at once: each reports when it entered and left, and the spans overlap."""
     from hacrl.backends import start_workers

@@ -56,6 +56,7 @@ def test_sub_skill_mix_and_seeded_recipes():
     assert [a.sft_mix for a in seeded.agents] == [{"+": 0.85, "-": 0.15}, {"+": 0.15, "-": 0.85}]
 
 
+@pytest.mark.slow
 def test_bootstrap_then_demo_one_hacpo_step(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 

@@ -26,13 +26,13 @@ def pair(tiny_agents):
 def _traj(text, source, finish="eos", group=0):
     return Trajectory(
         group=group,
-        messages=[{"role": "user", "content": "1 + 2 ="}],
         text=text,
         reward=1.0,
         source=source,
         source_logp_sum=-3.0,
         source_num_tokens=3,
         finish_reason=finish,
+        num_bytes=len(text.encode()),
     )
 
 
@@ -128,6 +128,7 @@ def test_real_qwen3_and_llama_tokenizers_exchange_text_safely():
     assert llama_text.startswith("<|begin_of_text|>") and "25 Nov 2026" in llama_text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="shared/data/tokenizers is not beside this checkout")
 def test_agents_with_the_real_qwen3_and_llama_tokenizers_exchange_responses(tmp_path):
     """A Qwen3-tokenizer agent's response reaches a Llama-3.2-tokenizer learner as text, in the learner's template."""

@@ -16,8 +16,7 @@ import pytest
 
 from hacrl import faults
 from hacrl.cli import main
-from tests.conftest import write_config
-from tests.trainer.test_reliability import _records, _same_numbers, _same_weights
+from tests.conftest import records, same_numbers, same_weights, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,6 +66,7 @@ KILL_CHAIN = [
 ]
 
 
+@pytest.mark.slow
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tiny_agents, tmp_path, reference):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
@@ -91,12 +91,13 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tiny_agents, tm
     final = _hacrl(["train", str(cfg), "--resume"])
     assert final.returncode == 0, final.stderr[-2000:]
     assert "resumed from" in final.stdout and "step_000003 at step 3" in final.stdout
-    _same_numbers(_records(run), _records(reference))
-    _same_weights(run, reference, 3)
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 3)
     assert not [p for p in (run / "checkpoints").iterdir() if ".tmp" in p.name or ".damaged" in p.name]
     assert not (run / ".hacrl.lock").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_step_finishes_the_step_checkpoints_and_resumes_exactly(tiny_agents, tmp_path, reference):
     run = tmp_path / "run"
     cfg = write_config(
@@ -109,10 +110,11 @@ def test_sigterm_mid_step_finishes_the_step_checkpoints_and_resumes_exactly(tiny
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]  # though checkpoint.every=0
     resumed = _hacrl(["train", str(cfg), "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    _same_numbers(_records(run), _records(reference))
-    _same_weights(run, reference, 3)
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 3)
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_step_stops_after_the_step_with_a_checkpoint(tiny_agents, tmp_path, reference, monkeypatch, capsys):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
@@ -125,10 +127,11 @@ def test_ctrl_c_mid_step_stops_after_the_step_with_a_checkpoint(tiny_agents, tmp
         faults.reset()
     assert "stopped by SIGINT after step 2 of 3" in capsys.readouterr().err
     assert main(["train", str(cfg), "--resume"]) == 0
-    _same_numbers(_records(run), _records(reference))
-    _same_weights(run, reference, 3)
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["TERM", "INT"])
 def test_a_second_signal_stops_at_once_without_a_traceback(sig, tiny_agents, tmp_path):
     """The first SIGTERM / Ctrl-C asks for a checkpoint after the step; a second one, mid-step, stops at once (a

@@ -10,11 +10,7 @@ from safetensors.torch import load_file
 
 from hacrl.cli import main
 from hacrl.config import ConfigError, load_config
-from tests.conftest import assert_resumes_exactly, record_pool_sources, write_config
-
-
-def _records(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+from tests.conftest import assert_resumes_exactly, record_pool_sources, records, write_config
 
 
 def _three(tiny_agents, tmp_path, run, **sections):
@@ -24,6 +20,7 @@ def _three(tiny_agents, tmp_path, run, **sections):
     return cfg
 
 
+@pytest.mark.slow
 def test_a_frozen_peer_shares_its_rollouts_and_never_changes(tiny_agents, tmp_path, monkeypatch):
     seen = record_pool_sources(monkeypatch)
     run = tmp_path / "run"
@@ -35,7 +32,7 @@ def test_a_frozen_peer_shares_its_rollouts_and_never_changes(tiny_agents, tmp_pa
         others = [j for j in range(3) if j != k]
         assert seen[k] == [k] * per_agent + [j for j in others for _ in range(per_agent)]
     assert 2 not in seen  # the frozen peer builds no pool and computes no loss
-    last = _records(run)[-1]
+    last = records(run)[-1]
     assert "tiny/reward_mean" in last and "tiny/capability" in last and "eval/tiny/pass@1" in last
     assert "tiny/loss" not in last and "tiny/optimizer_steps" not in last and "tiny/rho/llama" not in last
     assert last["llama/optimizer_steps"] == 6  # 3 agents x 8 responses / mini-batch 4
@@ -49,6 +46,7 @@ def test_a_frozen_peer_shares_its_rollouts_and_never_changes(tiny_agents, tmp_pa
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow
 def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_identical(tiny_agents, tmp_path):
     from hacrl.trainer import Trainer
 
@@ -65,6 +63,7 @@ def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_ident
         trainer.close()
 
 
+@pytest.mark.slow
 def test_a_run_with_a_frozen_peer_resumes_exactly(tiny_agents, tmp_path):
     assert_resumes_exactly(lambda run: _three(tiny_agents, tmp_path, run, trainer={"steps": 2}), tmp_path, 2)
 

@@ -50,6 +50,7 @@ def math_scorer():
     scorer.close()
 
 
+@pytest.mark.slow
 def test_every_hostile_output_is_scored_by_math_verify_in_bounded_time(math_scorer):
     texts = [text for _, text, _, _ in CATALOG]
     start = time.perf_counter()
@@ -61,6 +62,7 @@ def test_every_hostile_output_is_scored_by_math_verify_in_bounded_time(math_scor
     assert seconds < len(texts) * (TIMEOUT + 5)
 
 
+@pytest.mark.slow
 def test_every_hostile_output_is_scored_by_a_reasoning_gym_task_in_bounded_time():
     """reasoning-gym's scorer gives partial credit (len(oracle) / len(answer) when the oracle is inside the
     answer), so the expected values are its own, on the extracted answer; the anchors are the right answers."""
@@ -115,6 +117,7 @@ def _old_extract(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, derandomize=True, database=None, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=16).map("".join))
 def test_linear_extraction_equals_the_old_regexes_on_short_texts(text):

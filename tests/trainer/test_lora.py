@@ -15,7 +15,7 @@ from hacrl.agents import Agent  # noqa: E402
 from hacrl.cli import main  # noqa: E402
 from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config  # noqa: E402
 from hacrl.logprobs import TokenBatch, token_logprobs  # noqa: E402
-from tests.conftest import assert_resumes_exactly, write_config  # noqa: E402
+from tests.conftest import assert_resumes_exactly, records, write_config  # noqa: E402
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
 
@@ -25,10 +25,6 @@ def _config(tiny_agents, tmp_path, run, **sections):
     data = cfg.read_text().replace("name: llama", "lora: " + json.dumps(LORA) + "\n  name: llama", 1)
     cfg.write_text(data)
     return cfg
-
-
-def _records(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_zero_initialised_adapter_computes_exactly_the_base_model(tiny_agents):
@@ -45,6 +41,7 @@ def test_a_zero_initialised_adapter_computes_exactly_the_base_model(tiny_agents)
     }
 
 
+@pytest.mark.slow
 def test_the_base_weights_of_a_lora_agent_never_change(tiny_agents, tmp_path):
     from hacrl.trainer import Trainer
 
@@ -63,6 +60,7 @@ def test_the_base_weights_of_a_lora_agent_never_change(tiny_agents, tmp_path):
         trainer.close()
 
 
+@pytest.mark.slow
 def test_a_lora_and_full_pair_resumes_exactly(tiny_agents, tmp_path):
     full_run, cut_run = assert_resumes_exactly(
         lambda run: _config(tiny_agents, tmp_path, run, trainer={"steps": 3}), tmp_path, 3
@@ -72,6 +70,7 @@ def test_a_lora_and_full_pair_resumes_exactly(tiny_agents, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_the_static_sampler_decodes_with_the_adapters_like_hf(tiny_agents):
     from hacrl.samplers.hf import HFSampler
     from hacrl.samplers.static import StaticSampler
@@ -89,6 +88,7 @@ def test_the_static_sampler_decodes_with_the_adapters_like_hf(tiny_agents):
     assert [s.response_ids for s in static] == [s.response_ids for s in hf]
 
 
+@pytest.mark.slow
 def test_export_merges_the_adapters_into_a_plain_model(tiny_agents, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
@@ -104,7 +104,7 @@ def test_export_merges_the_adapters_into_a_plain_model(tiny_agents, tmp_path, ca
     assert any(v.abs().sum() > 0 for k, v in adapters.items() if "lora_B" in k)  # the up-projections moved
     base = json.loads((part / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str(tiny_agents["llama"])
-    last = _records(run)[-1]
+    last = records(run)[-1]
     assert last["llama/optimizer_steps"] == 4 and last["qwen/optimizer_steps"] == 4  # a LoRA + full pair trained
     out = tmp_path / "llama-merged"
     assert main(["export", str(run), "--agent", "llama", str(out)]) == 0
@@ -133,6 +133,7 @@ def test_lora_settings_that_cannot_work_are_refused(tiny_agents, tmp_path):
         load_config(cfg, ["agents.0.lora.r=0"])
 
 
+@pytest.mark.slow
 def test_lora_on_the_embedding_is_one_message(tiny_agents, tmp_path, capsys):
     """Issue 42: `target_modules: [embed_tokens]` ended in an AttributeError traceback."""
     cfg = _config(tiny_agents, tmp_path, tmp_path / "run")

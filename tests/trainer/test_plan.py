@@ -108,7 +108,7 @@ def test_a_preset_s_placeholder_model_path_is_named_with_its_key_and_the_fix(cap
 
 def test_the_paper_presets_fit_an_80_gb_gpu_per_agent(tmp_path):
     """The shapes of the paper's models (config.json only): with `rollout.batch_size: auto` and gradient
-    checkpointing every agent of both presets fits one 80 GiB card (README: what each needs)."""
+    checkpointing every agent of both presets fits one 80 GiB card (docs/gpu.md: what each agent needs)."""
     from pathlib import Path
 
     from transformers import LlamaConfig, Qwen3Config

@@ -27,6 +27,7 @@ def _update(before: dict, after: dict) -> torch.Tensor:
     return torch.cat([(after[k].float() - before[k].float()).flatten() for k in sorted(before)])
 
 
+@pytest.mark.slow
 def test_a_bf16_agent_at_lr_1e_6_moves_its_masters_like_the_float32_run(tiny_agents, tmp_path):
     """3 GSPO steps at lr 1e-6 from the same float32 weights, through `hacrl train`: with float32 masters the bf16
     agent's update has the float32 run's direction and size; pure bf16 (`master_weights: none`, warned about)
@@ -56,6 +57,7 @@ def test_a_bf16_agent_at_lr_1e_6_moves_its_masters_like_the_float32_run(tiny_age
     assert (pure != 0).float().mean() < 0.2 and cosine(pure, full) < 0.5  # what the issue measured (0.5 %, -0.003)
 
 
+@pytest.mark.slow
 def test_a_bf16_run_with_an_offloaded_agent_resumes_exactly(tiny_agents, tmp_path):
     """Two bf16 agents with float32 masters on one device (the CPU), one of them offloaded: stopped one step early
     and resumed, the last step equals the uninterrupted run's in every value, the offload time is logged."""
@@ -75,6 +77,7 @@ def test_a_bf16_run_with_an_offloaded_agent_resumes_exactly(tiny_agents, tmp_pat
         assert all(torch.equal(a[k], b[k]) and a[k].dtype == torch.float32 for k in a)
 
 
+@pytest.mark.slow
 def test_export_writes_the_dtype_asked_for(tiny_agents, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 

@@ -14,7 +14,7 @@ import torch
 
 from hacrl.cli import main
 from hacrl.logprobs import TokenBatch, token_logprobs
-from tests.conftest import write_config
+from tests.conftest import records, write_config
 
 
 def _count_pass_rows(monkeypatch) -> list[int]:
@@ -31,6 +31,7 @@ def _count_pass_rows(monkeypatch) -> list[int]:
     return counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "mini_batch", "rows_per_agent"),
     [("gspo", 8, 0), ("gspo", 4, 4), ("grpo", 8, 0), ("hacpo", 4, 8), ("naive", 8, 8)],
@@ -53,6 +54,7 @@ def test_the_old_logprob_pass_covers_only_the_rows_that_need_it(
             assert record[f"{name}/own_ratio_mean"] == 1.0 and record[f"{name}/own_clip_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_path, monkeypatch):
     """What other learners read (a response's log-prob sum) is the sampling policy's, though the source trains in
     the same step: the sums qwen's learner received equal a recomputation with llama's weights from before the step,
@@ -103,10 +105,7 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
         trainer.close()
 
 
-def _records(run) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", "static"])
 def test_sampler_logprobs_replace_the_pass_within_float_rounding(backend, tiny_agents, tmp_path, monkeypatch):
     """`trainer.old_logprobs: sampler`: no pre-update pass at all, not even for the sums other learners read or the
@@ -125,7 +124,7 @@ def test_sampler_logprobs_replace_the_pass_within_float_rounding(backend, tiny_a
         )  # fmt: skip
         assert main(["train", str(cfg)]) == 0
     assert counted == [8, 8]  # the recomputing run's two agents; the sampler run adds none
-    exact, close = _records(runs["recompute"])[-1], _records(runs["sampler"])[-1]
+    exact, close = records(runs["recompute"])[-1], records(runs["sampler"])[-1]
     compared = 0
     for key, value in exact.items():
         if any(w in key for w in ("time", "second", "rss", "memory")) or not isinstance(value, float):

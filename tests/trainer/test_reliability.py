@@ -17,35 +17,7 @@ from hacrl.cli import main
 from hacrl.config import load_config
 from hacrl.errors import HacrlWarning
 from hacrl.rundir import LOCK_NAME, RunLock
-from tests.conftest import write_config
-
-NOT_COMPARED = ("time/", "tokens_per_second")
-
-
-def _timing(key: str) -> bool:
-    return key.startswith(NOT_COMPARED) or "/time/" in key
-
-
-def _records(run):
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _same_numbers(a, b):
-    """Every training number equal; evaluations too at the last step (a shorter first attempt evaluated at its
-    own last step, which an uninterrupted run does not)."""
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        skip = () if i == len(a) - 1 else ("eval/",)
-        assert {k: v for k, v in x.items() if not (_timing(k) or k.startswith(skip))} == {
-            k: v for k, v in y.items() if not (_timing(k) or k.startswith(skip))
-        }
-
-
-def _same_weights(run_a, run_b, step, names=("llama", "qwen")):
-    for name in names:
-        a = load_file(run_a / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
-        b = load_file(run_b / "checkpoints" / f"step_{step:06d}" / "agents" / name / "model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+from tests.conftest import records, same_numbers, same_weights, write_config
 
 
 @pytest.fixture()
@@ -61,6 +33,7 @@ def _config(tiny_agents, tmp_path, **sections):
 # -- restartable and resumable ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_that_died_before_its_first_checkpoint_restarts_in_place(tiny_agents, tmp_path, reference, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -72,10 +45,11 @@ def test_a_run_that_died_before_its_first_checkpoint_restarts_in_place(tiny_agen
     assert "already holds a run (metrics up to step 2)" in err and "--resume starts it again from step 0" in err
     assert main(["train", str(cfg), "--resume"]) == 0
     assert "has no checkpoint: the earlier attempt stopped before its first one" in capsys.readouterr().err
-    _same_numbers(_records(run), _records(reference))
-    _same_weights(run, reference, 3)
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 3)
 
 
+@pytest.mark.slow
 def test_a_cut_off_last_metrics_line_is_dropped_on_resume(tiny_agents, tmp_path, reference, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -85,9 +59,10 @@ def test_a_cut_off_last_metrics_line_is_dropped_on_resume(tiny_agents, tmp_path,
     assert main(["train", str(cfg), "--resume"]) == 0
     out = capsys.readouterr()
     assert "dropped its last line, cut off when the run stopped mid-write" in out.out + out.err
-    _same_numbers(_records(run), _records(reference))
+    same_numbers(records(run), records(reference))
 
 
+@pytest.mark.slow
 def test_a_damaged_line_inside_metrics_stops_resume_naming_file_and_line(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -98,6 +73,7 @@ def test_a_damaged_line_inside_metrics_stops_resume_naming_file_and_line(tiny_ag
     assert "metrics.jsonl:1 is damaged" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated weights", "garbled state.json", "garbled optimizer", "missing rng"])
 def test_a_damaged_newest_checkpoint_is_reported_and_resume_falls_back(
     damage, tiny_agents, tmp_path, reference, capsys
@@ -128,10 +104,11 @@ def test_a_damaged_newest_checkpoint_is_reported_and_resume_falls_back(
     assert f"checkpoint {newest} is damaged: " in err and expect in err
     assert "Moved to step_000002.damaged" in err and "resuming from the newest good checkpoint instead" in err
     assert (run / "checkpoints" / "step_000002.damaged").is_dir()  # kept for inspection, never used
-    _same_numbers(_records(run), _records(reference))
-    _same_weights(run, reference, 3)
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 3)
 
 
+@pytest.mark.slow
 def test_a_garbled_optimizer_without_digests_is_named_and_never_unpickled(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -145,12 +122,14 @@ def test_a_garbled_optimizer_without_digests_is_named_and_never_unpickled(tiny_a
     assert "weights_only=False" not in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_checkpoint_problems_of_a_good_checkpoint_are_none(reference):
     assert checkpoint_problems(latest_checkpoint(reference)) == []
     state = json.loads((latest_checkpoint(reference) / "state.json").read_text())
     assert state["files"]["agents/llama/model.safetensors"]["size"] > 0
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_algorithm_naming_the_key_and_both_values(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path, algorithm={"name": "gspo"})
     assert main(["train", str(cfg), "trainer.steps=1"]) == 0
@@ -171,6 +150,7 @@ def test_resume_refuses_a_changed_algorithm_naming_the_key_and_both_values(tiny_
                      "checkpoint.strict_resume=false"]) == 0  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
@@ -181,6 +161,7 @@ def test_resume_refuses_a_checkpoint_of_other_agents(tiny_agents, tmp_path, caps
     assert "holds agents ['llama', 'qwen'] but the config has ['llama', 'tiny']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference, monkeypatch):
     """Sampled evaluation draws from its own stream: adding it (or changing eval.* on resume) keeps the numbers.
     Every torch.manual_seed of the run (local backend: the workers are in this process) is one of the run's named
@@ -195,13 +176,14 @@ def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference, mon
     assert seeded == [seeds.training(seed, a) for a in range(2)] + [
         seeds.evaluation(seed, step, "", a) for step in range(4) for a in range(2)
     ]
-    training = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(run)[1:]]
-    _same_numbers(training, [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _records(reference)])
+    training = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records(run)[1:]]
+    same_numbers(training, [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records(reference)])
 
 
 # -- one process per run directory -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_run_directory_refuses_at_once(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -214,6 +196,7 @@ def test_a_second_process_on_a_run_directory_refuses_at_once(tiny_agents, tmp_pa
     assert not (run / LOCK_NAME).exists()  # released at the end
 
 
+@pytest.mark.slow
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_notice(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -223,6 +206,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_notice(tiny_agents,
     assert "taking over a stale lock left by pid 999999999 on elsewhere" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_leftover_checkpoint_temporaries_are_removed_and_never_used(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -278,6 +262,7 @@ def test_a_model_directory_without_tokenizer_files_says_so(tiny_agents, tmp_path
     _fails_cleanly(capsys, ["eval", str(bare), "--config", str(cfg)], "holds no tokenizer files")
 
 
+@pytest.mark.slow
 def test_hacrl_eval_takes_a_run_directory(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path)
     run = tmp_path / "run"
@@ -289,6 +274,7 @@ def test_hacrl_eval_takes_a_run_directory(tiny_agents, tmp_path, capsys):
     _fails_cleanly(capsys, ["eval", str(tmp_path), "--config", str(cfg)], "is not a model directory")
 
 
+@pytest.mark.slow
 def test_eval_and_export_never_read_a_damaged_checkpoint(tiny_agents, tmp_path, capsys):
     """Issue 42: `hacrl eval RUN_DIR` evaluated a checkpoint whose SHA-256 did not match (resume refused it)."""
     cfg = _config(tiny_agents, tmp_path, trainer={"steps": 2}, checkpoint={"every": 1, "keep_last": 3})
@@ -313,6 +299,7 @@ def test_eval_and_export_never_read_a_damaged_checkpoint(tiny_agents, tmp_path, 
     assert (run / "checkpoints" / "step_000002").is_dir()  # reading never renames anything
 
 
+@pytest.mark.slow
 def test_reward_and_checkpoint_errors_take_the_error_path_and_debug_shows_the_traceback(
     tiny_agents, tmp_path, capsys, monkeypatch
 ):
@@ -325,6 +312,7 @@ def test_reward_and_checkpoint_errors_take_the_error_path_and_debug_shows_the_tr
         main(["train", str(cfg), "checkpoint.resume=/no/such/checkpoint"])
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_says_what_to_do(
     tiny_agents, tmp_path, capsys, monkeypatch
 ):
@@ -391,6 +379,7 @@ def test_the_config_reference_says_that_a_reward_function_is_code_that_runs():
 # -- never touch files hacrl did not write ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_directory_hacrl_did_not_write_is_refused_untouched(tiny_agents, tmp_path, capsys):
     """A user's own files in trainer.output_dir (a commented config.yaml, eval records, a folder that looks like a
     crashed checkpoint) are neither overwritten nor deleted: the run is refused before it writes anything."""
@@ -412,6 +401,7 @@ def test_a_directory_hacrl_did_not_write_is_refused_untouched(tiny_agents, tmp_p
     assert all(path.read_text() == text for path, text in files.items())
 
 
+@pytest.mark.slow
 def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp_path, capsys):
     from hacrl.rundir import RUN_MARKER
 
@@ -426,9 +416,10 @@ def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp
     assert f"claim it with `touch {run / RUN_MARKER}`" in " ".join(capsys.readouterr().err.split())
     (run / RUN_MARKER).touch()
     assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 0
-    assert _records(run)[-1]["step"] == 3
+    assert records(run)[-1]["step"] == 3
 
 
+@pytest.mark.slow
 def test_a_users_config_and_metrics_files_do_not_make_a_run(tiny_agents, tmp_path, capsys):
     """Issue 42: a directory holding the user's own config.yaml and metrics.jsonl was taken for a run of an earlier
     hacrl, and `--resume` then replaced both. A directory is a run only when hacrl marked it."""
@@ -447,6 +438,7 @@ def test_a_users_config_and_metrics_files_do_not_make_a_run(tiny_agents, tmp_pat
     assert all(path.read_text() == text for path, text in mine.items())
 
 
+@pytest.mark.slow
 def test_a_refused_start_writes_nothing(tiny_agents, tmp_path, capsys):
     """A start that fails after claiming the directory (here: its data file is missing) takes the claim back."""
     run = tmp_path / "run"
@@ -458,6 +450,7 @@ def test_a_refused_start_writes_nothing(tiny_agents, tmp_path, capsys):
     assert main(["train", str(cfg)]) == 2 and list(run.iterdir()) == []  # an empty directory stays empty
 
 
+@pytest.mark.slow
 def test_output_dir_naming_a_file_is_a_clear_error(tiny_agents, tmp_path, capsys):
     (tmp_path / "run").write_text("not a directory")
     assert main(["train", str(_config(tiny_agents, tmp_path))]) == 2
@@ -466,6 +459,7 @@ def test_output_dir_naming_a_file_is_a_clear_error(tiny_agents, tmp_path, capsys
     assert (tmp_path / "run").read_text() == "not a directory"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["x" * 300, "a/b", ".hidden", "has space", ""])
 def test_agent_names_that_cannot_be_folders_fail_at_validation(tiny_agents, tmp_path, capsys, name):
     """A 300-character name used to pass validation and fail with ENAMETOOLONG at the first checkpoint, after the
@@ -479,6 +473,7 @@ def test_agent_names_that_cannot_be_folders_fail_at_validation(tiny_agents, tmp_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_hung_reward_function_stops_the_run_with_one_message(tiny_agents, tmp_path, capsys):
     """Through the CLI: a reward function that never returns stops the run (exit 2, the function, its timeout and
     the knobs named) instead of training on timeout rewards; with the default 5 s timeout this takes ~45 s (the
@@ -511,6 +506,7 @@ def _poison_weights(source, target):
     return name
 
 
+@pytest.mark.slow
 def test_weights_holding_nan_are_refused_at_load(tiny_agents, tmp_path, capsys):
     """Used to give a raw torch.multinomial traceback at the first sampling call."""
     name = _poison_weights(tiny_agents["llama"], tmp_path / "nan-llama")
@@ -521,6 +517,7 @@ def test_weights_holding_nan_are_refused_at_load(tiny_agents, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_finite(tiny_agents, tmp_path, monkeypatch):
     from hacrl.worker import AgentWorker as Worker
 
@@ -535,7 +532,7 @@ def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_fin
     monkeypatch.setattr(Worker, "_micro_batch_loss", nan_loss)
     cfg = _config(tiny_agents, tmp_path, trainer={"steps": 1})
     assert main(["train", str(cfg)]) == 0
-    last = _records(tmp_path / "run")[-1]
+    last = records(tmp_path / "run")[-1]
     # every mini-batch whose loss reaches the weights is skipped (one without a gradient path takes no step anyway)
     assert last["qwen/skipped_steps"] >= 2 and last["llama/skipped_steps"] == 0
     saved = load_file(tmp_path / "run" / "checkpoints" / "step_000001" / "agents" / "qwen" / "model.safetensors")
@@ -543,6 +540,7 @@ def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_fin
     assert all(torch.equal(saved[k], before[k]) for k in before)  # no step taken, nothing non-finite written
 
 
+@pytest.mark.slow
 def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, monkeypatch, capsys):
     """An update that leaves NaN in the weights (here injected after step 2's optimizer steps): the run stops at
     the checkpoint with one message; the newest checkpoint is step 1's, finite, and the run resumes from it."""
@@ -569,6 +567,7 @@ def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, mon
     assert latest_checkpoint(run).name == "step_000003"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "phase", "knob", "host"),
     [
@@ -624,6 +623,7 @@ def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
 # -- inputs checked before anything runs -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -640,6 +640,7 @@ def test_values_that_would_fail_late_are_refused_at_validation(override, message
     assert message in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
@@ -662,6 +663,7 @@ def test_yaml_that_would_hang_or_leak_a_secret_is_refused(yaml_text, message, tm
     assert message in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("row", "what"), [('{"prompt": [], "answer": "1"}', "holds 0 chat messages and no text"),
                                            ('{"prompt": "  ", "answer": "1"}', "is empty")])  # fmt: skip
 def test_an_empty_prompt_is_refused_at_load_with_file_and_line(row, what, tiny_agents, tmp_path, capsys):
@@ -692,6 +694,7 @@ def test_a_huge_prompt_is_cut_by_characters_before_tokenizing(tiny_agents):
     assert agent.render_prompt([{"role": "user", "content": small}])[0] == full[-64:]
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_a_checkpoint_is_one_message_and_the_old_one_stays(
     tiny_agents, tmp_path, monkeypatch, capsys
 ):
@@ -719,6 +722,7 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_message_and_the_old_one_s
     assert checkpoint_problems(run / "checkpoints" / "step_000001") == []
 
 
+@pytest.mark.slow
 def test_a_damaged_rng_file_without_digest_checks_is_a_checkpoint_error(tiny_agents, tmp_path, capsys):
     cfg = _config(tiny_agents, tmp_path, trainer={"steps": 1})
     assert main(["train", str(cfg)]) == 0
@@ -738,6 +742,7 @@ def test_a_damaged_rng_file_without_digest_checks_is_a_checkpoint_error(tiny_age
     assert "does not match its SHA-256" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_needs_only_the_checkpoint_not_the_original_model_directory(tiny_agents, tmp_path):
     """The tokenizer was read from the config's model path on resume: a run whose original model directory was
     moved away could not continue. It now comes from the checkpoint, beside the weights."""
@@ -748,9 +753,10 @@ def test_resume_needs_only_the_checkpoint_not_the_original_model_directory(tiny_
     assert main(["train", str(cfg)]) == 0
     shutil.rmtree(tmp_path / "models")
     assert main(["train", str(cfg), "--resume", "trainer.steps=2"]) == 0
-    assert _records(tmp_path / "run")[-1]["step"] == 2
+    assert records(tmp_path / "run")[-1]["step"] == 2
 
 
+@pytest.mark.slow
 def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tiny_agents, tmp_path, monkeypatch,
                                                                               capsys):  # fmt: skip
     """hf: torch.multinomial's raw error becomes a message naming the agent; static: its sync points check the
@@ -795,6 +801,7 @@ def test_a_missing_model_directory_is_named_before_any_data_loads(tiny_agents, t
 # -- issue 42: messages instead of tracebacks --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint_every", [1, 0])
 def test_a_full_disk_under_tensorboards_writer_thread_is_one_message(
     checkpoint_every, tiny_agents, tmp_path, monkeypatch, capsys
@@ -825,6 +832,7 @@ def test_a_full_disk_under_tensorboards_writer_thread_is_one_message(
         assert "this run has no complete checkpoint yet, so `hacrl train CONFIG --resume` starts it from step 0" in err
 
 
+@pytest.mark.slow
 def test_wandb_online_without_credentials_is_refused_before_the_run_directory_exists(
     tiny_agents, tmp_path, monkeypatch, capsys
 ):
@@ -839,6 +847,7 @@ def test_wandb_online_without_credentials_is_refused_before_the_run_directory_ex
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_path, monkeypatch, capsys):
     import hacrl.trainer
 
@@ -851,6 +860,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_
     assert err.strip() == "hacrl: interrupted (Ctrl-C)" and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_tracker_that_cannot_start_is_one_message(tiny_agents, tmp_path, monkeypatch, capsys):
     """W&B's own errors at init (no network, a bad key) are named with the setting to change."""
     wandb = pytest.importorskip("wandb")

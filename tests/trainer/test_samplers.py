@@ -123,6 +123,7 @@ def _compile_counts():
     return int(counters["stats"].get("unique_graphs", 0)), sum(counters["graph_break"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "backend"), [("llama", "eager"), ("qwen", "eager"), ("qwen3", "eager"), ("qwen", "inductor")]
 )
@@ -160,6 +161,7 @@ def test_the_compiled_decode_step_compiles_once_whatever_rows_stop_when(name, ba
     assert sampler.pool.rows == 32  # one pool, sized once for the largest call (rounded up to a power of two)
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_before_the_first_call_and_allocates_its_pool(lively):
     """`StaticSampler.warm_up` does the first call's compilation and pool allocation on a few dummy tokens: the
     real call after it compiles nothing more, keeps the pool (same tensors), and samples as a fresh sampler does."""
@@ -201,6 +203,7 @@ def test_gradient_checkpointing_leaves_the_decode_step_one_graph_and_the_gradien
     torch.testing.assert_close(grads[1], grads[0])
 
 
+@pytest.mark.slow
 def test_agents_in_one_process_never_share_a_compile_cache(lively):
     """torch keeps compilations per code object, with a limit (8 by default) past which it silently runs eagerly.
     Each sampler compiles its own copy of the step: with the limit at 1, three samplers (two of them for one model
@@ -254,6 +257,7 @@ print("kernel ok")
 """
 
 
+@pytest.mark.slow
 def test_the_triton_kernel_equals_the_reference_in_the_interpreter():
     """The CUDA kernel's logic, run by Triton's interpreter on the CPU where Triton is installed (CI has no Triton:
     skipped there; tests/gpu runs the compiled kernel): splits past a row's length, a length of 1, a full row,
@@ -385,6 +389,7 @@ def test_static_samples_follow_the_models_distribution(temperature, top_p, livel
     assert _wilson_hilferty_z(first.tolist(), (wrong * n).tolist()) > 5
 
 
+@pytest.mark.slow
 def test_a_run_with_the_static_sampler_trains(tiny_agents, tmp_path):
     from hacrl.cli import main
 
@@ -395,6 +400,7 @@ def test_a_run_with_the_static_sampler_trains(tiny_agents, tmp_path):
     assert last["llama/optimizer_steps"] == 4 and math.isfinite(last["qwen/loss"])
 
 
+@pytest.mark.slow
 def test_the_generation_batch_is_its_own_knob(tiny_agents, tmp_path, monkeypatch):
     from hacrl.cli import main
     from hacrl.samplers.hf import HFSampler
@@ -474,6 +480,7 @@ def _peak_mib(positions: int, chunk: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_kib"] / 1024
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions():
     """A 150k vocabulary: the full path's peak grows by rows x positions x vocabulary x 4 bytes (and as much again
     for the gradient); the chunked path's stays within a few chunks' logits."""

@@ -22,6 +22,7 @@ def _user(name: str, **settings) -> Scorer:
     return Scorer(f"{FIX}:{name}", ScoringConfig(**settings), builtin=False)
 
 
+@pytest.mark.slow
 def test_a_user_function_that_never_returns_is_stopped_and_only_its_samples_time_out():
     scorer = _user("hangs_on_hang", timeout=1.0, workers=2)
     texts = ["a", "hang", "b", "c", "d", "hang"]
@@ -39,6 +40,7 @@ def test_a_user_function_that_never_returns_is_stopped_and_only_its_samples_time
         scorer.close()
 
 
+@pytest.mark.slow
 def test_a_timeout_scores_reward_on_timeout_or_stops_the_run():
     scorer = _user("hangs_on_hang", timeout=0.5, on_timeout=0.25)
     try:
@@ -53,6 +55,7 @@ def test_a_timeout_scores_reward_on_timeout_or_stops_the_run():
     stopping.close()
 
 
+@pytest.mark.slow
 def test_the_warning_names_a_function_that_keeps_timing_out_at_1_10_100_timeouts():
     scorer = _user("hangs_on_hang", timeout=0.2, on_hung="continue")  # every text hangs it: hung, but go on
     try:
@@ -104,6 +107,7 @@ def test_a_reward_module_in_the_working_directory_imports_like_under_python_m(tm
         scorer.close()
 
 
+@pytest.mark.slow
 def test_rewards_do_not_depend_on_the_number_of_workers_or_on_isolation():
     golds = [str(i % 7) for i in range(40)]
     texts = [f"work\nanswer: {i % 5}" if i % 3 else f"\\boxed{{{i % 7}}}" for i in range(40)]
@@ -163,6 +167,7 @@ def test_reward_values_are_checked_the_same_way_in_and_out_of_process():
             validate_rewards("f", [bad], ["a"], r_max=1.0)
 
 
+@pytest.mark.slow
 def test_a_hung_user_function_stops_within_its_limits_naming_the_knobs():
     """Past its limit on the whole slice (8 x 0.5 s), then on each of the first 3 completions retried alone: hung.
     The run stops instead of scoring every completion reward_on_timeout twice over (the measured case: 503 s of
@@ -179,6 +184,7 @@ def test_a_hung_user_function_stops_within_its_limits_naming_the_knobs():
     scorer.close()
 
 
+@pytest.mark.slow
 def test_with_reward_on_hung_continue_a_hung_function_scores_reward_on_timeout_each_once():
     scorer = _user("sleeps_forever", timeout=0.3, on_timeout=0.25, on_hung="continue")
     try:
@@ -192,6 +198,7 @@ def test_with_reward_on_hung_continue_a_hung_function_scores_reward_on_timeout_e
         scorer.close()
 
 
+@pytest.mark.slow
 def test_a_function_that_hangs_on_some_texts_only_is_not_hung():
     """hangs_on_hang returns for most texts: its first retried completions score, so the run goes on."""
     scorer = _user("hangs_on_hang", timeout=0.3)
@@ -262,6 +269,7 @@ def test_a_scoring_process_killed_before_its_first_job_is_replaced():
         scorer.close()
 
 
+@pytest.mark.slow
 def test_scoring_works_under_an_inherited_address_space_limit_below_memory_mb(tmp_path):
     """Issue 42: under `ulimit -v` below scoring.memory_mb each scoring process died raising its own limit (a
     process cannot raise its hard limit), and the message blamed the reward function. It keeps the lower limit."""
@@ -289,6 +297,7 @@ def test_scoring_works_under_an_inherited_address_space_limit_below_memory_mb(tm
     assert "scoring.memory_mb=4096" in lines[1] and lines[2] == "''"
 
 
+@pytest.mark.slow
 def test_a_detached_subprocess_of_a_reward_function_is_killed_too_and_does_not_ignore_term():
     """Issue 42: a child that called setsid survived the scoring process, and ignored SIGTERM (the scoring
     process's ignored signals were inherited). Now it stays below the scoring process (a subreaper), is killed

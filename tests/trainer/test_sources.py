@@ -125,6 +125,7 @@ def test_prepare_writes_local_files_that_a_config_reads_without_the_network(tmp_
     assert rows.answers == ["72", "1024"] and rows.where == str(out / "gsm8k" / "test.jsonl")
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_a_named_set_through_the_trainer(tiny_agents, tmp_path):
     """data.source=datasets end to end: MATH-shaped training rows and MATH-500-shaped eval rows, prompts in the
     paper's template, scored by the math verifier against the gold answers."""
@@ -190,6 +191,7 @@ def test_the_data_commands(tmp_path, capsys):
     assert "aime25: 1 rows" in out and "the Hub's split has 30" in out and "data.datasets_dir=" in out
 
 
+@pytest.mark.slow
 def test_benchmarks_are_evaluated_during_training_and_after_it(tiny_agents, tmp_path, capsys):
     """eval.benchmarks: each agent alone on named sets read from prepared files; per benchmark greedy pass@1,
     avg@k and pass@k in the metrics, a table (markdown + JSON), per-prompt records and curves; then `hacrl eval
@@ -386,6 +388,7 @@ def test_unreadable_data_files_name_the_line_or_row(tmp_path):
             read_rows(DatasetSpec(path=str(tmp_path / name), question_column="problem"))
 
 
+@pytest.mark.slow
 def test_a_row_that_is_not_utf8_stops_hacrl_train_with_one_paragraph(tiny_agents, tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -14,15 +14,12 @@ import pytest
 
 from hacrl.cli import main
 from hacrl.config import ConfigError, load_config
-from tests.conftest import write_config
+from tests.conftest import records, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _records(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 def test_wandb_offline_receives_every_metric_and_the_config(tiny_agents, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     from wandb.sdk.wandb_run import Run
@@ -45,9 +42,9 @@ def test_wandb_offline_receives_every_metric_and_the_config(tiny_agents, tmp_pat
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
                        logging={"console": False, "wandb": {"project": "hacrl-test", "mode": "offline"}})  # fmt: skip
     assert main(["train", str(cfg)]) == 0
-    records = _records(run)
-    assert [step for step, _ in logged] == [r["step"] for r in records]
-    for (_, data), record in zip(logged, records, strict=True):  # every finite number of the step, as logged
+    logged_records = records(run)
+    assert [step for step, _ in logged] == [r["step"] for r in logged_records]
+    for (_, data), record in zip(logged, logged_records, strict=True):  # every finite number of the step, as logged
         assert data == {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
     assert started[0]["config"]["trainer"]["steps"] == 2 and started[0]["config"]["run_dir"] == str(run)
     assert started[0]["name"] == "run" and started[0]["mode"] == "offline"
@@ -55,6 +52,7 @@ def test_wandb_offline_receives_every_metric_and_the_config(tiny_agents, tmp_pat
     assert b"llama/reward_mean" in stream.read_bytes()
 
 
+@pytest.mark.slow
 def test_trackio_receives_every_metric_in_its_local_store(tiny_agents, tmp_path):
     pytest.importorskip("trackio")
     run = tmp_path / "run"
@@ -66,9 +64,9 @@ def test_trackio_receives_every_metric_in_its_local_store(tiny_agents, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     db = sqlite3.connect(tmp_path / "trackio" / "hacrl-test.db")
     rows = db.execute("select step, metrics from metrics where run_name = 'run' order by step").fetchall()
-    records = _records(run)
-    assert [step for step, _ in rows] == [r["step"] for r in records]
-    assert json.loads(rows[-1][1])["qwen/loss"] == records[-1]["qwen/loss"]
+    logged_records = records(run)
+    assert [step for step, _ in rows] == [r["step"] for r in logged_records]
+    assert json.loads(rows[-1][1])["qwen/loss"] == logged_records[-1]["qwen/loss"]
     (config,) = db.execute("select config from configs").fetchone()
     assert json.loads(config)["run_dir"] == str(run)
 

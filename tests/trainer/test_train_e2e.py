@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hacrl.cli import main
 from hacrl.config import load_config
 from hacrl.metrics import unknown_keys
-from tests.conftest import record_pool_sources, write_config
+from tests.conftest import record_pool_sources, records, write_config
 
 PER_AGENT_KEYS = [
     "reward_mean",
@@ -29,14 +29,11 @@ PER_AGENT_KEYS = [
 ]
 
 
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def _weights(path):
     return load_file(path / "model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["hacpo", "gspo", "naive", "grpo"])
 def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny_agents, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -49,32 +46,33 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
     )
     assert main(["train", str(cfg)]) == 0
 
-    records = _metrics(run)
-    assert [r["step"] for r in records] == [1, 2]
-    assert [key for r in records for key in unknown_keys(r)] == []  # every logged key is a registered metric
+    logged_records = records(run)
+    assert [r["step"] for r in logged_records] == [1, 2]
+    assert [key for r in logged_records for key in unknown_keys(r)] == []  # every logged key is a registered metric
     for name in ("llama", "qwen"):
         for key in PER_AGENT_KEYS:
             assert math.isfinite(records[-1][f"{name}/{key}"]), f"{name}/{key}"
         # pool = 2 prompts x 4 per agent; mini-batch 4: 2 optimizer steps alone, 4 when the pool is shared
-        assert records[-1][f"{name}/optimizer_steps"] == (4 if algorithm in ("hacpo", "naive") else 2)
-        # pass@1 is what the per-prompt evaluation records say: the share of greedy completions with full reward
+        assert logged_records[-1][f"{name}/optimizer_steps"] == (4 if algorithm in ("hacpo", "naive") else 2)
+        # pass@1 is what the per-prompt evaluation logged_records say: the share of greedy completions with full reward
         evaluated = [json.loads(line)["agents"][name] for line in (run / "eval" / "step_000002.jsonl").open()]
         full = sum(record["reward"] >= 1.0 for record in evaluated) / len(evaluated)
-        assert len(evaluated) == 8 and records[-1][f"eval/{name}/pass@1"] == pytest.approx(full)
+        assert len(evaluated) == 8 and logged_records[-1][f"eval/{name}/pass@1"] == pytest.approx(full)
         final = run / "checkpoints" / "step_000002" / "agents" / name
         before, after = _weights(tiny_agents[name]), _weights(final)
         assert all(not torch.equal(before[k], after[k]) for k in after if "norm" not in k), "every weight moves"
         model = AutoModelForCausalLM.from_pretrained(final)  # nothing of ours needed
         assert model.config.vocab_size == before["model.embed_tokens.weight"].shape[0]
     if algorithm == "hacpo":
-        assert "llama/rho/qwen" in records[-1] and "llama/foreign_clip_frac" in records[-1]
-        assert records[-1]["llama/foreign_lower_bound"] > 0.8  # m > 0 for the foreign mini-batches
+        assert "llama/rho/qwen" in logged_records[-1] and "llama/foreign_clip_frac" in logged_records[-1]
+        assert logged_records[-1]["llama/foreign_lower_bound"] > 0.8  # m > 0 for the foreign mini-batches
     assert (run / "config.yaml").is_file()
     saved = load_config(run / "checkpoints" / "step_000002" / "config.yaml")  # the resolved config round-trips
     assert saved.algorithm.name == algorithm and saved.agents[1].model == str(tiny_agents["qwen"])
     assert any((run / "tensorboard").iterdir())
 
 
+@pytest.mark.slow
 def test_three_agents(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
@@ -87,14 +85,15 @@ def test_three_agents(tiny_agents, tmp_path):
         eval={"at_start": False, "save_completions": False},
     )
     assert main(["train", str(cfg)]) == 0
-    assert "eval/llama/pass@1" in _metrics(run)[-1] and not (run / "eval").exists()  # evaluated, nothing written
-    last = _metrics(run)[-1]
+    assert "eval/llama/pass@1" in records(run)[-1] and not (run / "eval").exists()  # evaluated, nothing written
+    last = records(run)[-1]
     for name in ("llama", "qwen", "tiny"):
         assert last[f"{name}/optimizer_steps"] == 6  # 3 agents x 8 responses / mini-batch 4
         others = {"llama", "qwen", "tiny"} - {name}
         assert {f"{name}/rho/{o}" for o in others} <= set(last)
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_next_step(tiny_agents, tmp_path):
     full_run, cut_run = tmp_path / "full", tmp_path / "cut"
     full = write_config(tmp_path / "full.yaml", tiny_agents, ["llama", "qwen"], full_run, trainer={"steps": 3})
@@ -102,7 +101,7 @@ def test_resume_reproduces_the_next_step(tiny_agents, tmp_path):
     cut = write_config(tmp_path / "cut.yaml", tiny_agents, ["llama", "qwen"], cut_run, trainer={"steps": 3})
     assert main(["train", str(cut), "trainer.steps=2"]) == 0  # "crashes" after step 2
     assert main(["train", str(cut), "--resume"]) == 0
-    expected, resumed = _metrics(full_run)[2], _metrics(cut_run)[2]
+    expected, resumed = records(full_run)[2], records(cut_run)[2]
     assert resumed["step"] == expected["step"] == 3
     for key, value in expected.items():
         if not key.startswith(("time/", "tokens_per_second")) and "/time/" not in key:
@@ -112,6 +111,7 @@ def test_resume_reproduces_the_next_step(tiny_agents, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_help_is_fast_and_does_not_import_torch():
     code = "import sys, hacrl, hacrl.cli; hacrl.cli._parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -134,6 +134,7 @@ def test_help_is_fast_and_does_not_import_torch():
     assert "capability_window = 5" in help_text
 
 
+@pytest.mark.slow
 def test_config_errors_fail_before_any_model_loads(tiny_agents, tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run")
     assert main(["train", str(cfg)]) == 2  # hacpo with one agent
@@ -175,6 +176,7 @@ def test_every_config_field_has_a_docstring():
         assert [f.name for f in fields(cls) if not docs.get(f.name)] == [], cls.__name__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["hacpo", "gspo"])
 def test_every_learner_trains_on_its_own_rows_first(algorithm, tiny_agents, tmp_path, monkeypatch):
     """Spec 2, step 5a: each learner's pool is its own responses, then the others' in config order, so its own rows
@@ -214,6 +216,7 @@ def test_the_paper_presets_load_validate_and_carry_the_papers_hyper_parameters(p
     assert config.data.source == "datasets" and (config.data.train.set, config.data.eval.set) == ("math", "math500")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["learner_length", "bytes"])
 def test_each_foreign_ratio_mode_trains_across_tokenizers_and_reports_its_distribution(mode, tiny_agents, tmp_path):
     run = tmp_path / "run"
@@ -222,13 +225,14 @@ def test_each_foreign_ratio_mode_trains_across_tokenizers_and_reports_its_distri
         algorithm={"foreign_ratio": mode}, scoring={"function": "tests.reward_fixtures:digits"},
     )  # fmt: skip
     assert main(["train", str(cfg)]) == 0
-    last = _metrics(run)[-1]
+    last = records(run)[-1]
     assert last["foreign_ratio_mode"] == mode
     for name in ("llama", "qwen"):
         p10, p50, p90 = (last[f"{name}/foreign_ratio_p{q}"] for q in (10, 50, 90))
         assert 0 < p10 <= p50 <= p90 and math.isfinite(last[f"{name}/loss"])
 
 
+@pytest.mark.slow
 def test_an_algorithm_registered_in_one_call_trains(tiny_agents, tmp_path):
     """Adding an algorithm is one `register` call: the config accepts its name, the loop runs it (its advantage
     function sees each learner's pool) and the agent's weights move. Here: REINFORCE with a fixed baseline of 0.5,
@@ -251,7 +255,7 @@ def test_an_algorithm_registered_in_one_call_trains(tiny_agents, tmp_path):
     finally:
         del ALGORITHMS["reinforce-fixed"]
     assert seen == [(0, 8)]  # one learner, B x G = 2 x 4 own rows
-    (record,) = _metrics(tmp_path / "run")
+    (record,) = records(tmp_path / "run")
     assert record["qwen/optimizer_steps"] == 1 and math.isfinite(record["qwen/loss"])
     before, after = _weights(tiny_agents["qwen"]), _weights(tmp_path / "run/checkpoints/step_000001/agents/qwen")
     assert any(not torch.equal(before[k], after[k]) for k in before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -13,13 +14,10 @@ from hacrl.cli import main
 from hacrl.config import load_config
 from hacrl.metrics import unknown_keys
 from hacrl.trainer import Trainer
-from tests.conftest import write_config
+from tests.conftest import records, write_config
 
 
-def _last(run):
-    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-
-
+@pytest.mark.slow
 def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_path):
     cfg = write_config(
         tmp_path / "c.yaml",
@@ -43,6 +41,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
     assert qwen.optimizer.state  # (the AdamW moments stay)
 
 
+@pytest.mark.slow
 def test_kl_to_the_frozen_initial_weights(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
@@ -71,6 +70,7 @@ def three_eighths(prompts, completions, **columns):
     return [0.375] * len(completions)
 
 
+@pytest.mark.slow
 def test_user_reward_function_from_the_config(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
@@ -82,9 +82,10 @@ def test_user_reward_function_from_the_config(tiny_agents, tmp_path):
         scoring={"function": "tests.trainer.test_trainer_features:three_eighths"},
     )
     assert main(["train", str(cfg)]) == 0
-    assert _last(run)["llama/reward_mean"] == _last(run)["qwen/reward_mean"] == 0.375
+    assert records(run)[-1]["llama/reward_mean"] == records(run)[-1]["qwen/reward_mean"] == 0.375
 
 
+@pytest.mark.slow
 def test_a_half_written_checkpoint_never_replaces_a_good_one(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
@@ -108,6 +109,7 @@ def test_a_half_written_checkpoint_never_replaces_a_good_one(tiny_agents, tmp_pa
     load_file(run / "checkpoints" / "step_000003" / "agents" / "qwen" / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_keep_last_prunes_old_checkpoints(tiny_agents, tmp_path):
     run = tmp_path / "run"
     cfg = write_config(
@@ -122,6 +124,7 @@ def test_keep_last_prunes_old_checkpoints(tiny_agents, tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
 
+@pytest.mark.slow
 def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(
@@ -154,6 +157,7 @@ def test_eval_and_plot_commands(tiny_agents, tmp_path, capsys):
     assert "give a .png file or an existing directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1})
@@ -166,6 +170,7 @@ def test_a_fresh_run_refuses_to_write_into_an_old_one(tiny_agents, tmp_path, cap
     assert (run / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_pure_bfloat16_agents_train_and_save_in_their_dtype(tiny_agents, tmp_path):
     """`master_weights: none` (with float32 masters, the default, the checkpoint holds them: test_precision.py)."""
     run = tmp_path / "run"
@@ -173,7 +178,7 @@ def test_pure_bfloat16_agents_train_and_save_in_their_dtype(tiny_agents, tmp_pat
     assert main(["train", str(cfg), "agents.1.dtype=bfloat16", "agents.1.master_weights=none"]) == 0
     weights = load_file(run / "checkpoints" / "step_000001" / "agents" / "qwen" / "model.safetensors")
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
-    assert _last(run)["qwen/skipped_steps"] == 0
+    assert records(run)[-1]["qwen/skipped_steps"] == 0
 
 
 def test_skipped_steps_are_announced_on_the_console(capsys):

@@ -1,0 +1,35 @@
+"""What the repository promises about itself: its documents link to files that exist, and the samplers keep no
+function longer than a screen."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_of_the_documents_exists(document):
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text())
+    missing = [link for link in links if "://" not in link and not (document.parent / link).exists()]
+    assert missing == []
+
+
+def test_the_readme_stays_short_and_names_its_two_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 300
+    assert "make demo" in text and "make test" in text
+
+
+def test_no_function_in_the_samplers_is_longer_than_60_lines():
+    long = []
+    for path in sorted((ROOT / "src/hacrl/samplers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
