@@ -51,7 +51,7 @@ def steady(run: dict, warmup: int) -> dict:
     out = {"steps": len(rows), "process_wall_s": run["wall"]}
     for key in ("time/step", "time/sampling", "time/scoring", "time/update"):
         out[key] = statistics.median(r[key] for r in rows)
-    from hacrl.metrics import agent_key
+    from hacrl.driver.metrics import agent_key
 
     def sampling(r, n):
         return r[agent_key(n, "time/generate")] + r[agent_key(n, "time/logprobs")]

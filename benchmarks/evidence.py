@@ -5,7 +5,7 @@ The design, methods, seeds, steps and primary metric are pre-registered in `benc
 
 - Beds (`benchmarks/configs/<bed>_bed.yaml`): `demo` (both agents warm-started on additions) and `complement`
   (additions and subtractions; the Llama warm-started mostly on additions, the Qwen2 mostly on subtractions).
-- Seed i bootstraps its own agents (`hacrl.testbed.demo.with_seed`: each agent's initialisation and warm-start
+- Seed i bootstraps its own agents (`hacrl.tools.testbed.demo.with_seed`: each agent's initialisation and warm-start
   order move with i, the task data do not) AND seeds RL sampling and prompt order (`trainer.seed = i`).
 - Methods: `hacpo_<mode>` for each `algorithm.foreign_ratio` mode, `gspo`, `gspo_x2` (twice G: as many sequences
   per step as a HACPO learner, twice the rollouts), `naive`; on `complement` also the five HACPO ablations under
@@ -227,7 +227,7 @@ class Grid:
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def agents(self, bed: str, seed: int) -> Path:
-        from hacrl.testbed.demo import bootstrap, with_seed
+        from hacrl.tools.testbed.demo import bootstrap, with_seed
 
         recipe = _round1().beds().recipes()[(SMOKE_RECIPES if self.smoke else BEDS)[bed]]
         directory = self.agents_root / f"{bed}-s{seed}"
@@ -269,8 +269,8 @@ class Grid:
         learners' 10th percentiles of the foreign ratio over its steps (median over steps), and the delta the
         pre-registered rule gives."""
         from hacrl.config import load_config
-        from hacrl.metrics import agent_values
-        from hacrl.trainer import Trainer
+        from hacrl.driver.metrics import agent_values
+        from hacrl.driver.trainer import Trainer
 
         path = self.deltas_path()
         table = json.loads(path.read_text()) if path.is_file() else {}
@@ -320,7 +320,7 @@ class Grid:
         """Train one (bed, method, seed) through the real trainer; its summary. `work`: the run directory (default
         `<out>/.runs/<bed>/<method>-s<seed>`); `extra`: overrides applied last (the replay's shorter run)."""
         from hacrl.config import load_config
-        from hacrl.trainer import Trainer
+        from hacrl.driver.trainer import Trainer
 
         work = work or self.out / ".runs" / bed / f"{method}-s{seed}"
         shutil.rmtree(work, ignore_errors=True)  # an interrupted run restarts: its summary was never written
@@ -509,9 +509,9 @@ def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, qu
 def summarize(work: Path, config) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
-    from hacrl.evaluation import read_eval_records
-    from hacrl.metrics import scope
-    from hacrl.testbed.demo import sub_skill
+    from hacrl.driver.evaluation import read_eval_records
+    from hacrl.driver.metrics import scope
+    from hacrl.tools.testbed.demo import sub_skill
 
     out = _round1().summarize_agents(work, config, DIAGNOSTICS)
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]

@@ -117,13 +117,13 @@ def _tokenizer(family: str, vocab: int, *, char: bool = False):
         if not tok.chat_template and (folder / "chat_template.jinja").is_file():
             tok.chat_template = (folder / "chat_template.jinja").read_text()
         return tok
-    from hacrl.testbed.models import char_tokenizer
+    from hacrl.tools.testbed.models import char_tokenizer
 
     return char_tokenizer("".join(chr(c) for c in range(32, 127)))
 
 
 def _agent(directory: Path, device: str, dtype: str, new_tokens: int, backend: str, cuda_graphs: bool):
-    from hacrl.agents import Agent
+    from hacrl.agent.model import Agent
     from hacrl.config import AgentConfig, RolloutConfig
 
     cfg = AgentConfig(name=directory.name, model=str(directory), device=device, dtype=dtype, rollout_backend=backend)
@@ -314,7 +314,7 @@ def parity(directory: Path, device: str, dtype: str, rows: int, new: int) -> dic
 
 
 def logprob_memory(directory: Path, device: str, dtype: str, rows: int, length: int) -> list[dict]:
-    from hacrl.logprobs import TokenBatch, token_logprobs
+    from hacrl.agent.logprobs import TokenBatch, token_logprobs
 
     agent = _agent(directory, device, dtype, 1, "hf", False)
     agent.model.train()
@@ -350,7 +350,7 @@ def hacpo_step(dirs: list[Path], device: str, dtype: str, new: int, prompts: int
     import yaml
 
     from hacrl.config import load_config
-    from hacrl.trainer import Trainer
+    from hacrl.driver.trainer import Trainer
 
     rows = [json.dumps({"problem": f"What is {a} + {b}?", "answer": str(a + b)}) for a in range(20) for b in range(20)]
     data = work / "data.jsonl"
@@ -409,7 +409,7 @@ def kernel_sweep(device: str, dtype: str, on_result=None) -> dict:
     in one CUDA graph, as the sampler runs them), as bytes of keys and values read per second. The fastest setting
     over all cases (the least sum of time relative to each case's best) becomes `attention.KERNEL_CONFIG` for the
     rest of this process: the result names it. On the CPU: the reference only (no Triton)."""
-    import hacrl.samplers.attention as attention
+    import hacrl.agent.samplers.attention as attention
 
     torch_dtype = getattr(torch, dtype)
     default = dict(attention.KERNEL_CONFIG)
@@ -576,8 +576,8 @@ def paper_step(
     import yaml
 
     from hacrl.config import load_config
-    from hacrl.plan import plan
-    from hacrl.trainer import Trainer
+    from hacrl.driver.trainer import Trainer
+    from hacrl.tools.plan import plan
 
     ask = "Please reason step by step, and put your final answer within \\boxed{}."
     rows = [
@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                         "names it): gpu_check.sh passes the kernel part's choice to the parts after it")  # fmt: skip
     args = parser.parse_args(argv)
     if args.kernel_config:
-        import hacrl.samplers.attention as attention
+        import hacrl.agent.samplers.attention as attention
 
         attention.KERNEL_CONFIG = {**attention.KERNEL_CONFIG, **json.loads(args.kernel_config)}
     if args.merge:

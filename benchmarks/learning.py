@@ -66,8 +66,8 @@ def beds():
 def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], recipe_name: str) -> dict:
     """Train one (method, seed) through the real trainer and return its summary."""
     from hacrl.config import load_config
-    from hacrl.testbed.demo import bootstrap
-    from hacrl.trainer import Trainer
+    from hacrl.driver.trainer import Trainer
+    from hacrl.tools.testbed.demo import bootstrap
 
     recipes = beds().recipes()
 
@@ -116,7 +116,7 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
 
 def summarize_agents(work: Path, config, diagnostics: list[str] = DIAGNOSTICS) -> dict:
     """Per agent: accuracy curve and final value, rollouts, sequences, and every diagnostic per step and averaged."""
-    from hacrl.metrics import agent_key, agent_values, eval_values
+    from hacrl.driver.metrics import agent_key, agent_values, eval_values
 
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     agents = {}

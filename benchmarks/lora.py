@@ -32,7 +32,7 @@ MODES = {
 
 def build_agent(out: Path) -> Path:
     """A Qwen2-shaped agent big enough that optimizer state matters (hidden 384, 6 layers, BPE vocabulary)."""
-    from hacrl.testbed.models import bpe_tokenizer, save_agent, tiny_model
+    from hacrl.tools.testbed.models import bpe_tokenizer, save_agent, tiny_model
 
     corpus = [f"{a} + {b} = {a + b}" for a in range(100) for b in range(0, 100, 7)]
     tok = bpe_tokenizer(corpus, 200)
@@ -46,7 +46,7 @@ def run_mode(model: str, lora: str, device: str, steps: int) -> dict:
     import torch
 
     from hacrl.config import load_config
-    from hacrl.trainer import Trainer
+    from hacrl.driver.trainer import Trainer
 
     torch.set_num_threads(2)
     run = Path(tempfile.mkdtemp()) / "run"

@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(name: str, prompts_n: int = 32, group: int = 8) -> dict:
     from transformers import GenerationConfig
 
-    from hacrl.agents import Agent
+    from hacrl.agent.logprobs import TokenBatch, token_logprobs
+    from hacrl.agent.model import Agent
+    from hacrl.agent.samplers.base import cut_at_stop, pad_left
     from hacrl.config import AgentConfig, RolloutConfig
-    from hacrl.data import load_task
-    from hacrl.logprobs import TokenBatch, token_logprobs
-    from hacrl.samplers.base import cut_at_stop, pad_left
-    from hacrl.testbed.demo import DEMO, data_config
+    from hacrl.tasks.data import load_task
+    from hacrl.tools.testbed.demo import DEMO, data_config
 
     task = load_task(data_config(DEMO))
     agent = Agent(0, AgentConfig(name=name, model=str(ROOT / ".cache/demo-agents" / name)),

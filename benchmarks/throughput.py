@@ -58,7 +58,7 @@ def build(work: Path) -> Path:
     model_dir = work / "llama-char"
     if (model_dir / "config.json").is_file():
         return model_dir
-    from hacrl.testbed.models import char_tokenizer, save_agent, tiny_model
+    from hacrl.tools.testbed.models import char_tokenizer, save_agent, tiny_model
 
     rng = random.Random(0)
     pairs = [(rng.randrange(100), rng.randrange(100)) for _ in range(PROMPTS)]
@@ -79,7 +79,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int) -> dict:
     import yaml
 
     from hacrl.config import load_config
-    from hacrl.trainer import Trainer
+    from hacrl.driver.trainer import Trainer
 
     torch.set_num_threads(2)
     model_dir = work / "llama-char"

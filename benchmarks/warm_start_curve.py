@@ -36,12 +36,12 @@ def curve(recipe_name: str, agent_name: str, steps: int, every: int, eval_size: 
     import torch
     from beds import recipes
 
-    from hacrl.agents import Agent
+    from hacrl.agent.model import Agent
     from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
-    from hacrl.evaluation import evaluate
-    from hacrl.scoring import scorer_for
-    from hacrl.testbed.demo import _warm_start_agent, sub_skill, with_seed, write_task_files
-    from hacrl.testbed.models import save_agent
+    from hacrl.driver.evaluation import evaluate
+    from hacrl.driver.scoring import scorer_for
+    from hacrl.tools.testbed.demo import _warm_start_agent, sub_skill, with_seed, write_task_files
+    from hacrl.tools.testbed.models import save_agent
 
     recipe = with_seed(recipes()[recipe_name], seed)
     agent_recipe = next((a for a in recipe.agents if a.name == agent_name), None)

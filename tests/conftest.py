@@ -24,7 +24,7 @@ def tiny_agents(tmp_path_factory) -> dict[str, Path]:
     """Three agents of two model families and two tokenizer kinds: llama/char, qwen2/BPE, qwen2/char."""
     import torch
 
-    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("agents")
@@ -80,24 +80,24 @@ def same_weights(run_a: Path, run_b: Path, step: int, names=("llama", "qwen")) -
 
 def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
     """{learner index: the source of each row of its pool, in pool order}, filled as learners build their rows."""
-    import hacrl.worker
+    import hacrl.agent.worker
 
     seen: dict[int, list[int]] = {}
-    real_rows = hacrl.worker.learner_rows
+    real_rows = hacrl.agent.worker.learner_rows
 
     def recording_rows(learner, *args):
         rows = real_rows(learner, *args)
         seen[learner.index] = [r.source for r in rows]
         return rows
 
-    monkeypatch.setattr(hacrl.worker, "learner_rows", recording_rows)
+    monkeypatch.setattr(hacrl.agent.worker, "learner_rows", recording_rows)
     return seen
 
 
 def assert_resumes_exactly(make_config, tmp_path: Path, steps: int) -> tuple[Path, Path]:
     """`make_config(run_dir)` gives a config of `steps` steps: trained straight through, and stopped one step early
     then resumed, the last records agree in every value but the timings. Returns (full run, resumed run)."""
-    from hacrl.cli import main
+    from hacrl.tools.cli import main
 
     full_run, cut_run = tmp_path / "full", tmp_path / "cut"
     assert main(["train", str(make_config(full_run))]) == 0
@@ -138,7 +138,7 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
 def reference_run(tiny_agents, tmp_path_factory) -> Path:
     """An uninterrupted 3-step HACPO run of llama + qwen, checkpointed every step: what every interrupted and
     resumed run must reproduce."""
-    from hacrl.cli import main
+    from hacrl.tools.cli import main
 
     root = tmp_path_factory.mktemp("reference")
     run = root / "run"

@@ -207,7 +207,7 @@ def test_evidence_benchmark_smoke(tmp_path):
     assert "fall from the best evaluation" in markdown and "partner's sub-skill before RL" in markdown
     assert (tmp_path / "evidence.png").read_bytes()[:4] == b"\x89PNG"
     # a cached warm-start never lacks its generated data: bootstrap rewrites the files, byte for byte
-    from hacrl.testbed.demo import bootstrap
+    from hacrl.tools.testbed.demo import bootstrap
 
     TINY_COMPLEMENT = bench._round1().beds().TINY_COMPLEMENT
 
@@ -505,7 +505,7 @@ def test_warm_start_curve_evaluates_without_touching_the_warm_start(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from hacrl.testbed.demo import _warm_start_agent, write_task_files
+    from hacrl.tools.testbed.demo import _warm_start_agent, write_task_files
 
     spec = importlib.util.spec_from_file_location("warm_start_curve", ROOT / "benchmarks" / "warm_start_curve.py")
     bench = importlib.util.module_from_spec(spec)

@@ -28,7 +28,7 @@ def test_the_readme_stays_short_and_names_its_two_commands():
 
 def test_no_function_in_the_samplers_is_longer_than_60_lines():
     long = []
-    for path in sorted((ROOT / "src/hacrl/samplers").glob("*.py")):
+    for path in sorted((ROOT / "src/hacrl/agent/samplers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")

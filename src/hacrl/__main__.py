@@ -1,3 +1,3 @@
-from hacrl.cli import main
+from hacrl.tools.cli import main
 
 raise SystemExit(main())

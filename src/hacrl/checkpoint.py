@@ -303,6 +303,15 @@ def agent_part(path: str | Path, name: str) -> AgentPart:
     return AgentPart(Path(path), name)
 
 
+def adapter_base(directory: str | Path) -> str | None:
+    """The base model directory a LoRA agent's adapters were trained on, or None when `directory` holds no
+    adapters (a full model directory)."""
+    config = Path(directory) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text())["base_model_name_or_path"]
+
+
 def agent_weights_dir(path: str | Path, name: str) -> Path:
     """The Hugging Face model directory of agent `name` inside a checkpoint."""
     return agent_part(path, name).weights_dir

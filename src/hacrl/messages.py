@@ -11,7 +11,7 @@ import (it imports nothing of hacrl but the config's dataclasses).
 Nothing a worker has comes back to it. After `sample` it keeps its responses' token ids, old log-probs and its own
 trajectories; `LearnCall` brings only what is new to it: the rewards of its own responses (in the order it sampled
 them) and, when the algorithm shares, the other agents' scored trajectories. No tensor crosses: only text, numbers
-and paths, so the same calls work in the driver's process and in a Ray actor (`hacrl.backends`).
+and paths, so the same calls work in the driver's process and in a Ray actor (`hacrl.driver.backends`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class LearnCall:
 
 @dataclass(frozen=True)
 class Learned:
-    """One learner's update: its metrics (`hacrl.metrics.LEARNER` names) and its duration."""
+    """One learner's update: its metrics (`hacrl.driver.metrics.LEARNER` names) and its duration."""
 
     metrics: dict[str, float]
     update_s: float

@@ -1,4 +1,4 @@
-"""The paper's datasets by name: where each lives on the Hub and how its rows read (plain data; `hacrl.sources`
+"""The paper's datasets by name: where each lives on the Hub and how its rows read (plain data; `hacrl.tasks.sources`
 loads them, the config checks names against them)."""
 
 from __future__ import annotations

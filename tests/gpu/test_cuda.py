@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from hacrl.cli import main
+from hacrl.tools.cli import main
 from tests.conftest import write_config
 
 DEVICE = os.environ.get("HACRL_TEST_DEVICE", "cuda")
@@ -48,9 +48,9 @@ def test_token_logprobs_and_hacpo_gradients_match_the_cpu(tiny_agents):
     """float32 on the GPU computes what the CPU computes: token log-probs, the HACPO loss and its gradient."""
     from transformers import AutoModelForCausalLM
 
-    from hacrl.agents import load_tokenizer
+    from hacrl.agent.logprobs import TokenBatch, token_logprobs
+    from hacrl.agent.model import load_tokenizer
     from hacrl.core import AlgorithmParams, LossInputs, hacpo_loss
-    from hacrl.logprobs import TokenBatch, token_logprobs
 
     tok = load_tokenizer(tiny_agents["qwen"])
     prompts = [tok("Q:3 + 4 =\nA:").input_ids, tok("Q:12 + 9 =\nA:").input_ids, tok("Q:1 + 1 =\nA:").input_ids]
@@ -155,7 +155,7 @@ def test_agents_on_different_devices_share_rollouts(tiny_agents, tmp_path):
 
 def _lively(tmp_path, name: str):
     """A tiny agent initialised with std 0.3 (its greedy outputs depend on the prompt), as in test_samplers."""
-    from hacrl.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
     from tests.conftest import ALPHABET, sum_corpus
 
     if name == "llama":
@@ -171,7 +171,7 @@ def _lively(tmp_path, name: str):
 def test_the_triton_decode_kernel_equals_the_reference(dtype):
     """The compiled kernel (what the static sampler's decode step runs on CUDA) against the plain-torch reference:
     rows of length 1 and of the full pool, grouped heads, head dims 64 and 128, one split and several."""
-    import hacrl.samplers.attention as attention
+    import hacrl.agent.samplers.attention as attention
 
     if not DEVICE.startswith("cuda") or attention._triton_kernel() is None:
         pytest.skip("needs CUDA and Triton")
@@ -194,9 +194,9 @@ def test_the_cuda_graph_sampler_keeps_its_graphs_when_rows_stop_at_different_ste
     and greedy outputs equal `hf`'s on the same device."""
     from torch._dynamo.utils import counters
 
-    from hacrl.agents import Agent
+    from hacrl.agent.model import Agent
+    from hacrl.agent.samplers.static import StaticSampler
     from hacrl.config import AgentConfig, RolloutConfig
-    from hacrl.samplers.static import StaticSampler
 
     def counts():
         skips = sum(v for k, v in counters["inductor"].items() if "cudagraph_skip" in k)

@@ -8,7 +8,7 @@
 
 Every field has a default and a docstring. `load_config` rejects unknown keys (with a suggestion), wrong types and
 inconsistent settings before any model loads, with a message that names the key and says what to set. The resolved
-config is saved in the run directory as `config.yaml`. What a resumed run may change is decided in `hacrl.resume`
+config is saved in the run directory as `config.yaml`. What a resumed run may change is decided in `hacrl.driver.resume`
 from the marks here.
 """
 

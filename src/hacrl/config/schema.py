@@ -1,6 +1,6 @@
 """The config tree's schema: one dataclass per group, each field with its default, its docstring (`hacrl train
 --help-config`) and, where a resumed run may change it, its resume policy (SAFE / NOT_EXACT, read by
-`hacrl.resume`); each group's `check` validates its own fields (checks across groups: `hacrl.config.validation`).
+`hacrl.driver.resume`); each group's `check` validates its own fields (checks across groups: `hacrl.config.validation`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ RESERVED_AGENT_NAMES = ("eval", "time", "tokens_per_second")
 
 
 # What a resumed run may change, per field (`field(metadata=...)`) or per group (a class's RESUME); anything else
-# would change the training numbers and is refused by `checkpoint.strict_resume` (`hacrl.resume`).
+# would change the training numbers and is refused by `checkpoint.strict_resume` (`hacrl.driver.resume`).
 SAFE = {"resume": "safe"}
 """Never changes the training numbers (evaluation, logging, scoring limits, where workers run)."""
 NOT_EXACT = {"resume": "not_exact"}
@@ -152,7 +152,7 @@ class AgentConfig:
         if self.name in RESERVED_AGENT_NAMES:
             raise ConfigError(
                 f"{where}.name={self.name!r} is the first part of run-wide metric keys ({self.name}/...; "
-                "`hacrl.metrics`), so an agent of that name would be mixed up with them: choose another name"
+                "`hacrl.driver.metrics`), so an agent of that name would be mixed up with them: choose another name"
             )
         if not self.lr > 0:
             raise ConfigError(f"{where}.lr must be positive, got {self.lr}")
@@ -249,7 +249,7 @@ class RolloutConfig:
     goes in one call, and a row that ends frees its slot for a waiting one). `auto`: the `static` sampler sizes its
     KV pool to the device (on a GPU: the rows,
     a power of two, whose pool fits in the free memory after the model, its optimizer state and gradients, and
-    `kv_cache_margin` of the card; `hacrl.samplers.static.auto_rows`), 64 elsewhere. None (default):
+    `kv_cache_margin` of the card; `hacrl.agent.samplers.static.auto_rows`), 64 elsewhere. None (default):
     `auto` with the `static` sampler, `trainer.logprob_batch_size` with `hf`."""
     kv_cache_margin: float = field(default=0.35, metadata=NOT_EXACT)
     """`batch_size: auto`: the fraction of the device's total memory left free beside the KV pool (the update's
@@ -275,7 +275,7 @@ class RolloutConfig:
 
 @dataclass
 class DatasetSpec:
-    """Rows through the `datasets` library (`data.source: datasets`; `hacrl.sources`): one of the paper's named
+    """Rows through the `datasets` library (`data.source: datasets`; `hacrl.tasks.sources`): one of the paper's named
     sets, or any Hub id, local directory or data file, with how to read its question and gold answer."""
 
     set: str | None = None
@@ -376,7 +376,7 @@ class DataConfig:
 @dataclass
 class ScoringConfig:
     """How responses are scored: which reward, and the limits that no reward function and no text can get past
-    (`hacrl.scoring`)."""
+    (`hacrl.driver.scoring`)."""
 
     builtin: Literal["auto", "reasoning_gym", "math"] = "auto"
     """Built-in scorer: `reasoning_gym` (the task's own scorer), `math` (answer extraction + math-verify); `auto`

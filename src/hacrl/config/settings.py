@@ -26,7 +26,7 @@ class AgentSettings:
     max_prompt_tokens: int
     """Prompt length limit in its own tokens (cut from the left)."""
     sampler: Literal["hf", "static"]
-    """The sampler's name (`hacrl.samplers`)."""
+    """The sampler's name (`hacrl.agent.samplers`)."""
     rows_per_call: int | Literal["auto"]
     """Rows decoded together: a number, or `auto` (the static sampler sizes its KV pool to the device; `hf`: 64).
     Unset in the config: `auto` for `static`, `trainer.logprob_batch_size` for `hf`."""

@@ -12,7 +12,7 @@ Every metric a loss reports has a kind (`METRIC_KINDS`):
 
 A key a loss reports without declaring it (a user's own algorithm, say) is averaged over the micro-batches that
 report it: never an error in a run. The losses registered here declare all of theirs (a test checks it), and
-`hacrl.metrics` names every metric a run logs.
+`hacrl.driver.metrics` names every metric a run logs.
 
 The sums stay tensors on the learner's device through the update; `result` reads them in one transfer. The
 arithmetic is float64 in a fixed order, so the values do not depend on where they are reduced.

@@ -1,0 +1,324 @@
+"""An agent: a Hugging Face causal LM with its tokenizer, chat template, optimizer and sampling settings.
+
+Choices:
+1. Models and tokenizers load from local directories only (`local_files_only=True`): nothing is downloaded.
+2. A directory with `tokenizer.json` loads through `PreTrainedTokenizerFast`: `AutoTokenizer` would swap a
+   locally trained tokenizer for the class named in the model's config (e.g. Qwen2Tokenizer) and change its
+   behaviour. Other tokenizers load through `AutoTokenizer`.
+3. Prompts are rendered with the agent's own chat template (generation prompt on, per-agent template kwargs),
+   then tokenized without adding special tokens again; too-long prompts are cut from the left.
+4. Response text from another agent is tokenized with `split_special_tokens=True`: text that looks like a
+   control token stays plain text and can never become one (spec 2, step 5b).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hacrl.agent.precision import HOST, MasterStep, ParameterStep
+from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, require_model_dir
+from hacrl.config.settings import AgentSettings
+from hacrl.errors import ModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+"""A directory holds a tokenizer when it has at least one of these."""
+
+
+def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
+    """The tokenizer of a local directory; `key` names the config key in error messages."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"{key}: tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(
+            f"{key}: {str(path)!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the "
+            "tokenizer into that directory (tokenizer.save_pretrained) or point the agent's `tokenizer` key at the "
+            "directory that holds it"
+        )
+    try:
+        if (path / "tokenizer.json").is_file():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs the path and the cause
+        raise ModelError(f"{key}: cannot load the tokenizer in {str(path)!r}: {type(e).__name__}: {e}") from e
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"{key}: tokenizer in {str(path)!r} has no eos_token; set it in tokenizer_config.json")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ModelError(
+            f"{key}: tokenizer in {str(path)!r} has no chat template; add chat_template.jinja to the folder"
+        )
+    return tokenizer
+
+
+class _MergedSampling:
+    """What a sampler reads of a LoRA agent that samples from a merged copy (`lora.merge_for_sampling`): the agent
+    itself, except `model`, a copy of the base whose targeted layers hold W + the adapter's delta."""
+
+    def __init__(self, agent: Agent, copy: torch.nn.Module) -> None:
+        self._agent = agent
+        self.model = copy.requires_grad_(False)
+        self.stale = True
+        self.merge()
+
+    def __getattr__(self, name: str):
+        return getattr(self._agent, name)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Each targeted layer of the copy := the base layer's weight + its adapter's delta (peft's own)."""
+        from peft.tuners.lora import LoraLayer
+
+        targets = dict(self.model.named_modules())
+        for name, layer in self._agent.model.named_modules():
+            if isinstance(layer, LoraLayer):
+                base = layer.get_base_layer()
+                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+                targets[name].weight.copy_((base.weight.float() + delta.float()).to(base.weight.dtype))
+        self.stale = False
+
+
+def _with_lora(model, lora, *, adapters_from: str | Path | None, seed: int):
+    """`model` with LoRA adapters (peft): new ones (zero-initialised up-projections, so the model computes exactly
+    what it did; the down-projections drawn from a stream seeded `seed`, so a run is repeatable whatever the
+    process drew before), or the ones saved in `adapters_from` (a checkpoint's agent directory); only they train."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    if adapters_from is not None and (Path(adapters_from) / "adapter_config.json").is_file():
+        return PeftModel.from_pretrained(model, str(adapters_from), is_trainable=True)
+    targets = set(lora.target_modules)
+    other = sorted({f"{name.rsplit('.', 1)[-1]} ({type(m).__name__})" for name, m in model.named_modules()
+                    if name.rsplit(".", 1)[-1] in targets and not isinstance(m, torch.nn.Linear)})  # fmt: skip
+    if other:
+        from hacrl.errors import ModelError
+
+        raise ModelError(
+            f"LoRA target_modules={list(lora.target_modules)}: adapters go on linear layers only, and "
+            f"{', '.join(other)} is not one (the samplers, the merged copy and `hacrl plan` assume linear adapters); "
+            "remove it from target_modules, or train the whole agent (no lora) to train it"
+        )
+    config = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        device = next(model.parameters()).device  # on a GPU the adapters are drawn from its generator
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
+    except ValueError as e:  # no module of that name in this model
+        from hacrl.errors import ModelError
+
+        raise ModelError(f"LoRA target_modules={list(lora.target_modules)}: {str(e).splitlines()[0]}") from None
+
+
+def first_nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding NaN or inf (None: all finite); one host sync for the whole model."""
+    named = list(model.named_parameters())
+    if not named:
+        return None
+    finite = torch.stack([p.detach().isfinite().all().to("cpu", non_blocking=True) for _, p in named])
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0, 0])][0]
+
+
+def _load_model(path: str | Path, cfg: AgentConfig, index: int, *, dtype: torch.dtype | None = None, device=None):
+    """The model of a local directory in `dtype` (default: the agent's) on `device` (default: the agent's)."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = require_model_dir(path, f"agents.{index}.model")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or DTYPES[cfg.dtype], local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign directory: name it and the cause
+        raise ModelError(
+            f"agents.{index}.model: cannot load the model in {str(model_dir)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:300] if str(e) else ''}"
+        ) from e
+    bad = first_nonfinite(model)
+    if bad is not None:
+        from hacrl.errors import NonFiniteError
+
+        raise NonFiniteError(
+            f"agents.{index}.model: the weights in {str(model_dir)!r} hold NaN or inf (first: {bad}); they cannot "
+            "be trained or sampled from. Point the agent at an undamaged copy of the model."
+        )
+    return model.to(torch.device(device or cfg.device))
+
+
+def uses_masters(cfg: AgentConfig) -> bool:
+    """Whether an agent trains float32 master weights under low-precision compute weights (`hacrl.agent.precision`)."""
+    return not cfg.frozen and cfg.lora is None and cfg.dtype != "float32" and cfg.master_weights == "float32"
+
+
+class Agent:
+    """One participant of a run. `index` is its agent id everywhere in the core (source ids, capabilities)."""
+
+    def __init__(
+        self,
+        index: int,
+        cfg: AgentConfig,
+        rollout: RolloutConfig,
+        *,
+        trainer: TrainerConfig | None = None,
+        with_reference: bool = False,
+        weights_from: str | Path | None = None,
+        init_seed: int = 0,
+    ) -> None:
+        """`trainer`: the loop's sizes (an unset `rollout.batch_size` means `trainer.logprob_batch_size` rows per
+        `hf` call). `weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
+        `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream."""
+        self.index = index
+        self.name = cfg.name
+        self.cfg = cfg
+        self.settings = AgentSettings.resolve(cfg, rollout, trainer)
+        """What it samples with (temperature, top-p, length limits, sampler, rows per call): resolved once here."""
+        key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
+        source = cfg.tokenizer or cfg.model
+        if weights_from is not None and any((Path(weights_from) / f).is_file() for f in TOKENIZER_FILES):
+            # resuming: the tokenizer the run trained with, saved beside the weights (the original model
+            # directory may be gone)
+            source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
+        self.tokenizer = load_tokenizer(source, key=key)
+        self.device = torch.device(cfg.device)
+        self.lora = cfg.lora if not cfg.frozen else None
+        masters = None
+        if uses_masters(cfg):  # float32 masters (a checkpoint holds them), the compute copy rounded from them
+            from hacrl.agent.precision import make_masters
+
+            self.model = _load_model(weights_from or cfg.model, cfg, index, dtype=torch.float32, device=HOST)
+            params, masters = make_masters(self.model, DTYPES[cfg.dtype], self.device, offload=cfg.offload != "none")
+        else:
+            # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
+            self.model = _load_model(cfg.model if self.lora else (weights_from or cfg.model), cfg, index)
+        self.peft_model = None
+        if self.lora is not None:
+            self.peft_model = _with_lora(self.model, self.lora, adapters_from=weights_from, seed=init_seed)
+            self.model = self.peft_model.base_model.model  # the same HF model, the adapters injected in place
+        if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
+            raise ModelError(
+                f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
+                f"embedding only {self.model.get_input_embeddings().num_embeddings}"
+            )
+        self.frozen = cfg.frozen
+        self.optimizer: ParameterStep | MasterStep | None = None
+        if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
+            self.model.eval().requires_grad_(False)
+        else:
+            self.model.train()
+            if masters is not None:
+                self.optimizer = MasterStep(params, masters, cfg, offload=cfg.offload != "none")
+            else:
+                self.optimizer = ParameterStep(self.trainable_parameters(), cfg)
+                if cfg.dtype != "float32" and self.lora is None:
+                    _warn_if_updates_round_away(self, index)
+        self.ref_model = None
+        if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)
+            self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
+        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        self._prompt_chars = self.settings.max_prompt_tokens * (longest + 1)
+        """Characters of a rendered prompt kept before tokenizing: no token is longer than the longest vocabulary
+        entry, so a prompt that fits in `max_prompt_tokens` tokens is never cut by it."""
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        extra = self.model.generation_config.eos_token_id
+        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+        self.stop_ids = sorted({self.eos_id, *map(int, extra)})
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers also hooks the input embeddings to mark their output as requiring grad, which only the
+            # reentrant checkpoint needs; the hook's `requires_grad_` breaks the static sampler's compiled decode
+            # graph (torch 2.11 on a GPU: a graph break, then a guard failure on the dynamic row dimension)
+            self.model.disable_input_require_grads()
+        from hacrl.agent.samplers import make_sampler
+
+        self._merged: _MergedSampling | None = None
+        sampling = self
+        if self.lora is not None and self.lora.merge_for_sampling:
+            sampling = self._merged = _MergedSampling(self, _load_model(cfg.model, cfg, index).eval())
+        self.sampler = make_sampler(self.settings.sampler, sampling)
+
+    def weights_changed(self) -> None:
+        """After an optimizer step: what samples from these weights must follow (a merged copy, a sampler's own
+        state) before the next sampling."""
+        if self._merged is not None:
+            self._merged.stale = True
+        self.sampler.refresh()
+
+    def sync_sampling_weights(self) -> None:
+        """Before sampling: bring a merged sampling copy up to the current adapters (nothing when up to date)."""
+        if self._merged is not None and self._merged.stale:
+            self._merged.merge()
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.cfg.chat_template_kwargs
+        )
+        if len(text) > self._prompt_chars:  # a 100 MB row is cut before tokenizing, not after (memory, time)
+            text = text[-self._prompt_chars :]
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        limit = self.settings.max_prompt_tokens
+        if len(ids) > limit:
+            return ids[-limit:], True
+        return ids, False
+
+    def encode_response(self, text: str, finished: bool) -> tuple[list[int], bool]:
+        """Another agent's response in this agent's tokens (spec 2, step 5b): plain text, EOS only when the source
+        finished, cut from the right to `max_new_tokens`; True when it was cut."""
+        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+        if finished:
+            ids = [*ids, self.eos_id]
+        limit = self.settings.max_new_tokens
+        if len(ids) > limit:
+            return ids[:limit], True
+        return ids, False
+
+    def decode(self, response_ids: list[int]) -> str:
+        """Response text for scoring and sharing: special tokens (EOS, stray pads) are dropped."""
+        return self.tokenizer.decode(response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trained_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """What a checkpoint saves as this agent's weights when they are not the model's own: the float32 masters,
+        under the model's parameter names (None: save the model as it is)."""
+        if not isinstance(self.optimizer, MasterStep):
+            return None
+        master_of = {id(p): m for p, m in zip(self.optimizer.params, self.optimizer.masters, strict=True)}
+        state = self.model.state_dict()
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if id(p) in master_of:
+                state[name] = master_of[id(p)].detach().to(HOST)
+        return state
+
+
+def _warn_if_updates_round_away(agent: Agent, index: int) -> None:
+    """Pure low-precision training (`master_weights: none`): say so when lr is below half an ulp of a typical
+    weight, where AdamW's steps (about lr each) round away."""
+    from hacrl.agent.precision import half_ulp, typical_weight
+    from hacrl.errors import warn
+
+    dtype = DTYPES[agent.cfg.dtype]
+    weight = typical_weight(agent.trainable_parameters())
+    resolution = half_ulp(weight, dtype)
+    if agent.cfg.lr < resolution:
+        warn(
+            f"agents.{index} ({agent.name!r}) trains its {agent.cfg.dtype} weights directly "
+            f"(master_weights=none) at lr {agent.cfg.lr:g}, below half a {agent.cfg.dtype} ulp at its typical "
+            f"weight (median |w| {weight:.3g}: {resolution:.2g}): most updates will round away and the agent will "
+            f"barely train. Use agents.{index}.master_weights=float32 (the default), or a larger lr"
+        )

@@ -1,0 +1,35 @@
+"""Samplers: how an agent generates responses. `rollout.backend` (or `agents.<i>.rollout_backend`) picks one by name.
+
+    hf      transformers' `generate` with a dynamic KV cache (the CPU default; what hacrl always did)
+    static  a preallocated KV cache and a fixed-shape decode step: sampling on the device without a host sync per
+            token, finished rows dropped from the batch in power-of-two buckets, the whole batch stopping when every
+            row has finished; `rollout.cuda_graphs` captures its decode step as a CUDA graph (GPU)
+
+Every sampler keeps one contract (`Sampler.sample` -> `hacrl.agent.samplers.base.Sample`): a response runs up to
+and including its first stop token (the agent's EOS and the model's other EOS ids), `finished` says whether it
+ended there, the text is decoded with special tokens dropped; it honours the agent's temperature, top-p and
+length limit. `refresh` is called after each optimizer update (a no-op where the sampler shares the training
+module's weights, as both of these do; an engine holding its own copy, vLLM say, would load the new weights there).
+
+Implementations load lazily: naming one imports its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hacrl.agent.samplers.base import AUTO_ROWS, Sample, Sampler, SamplingAgent
+
+__all__ = ["AUTO_ROWS", "SAMPLERS", "Sample", "Sampler", "SamplingAgent", "make_sampler"]
+
+SAMPLERS = {"hf": "hacrl.agent.samplers.hf:HFSampler", "static": "hacrl.agent.samplers.static:StaticSampler"}
+
+
+def make_sampler(name: str, agent: SamplingAgent) -> Sampler:
+    target = SAMPLERS.get(name)
+    if target is None:
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(f"rollout backend {name!r} is not one of {sorted(SAMPLERS)}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)(agent)

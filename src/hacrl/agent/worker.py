@@ -1,0 +1,440 @@
+"""An agent worker: everything one agent does, behind calls that move only text and numbers.
+
+A worker owns one agent end to end: model, tokenizer, optimizer, frozen reference (KL), sampler and its random
+stream. The driver (`hacrl.driver.trainer`) calls it; whether in its own process (`runtime.backend: local`) or as a Ray
+actor (`ray`), the calls and their results are the same typed messages (`hacrl.messages`):
+
+    sample(SampleCall)      -> Sampled: its trajectories (text, source log-prob sum and token count, finish reason);
+                               keeps them, the sampled ids and per-token old log-probs for `learn`
+    learn(LearnCall)        -> Learned: its own rewards and the foreign trajectories in, metrics out (spec 2, step 5)
+    generate(GenerateCall)  -> completions for evaluation (the driver scores them)
+    save(directory) / load(directory) -> its part of a checkpoint (layout: `hacrl.checkpoint`)
+    describe()              -> WorkerInfo: name, device, process id
+
+No tensor of a model, no logit and no gradient leaves a worker. Its random stream is its own (seeded by the run's
+seed and its index, saved in its checkpoint part), so the numbers do not depend on where the worker runs or on
+what the other workers draw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl import faults, seeds
+from hacrl.agent.exchange import LearnerRow, learner_rows
+from hacrl.agent.logprobs import TokenBatch, token_logprobs
+from hacrl.agent.model import Agent, first_nonfinite
+from hacrl.agent.rollout import generate, generate_completions
+from hacrl.agent.samplers.base import Sample
+from hacrl.checkpoint import agent_part
+from hacrl.core import LossInputs, get_algorithm
+from hacrl.core.metrics import MetricReducer
+from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
+from hacrl.messages import (
+    Completion,
+    GenerateCall,
+    LearnCall,
+    Learned,
+    SampleCall,
+    Sampled,
+    Trajectory,
+    WorkerInfo,
+    WorkerSpec,
+)
+
+
+@dataclass
+class _Rollout:
+    """What `sample` keeps for `learn`: the learner's own token ids, pre-update log-probs and trajectories of one
+    step."""
+
+    step: int
+    prompt_ids: list[list[int]]
+    samples: list[Sample]
+    old_logp: list[torch.Tensor | None]
+    trajectories: list[Trajectory]
+
+
+class AgentWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        self.spec = spec
+        self.index = spec.index
+        self.name = spec.agent.name
+        self.algorithm = get_algorithm(spec.algorithm.name)
+        self.params = spec.algorithm.params()
+        self.agent = Agent(
+            spec.index,
+            spec.agent,
+            spec.rollout,
+            trainer=spec.trainer,
+            with_reference=spec.algorithm.kl_coef > 0,
+            weights_from=spec.weights_from,
+            init_seed=seeds.adapters(spec.trainer.seed, spec.index),
+        )
+        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
+        self._cuda_devices = cuda
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(seeds.training(spec.trainer.seed, spec.index))
+            self._rng = self._capture_rng()
+        self._rollout: _Rollout | None = None
+        self.optimizer_steps = 0
+
+    # -- the five calls ----------------------------------------------------------------------------------------------
+
+    def sample(self, call: SampleCall) -> Sampled:
+        """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3)."""
+        agent, step, group_size = self.agent, call.step, call.group_size
+        began = time.time()
+        start = time.perf_counter()
+        prompt_ids = [agent.render_prompt(messages)[0] for messages in call.prompts]
+        from_sampler = self.spec.trainer.old_logprobs == "sampler"
+        agent.sync_sampling_weights()
+        with self._own_rng(), self._guarded("sampling", step):
+            samples = generate(agent, prompt_ids, group_size, logprobs=from_sampler)
+        faults.hit("sampling")
+        generated = time.perf_counter()
+        needed = self._rows_needing_old_logprobs(len(samples))
+        if from_sampler:  # trainer.old_logprobs=sampler: what the sampler computed while drawing, no extra pass
+            computed = iter(torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in needed)
+        else:
+            with self._guarded("old log-probs", step):
+                computed = iter(self._old_logprobs([samples[i] for i in needed]))
+        wanted = set(needed)
+        old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
+        done = time.perf_counter()
+        trajectories = [
+            Trajectory(
+                group=i // group_size,
+                text=s.text,
+                reward=float("nan"),
+                source=self.index,
+                source_logp_sum=float(old_logp[i].sum()) if old_logp[i] is not None else float("nan"),
+                source_num_tokens=len(s.response_ids),
+                finish_reason=s.finish_reason,
+                num_bytes=len(s.text.encode("utf-8", errors="surrogatepass")),
+            )
+            for i, s in enumerate(samples)
+        ]
+        self._rollout = _Rollout(step, prompt_ids, samples, old_logp, trajectories)
+        return Sampled(trajectories, generated - start, done - generated, (began, time.time()))
+
+    def learn(self, call: LearnCall) -> Learned:
+        """One training step's update of this learner on its pool: advantages, then one optimizer step per
+        mini-batch in pool order (own rows first, then `call.foreign`), each accumulated over micro-batches (spec 2,
+        step 5)."""
+        rollout, step = self._rollout, call.step
+        if rollout is None or rollout.step != step:
+            raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
+        if len(call.rewards) != len(rollout.trajectories):
+            raise ValueError(
+                f"agent {self.name!r}: {len(call.rewards)} rewards for the {len(rollout.trajectories)} responses it "
+                f"sampled at step {step}"
+            )
+        if self.agent.frozen:  # a peer that shares without learning (agents.<i>.frozen)
+            self._rollout = None
+            return Learned({}, 0.0)
+        start = time.perf_counter()
+        own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
+        rows = learner_rows(
+            self.agent,
+            own,
+            call.foreign,
+            rollout.prompt_ids,
+            [s.response_ids for s in rollout.samples],
+            rollout.old_logp,
+        )
+        caps = torch.tensor(call.capabilities, dtype=torch.float64)
+        with self._guarded("the update", step):
+            metrics = self._update(rows, caps)
+        self._rollout = None
+        return Learned(metrics, time.perf_counter() - start)
+
+    def generate(self, call: GenerateCall) -> list[Completion]:
+        """Completions for evaluation: greedy, or sampled from a stream seeded by `call.seed` (never the training
+        one)."""
+        with torch.random.fork_rng(devices=self._cuda_devices):
+            if call.seed is not None:
+                torch.manual_seed(call.seed)
+            self.agent.sync_sampling_weights()
+            with self._guarded("evaluation", None):
+                return generate_completions(
+                    self.agent, call.prompts, call.num_samples, greedy=call.greedy, batch_size=self.spec.eval_batch_size
+                )
+
+    def save(self, directory: str) -> None:
+        """Write this agent's part of a checkpoint under `directory` (`hacrl.checkpoint.AgentPart`: a plain Hugging
+        Face model directory, its optimizer state, its random stream; a frozen agent's random stream only)."""
+        bad = None if self.agent.frozen else first_nonfinite(self.agent.model)
+        if bad is not None:  # never a checkpoint from a non-finite state: the previous one stays the newest
+            raise NonFiniteError(
+                f"agent {self.name!r}: its weights hold NaN or inf after {self.optimizer_steps} optimizer steps "
+                f"(first: {bad}), so no checkpoint is written from them; the newest checkpoint in the run directory "
+                f"is the last good state. Lower agents.{self.index}.lr or agents.{self.index}.grad_clip and resume "
+                "from it (`hacrl train CONFIG --resume`)."
+            )
+        root = Path(directory)
+        part = agent_part(root, self.name)
+        try:
+            if not self.agent.frozen:  # a frozen agent's weights are those of its model directory, unchanged
+                # a LoRA agent: its adapters (peft's format; the base is its model directory, `hacrl export` merges)
+                # float32 masters under a bf16 compute copy: the masters (resume is exact, export picks the dtype)
+                (self.agent.peft_model or self.agent.model).save_pretrained(
+                    part.weights_dir, safe_serialization=True, state_dict=self.agent.trained_state_dict()
+                )
+                self.agent.tokenizer.save_pretrained(part.weights_dir)
+                part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
+            part.rng_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, part.rng_file)
+        except OSError:
+            raise  # the one error path names the errno, the file and the fix (cli._os_error_message)
+        except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
+            raise CheckpointError(
+                f"could not write agent {self.name!r}'s part of a checkpoint into {str(root)!r}: {type(e).__name__}: "
+                f"{first_line(e, 300)}. The previous checkpoint is intact (a checkpoint "
+                "is only moved into place once whole); free disk space or fix the directory's permissions, then "
+                "continue with `hacrl train <config> --resume`."
+            ) from e
+        faults.hit("checkpoint.agent")
+
+    def load(self, directory: str) -> None:
+        """Optimizer and random stream from a checkpoint (the weights were loaded at construction)."""
+        part = agent_part(directory, self.name)
+        file = part.optimizer_file
+        try:
+            if self.agent.optimizer is not None:  # a frozen agent has none
+                # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
+                where = "cpu" if self.agent.optimizer.offload else self.agent.device
+                state = torch.load(file, weights_only=True, map_location=where)
+                self.agent.optimizer.load_state_dict(state)
+        except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
+            raise CheckpointError(
+                f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "
+                f"{first_line(e)}); resume from an earlier checkpoint "
+                "(checkpoint.resume=<its directory>)"
+            ) from e
+        rng_file = part.rng_file
+        try:
+            rng = torch.load(rng_file, weights_only=True)
+            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
+            torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
+            self._rng = rng
+        except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
+            raise CheckpointError(
+                f"{rng_file}: cannot load the random stream of agent {self.name!r} ({type(e).__name__}: "
+                f"{first_line(e)}); the checkpoint is damaged (checkpoint."
+                "verify_digests=true finds such files before resuming and falls back to an earlier checkpoint): "
+                "resume from an earlier one (checkpoint.resume=<its directory>)"
+            ) from e
+
+    def describe(self) -> WorkerInfo:
+        return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
+
+    # -- inside ------------------------------------------------------------------------------------------------------
+
+    def _capture_rng(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self._cuda_devices:
+            state["cuda"] = torch.cuda.get_rng_state(self._cuda_devices[0])
+        return state
+
+    @contextlib.contextmanager
+    def _own_rng(self):
+        """Draw from this worker's stream (then put the process's stream back as it was)."""
+        with torch.random.fork_rng(devices=self._cuda_devices):
+            torch.set_rng_state(self._rng["cpu"])
+            if self._cuda_devices and "cuda" in self._rng:
+                torch.cuda.set_rng_state(self._rng["cuda"], self._cuda_devices[0])
+            yield
+            self._rng = self._capture_rng()
+
+    def _rows_needing_old_logprobs(self, count: int) -> list[int]:
+        """Which sampled rows need a pre-update log-prob pass. When other learners read this agent's log-prob sums
+        (a sharing algorithm with several agents): all. Otherwise only the rows trained after the first optimizer
+        step of the update: the first mini-batch's rows are trained before any update, so their old log-probs are
+        the training forward's own (detached), and their ratio is exactly 1."""
+        if self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1:
+            return list(range(count))
+        return list(range(min(count, self.spec.trainer.mini_batch_size), count))
+
+    @torch.no_grad()
+    def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
+        agent, size = self.agent, self.spec.trainer.logprob_batch_size
+        out: list[torch.Tensor] = []
+        for start in range(0, len(samples), size):
+            chunk = samples[start : start + size]
+            tb = TokenBatch.build(
+                [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
+            )
+            logp = token_logprobs(
+                agent.model, tb, agent.settings.temperature, chunk_size=self.spec.trainer.logprob_chunk_size
+            )
+            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
+        return out
+
+    @contextlib.contextmanager
+    def _guarded(self, phase: str, step: int | None):
+        """Out of device memory, or NaN / inf met while sampling, in `phase`: a clear stop naming the agent, the
+        phase, the peak and the knobs (the run's newest checkpoint is intact: resume with the smaller setting)."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            raise OutOfMemory(self._oom_message(phase, step, e)) from None
+        except RuntimeError as e:
+            if "can't allocate memory" in str(e):  # the CPU allocator's out of memory is a plain RuntimeError
+                raise OutOfMemory(self._oom_message(phase, step, e)) from None
+            if "`inf`, `nan`" in str(e):  # torch.multinomial on non-finite probabilities
+                raise NonFiniteError(
+                    f"agent {self.name!r}: its model produced NaN or inf during {phase}"
+                    f"{f' at step {step}' if step else ''} ({first_line(e)}). Its weights or "
+                    f"activations overflowed: lower agents.{self.index}.lr, or use dtype float32 / bfloat16 instead "
+                    "of float16, and resume from the newest checkpoint (checkpoints never hold non-finite weights)."
+                ) from None
+            raise
+
+    def _oom_message(self, phase: str, step: int | None, error: BaseException) -> str:
+        i, device = self.index, self.agent.device
+        knobs = {
+            "sampling": "rollout.batch_size (with `auto`: a larger rollout.kv_cache_margin), rollout.max_new_tokens",
+            "old log-probs": "trainer.logprob_batch_size, trainer.logprob_chunk_size",
+            "the update": f"trainer.micro_batch_size, agents.{i}.gradient_checkpointing=true, "
+            "trainer.logprob_chunk_size",
+            "evaluation": "eval.batch_size, eval.max_prompts",
+        }[phase]
+        peak = ""
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
+        return (
+            f"agent {self.name!r} ran out of memory on {device} during {phase}{f' at step {step}' if step else ''}"
+            f"{peak}: {first_line(error)}. Lower {knobs} (`hacrl plan CONFIG` shows where the memory goes), then "
+            "continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the newest checkpoint is "
+            "intact."
+        )
+
+    def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:
+        """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
+        agent, cfg = self.agent, self.spec.trainer
+        adv = self.algorithm.advantages(
+            torch.tensor([r.reward for r in rows], dtype=torch.float64),
+            torch.tensor([r.group for r in rows]),
+            torch.tensor([r.source for r in rows]),
+            learner=self.index,
+            capabilities=capabilities,
+            params=self.params,
+        ).tolist()
+        # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
+        _check_rows(self.name, self.index, rows, adv, len(capabilities))
+        reducer = MetricReducer()
+        grad_norms: list[float] = []
+        skipped = 0
+        for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+            # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
+            mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
+            if not mini:
+                continue
+            num_own = sum(rows[i].source == self.index for i in mini)
+            agent.optimizer.zero_grad(set_to_none=True)
+            for micro_start in range(0, len(mini), cfg.micro_batch_size):
+                micro = mini[micro_start : micro_start + cfg.micro_batch_size]
+                out = self._micro_batch_loss(
+                    [rows[i] for i in micro],
+                    [adv[i] for i in micro],
+                    capabilities,
+                    step_index=m,
+                    num_seqs=len(mini),
+                    num_own=max(num_own, 1),
+                )
+                out.loss.backward()
+                reducer.add(out.metrics)
+                faults.hit("update.micro_batch")
+            reducer.end_mini_batch()
+            grad_norm = agent.optimizer.clip_grad_norm(agent.cfg.grad_clip)  # float32 with masters
+            if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
+                agent.optimizer.step()
+                agent.weights_changed()
+                self.optimizer_steps += 1
+                grad_norms.append(grad_norm)
+                faults.hit("update.optimizer")
+            else:  # spec 3.6: a non-finite gradient skips the step, and we say so
+                agent.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+        agent.optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next sampling
+        metrics: dict[str, Any] = reducer.result()
+        if grad_norms:
+            total = 0.0
+            for value in torch.stack(grad_norms).double().tolist():
+                total += value
+            metrics["grad_norm"] = total / len(grad_norms)
+        if agent.optimizer.offload:
+            metrics["time/offload"] = agent.optimizer.take_offload_seconds()
+        metrics["skipped_steps"] = skipped
+        metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
+        metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
+        foreign = [r for r in rows if r.source != self.index]
+        if foreign:
+            metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
+            metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
+            metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
+        metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
+        return metrics
+
+    def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
+        agent = self.agent
+        device = agent.device
+        tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
+        chunk = self.spec.trainer.logprob_chunk_size
+        logp = token_logprobs(agent.model, tb, agent.settings.temperature, chunk_size=chunk)
+        old = torch.zeros_like(logp)
+        for i, r in enumerate(rows):
+            if r.old_logp is not None:
+                old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
+            elif r.source == self.index:  # trained before any update: the policy is the sampling one
+                old[i, tb.response_mask[i]] = logp[i, tb.response_mask[i]].detach()
+        ref = None
+        if agent.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(agent.ref_model, tb, agent.settings.temperature, chunk_size=chunk)
+        inputs = LossInputs(
+            logp=logp,
+            mask=tb.response_mask,
+            old_logp=old,
+            adv=torch.tensor(adv, dtype=torch.float32, device=device),
+            source=torch.tensor([r.source for r in rows], device=device),
+            learner=self.index,
+            capabilities=capabilities.to(device),
+            ref_logp=ref,
+            source_logp_sum=torch.tensor([r.source_logp_sum for r in rows], dtype=torch.float64, device=device),
+            source_num_tokens=torch.tensor([r.source_num_tokens for r in rows], device=device),
+            num_bytes=torch.tensor([r.num_bytes for r in rows], device=device),
+            num_seqs=num_seqs,
+            num_own=num_own,
+            check_values=False,  # `_check_rows` checked them for the whole update
+        )
+        return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+
+def _check_rows(name: str, learner: int, rows: list[LearnerRow], adv: list[float], num_agents: int) -> None:
+    """The value checks of `LossInputs`, once per update on host data: known source ids, finite advantages and old
+    log-probs, a finite source mean on foreign rows (empty rows never enter the loss)."""
+    import math
+
+    if any(not 0 <= r.source < num_agents for r in rows):
+        raise ValueError(f"agent {name!r}: the pool holds a trajectory of an unknown agent")
+    if not all(math.isfinite(a) for a in adv):
+        raise ValueError(f"agent {name!r}: non-finite advantages (check the rewards)")
+    own = [r.old_logp for r in rows if r.old_logp is not None]
+    if own and not bool(torch.isfinite(torch.cat(own)).all()):
+        raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
+    if not all(math.isfinite(r.source_logp_sum) for r in rows if r.source != learner and r.response_ids):
+        raise ValueError(f"agent {name!r}: a foreign trajectory's source log-prob sum is not finite")

@@ -1,0 +1,77 @@
+"""Where the agent workers run: `runtime.backend` picks an implementation of `Workers` from this registry.
+
+    local   every worker in the driver's process, called one after the other (the zero-setup default)
+    ray     every worker a Ray actor; all agents sample at the same time and all learners learn at the same time
+
+A backend starts one `hacrl.agent.worker.AgentWorker` per agent and makes the same typed call on each (`Workers`),
+returning their results in agent order. Only the messages of `hacrl.messages` and checkpoint paths cross the
+boundary. Backends load lazily: the local backend and `hacrl.core` never import Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled
+
+BACKENDS = {"local": "hacrl.driver.backends.local:LocalWorkers", "ray": "hacrl.driver.backends.ray:RayWorkers"}
+
+
+class Workers(Protocol):
+    """The agent workers of a run, one per agent, in config order. Each method takes one message per worker (or
+    the same argument for all) and returns the results in agent order; `what` says what the call is doing
+    (`evaluating at step 3`), for the error message if a worker fails."""
+
+    names: list[str]
+
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]: ...
+
+    def learn(self, calls: Sequence[LearnCall]) -> list[Learned]: ...
+
+    def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]: ...
+
+    def save(self, directory: str, *, what: str) -> None: ...
+
+    def load(self, directory: str) -> None: ...
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        ...
+
+
+class WorkerGroup:
+    """The typed calls of `Workers` over one primitive a backend provides: `_map(method, args, what)` runs
+    `worker_i.method(*args[i])` on every worker (concurrently where it can) and returns the results in order."""
+
+    names: list[str]
+
+    def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
+        raise NotImplementedError
+
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]:
+        return self._map("sample", [(c,) for c in calls], f"sampling at step {calls[0].step}")
+
+    def learn(self, calls: Sequence[LearnCall]) -> list[Learned]:
+        return self._map("learn", [(c,) for c in calls], f"learning at step {calls[0].step}")
+
+    def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]:
+        return self._map("generate", [(c,) for c in calls], what)
+
+    def save(self, directory: str, *, what: str) -> None:
+        self._map("save", [(directory,)] * len(self.names), what)
+
+    def load(self, directory: str) -> None:
+        self._map("load", [(directory,)] * len(self.names), "loading its checkpoint part")
+
+
+def start_workers(runtime, specs: list, resources: list[dict[str, float]]) -> Workers:
+    """Start one worker per spec on `runtime.backend`; `resources[i]`: {"num_cpus", "num_gpus"} of agent i."""
+    target = BACKENDS.get(runtime.backend)
+    if target is None:
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(f"runtime.backend={runtime.backend!r} is not one of {sorted(BACKENDS)}")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)(runtime, specs, resources)

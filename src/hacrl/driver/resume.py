@@ -1,0 +1,232 @@
+"""Resume: what a run does with its run directory, decided in one place before any worker starts.
+
+`plan_resume(config, run_dir, resume)` turns the config and the directory into a `ResumePlan` that the trainer
+executes: start fresh; restart in place (an earlier attempt stopped before its first checkpoint); or continue from
+a checkpoint (`never`: none; a path: that one, or an error; `auto`: the newest that passes its checks, damaged ones
+kept aside as step_N.damaged). Continuing, the checkpoint's saved config is compared with the current one key by
+key: a key marked SAFE in the schema (evaluation, logging, where workers run) changes freely, one marked
+NOT_EXACT (devices, batch sizes, the sampler) changes with a notice that the run is no longer bit-identical, any
+other (it would change the training numbers) is refused unless `checkpoint.strict_resume=false`.
+`prepare_run_dir` then makes the directory match the plan: a fresh run never writes into an old one, a restart
+replaces the old metrics, a continued run drops the metrics logged after its checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from hacrl.checkpoint import agent_weights_dir, latest_checkpoint, read_checkpoint_state, resume_point
+from hacrl.config import RENAMED, AgentConfig, TrainConfig
+from hacrl.config.docs import default_of
+from hacrl.driver.rundir import last_logged_step, trim_metrics
+from hacrl.errors import CheckpointError, RunDirError, warn
+
+Notice = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a run starts: fresh (no checkpoint), restarting in place, or from `checkpoint` at `step`."""
+
+    checkpoint: Path | None = None
+    state: dict[str, Any] | None = None
+    """The checkpoint's driver state: step, capability tracker, prompt stream."""
+    restarting: bool = False
+    """No checkpoint, but an earlier attempt's metrics in the directory: start again from step 0 in place."""
+
+    @property
+    def step(self) -> int:
+        return self.state["step"] if self.state is not None else 0
+
+    @property
+    def purge_step(self) -> int | None:
+        """The first step whose logged records (TensorBoard) a restarted or continued run replaces; None: fresh."""
+        return self.step + 1 if self.checkpoint else 0 if self.restarting else None
+
+    def weights_from(self, agent: AgentConfig) -> str | None:
+        """The checkpoint's weights directory of `agent` (None: its model directory; a frozen agent never changed)."""
+        if self.checkpoint is None or agent.frozen:
+            return None
+        return str(agent_weights_dir(self.checkpoint, agent.name))
+
+
+def plan_resume(config: TrainConfig, run_dir: Path, resume: str, notice: Notice) -> ResumePlan:
+    """The plan for `resume` (`never`, `auto` or a checkpoint path) in `run_dir`, its settings checked."""
+    checkpoint, restarting = _choose_checkpoint(config, run_dir, resume, notice)
+    if checkpoint is None:
+        return ResumePlan(restarting=restarting)
+    state = read_checkpoint_state(checkpoint, [a.name for a in config.agents])
+    _check_settings(config, checkpoint, notice)
+    return ResumePlan(checkpoint, state)
+
+
+def prepare_run_dir(plan: ResumePlan, run_dir: Path, notice: Notice) -> None:
+    """A fresh run never writes into an old one; a resumed run drops metrics logged after its checkpoint."""
+    metrics = run_dir / "metrics.jsonl"
+    if plan.checkpoint is None and not plan.restarting:
+        if metrics.exists() or latest_checkpoint(run_dir) is not None:
+            last = last_logged_step(metrics) if metrics.exists() else None
+            has_checkpoint = latest_checkpoint(run_dir) is not None
+            what = f"metrics up to step {last}" if last is not None else "an earlier run"
+            how = (
+                "continue it with --resume (or checkpoint.resume=auto)"
+                if has_checkpoint
+                else "it has no checkpoint, so --resume starts it again from step 0 in place"
+            )
+            raise RunDirError(
+                f"trainer.output_dir={str(run_dir)!r} already holds a run ({what}"
+                f"{', with checkpoints' if has_checkpoint else ''}); {how}, or choose another trainer.output_dir"
+            )
+    elif metrics.exists():
+        trim_metrics(metrics, plan.step if plan.checkpoint else None, notice=notice)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _choose_checkpoint(config: TrainConfig, run_dir: Path, resume: str, notice: Notice) -> tuple[Path | None, bool]:
+    """`never`: none. A path: that one, or an error. `auto`: the newest good one; none when the run stopped
+    before its first checkpoint (it starts again from step 0: restarting)."""
+    if resume == "never":
+        return None, False
+    if resume != "auto":
+        return Path(resume), False
+    checkpoint, damaged = resume_point(run_dir, verify_digests=config.checkpoint.verify_digests, notice=notice)
+    if checkpoint is None and damaged:
+        raise CheckpointError(
+            f"no usable checkpoint in {str(run_dir)!r}: every one is damaged ({len(damaged)}, kept as "
+            "step_N.damaged). To train again from step 0, move the run directory away or choose another "
+            "trainer.output_dir."
+        )
+    if checkpoint is None and (run_dir / "metrics.jsonl").exists():
+        last = last_logged_step(run_dir / "metrics.jsonl")
+        notice(
+            f"{run_dir} has no checkpoint: the earlier attempt stopped before its first one"
+            f"{f' (it logged up to step {last})' if last is not None else ''}. Starting again from step 0 in "
+            "place; its metrics.jsonl is replaced."
+        )
+        return None, True
+    return checkpoint, False
+
+
+def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> None:
+    import yaml
+
+    saved = checkpoint / "config.yaml"
+    if not saved.is_file():
+        raise CheckpointError(
+            f"{checkpoint} has no config.yaml (every checkpoint hacrl writes holds the run's config), so the settings "
+            "it was trained with are unknown: resume from another checkpoint (checkpoint.resume=<its directory>)"
+        )
+    refused, not_exact = resume_differences(yaml.safe_load(saved.read_text()) or {}, config)
+    if refused and config.checkpoint.strict_resume:
+        raise CheckpointError(
+            f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "
+            "continue that run: " + "; ".join(refused) + ". Set them back, or start a new run in another "
+            f"trainer.output_dir. Safe to change on resume: {', '.join(resume_rules('safe'))}; allowed but no "
+            f"longer bit-exact: {', '.join(resume_rules('not_exact'))}. To resume anyway, set "
+            "checkpoint.strict_resume=false."
+        )
+    for line in refused:
+        warn(f"resuming with a changed setting (checkpoint.strict_resume=false): {line}")
+    for line in not_exact:
+        notice(f"resuming with {line}: allowed, but no longer bit-identical to an uninterrupted run")
+
+
+# -- what may change when a run is resumed ------------------------------------------------------------------------
+
+
+def resume_policy(key: str) -> str:
+    """`safe`, `not_exact` or `refused`: what changing the flattened config key `key` (`agents.1.device`,
+    `data.task_options.min_digits`) does to a resumed run, from the field's metadata (SAFE / NOT_EXACT) or its
+    group's `RESUME`; `refused` when neither says otherwise (it would change the training numbers)."""
+    cls: Any = TrainConfig
+    policy = "refused"
+    parts = key.split(".")
+    i = 0
+    while i < len(parts) and cls is not None and is_dataclass(cls):
+        known = {f.name: f for f in fields(cls)}
+        f = known.get(parts[i])
+        if f is None:
+            break
+        policy = f.metadata.get("resume", policy)
+        default = default_of(f)
+        if is_dataclass(default):
+            cls = type(default)
+            policy = getattr(cls, "RESUME", {}).get("resume", policy)
+        elif f.name == "agents":
+            cls, i = AgentConfig, i + 1  # skip the index
+        else:
+            cls = None
+        i += 1
+    return policy
+
+
+def resume_rules(policy: str) -> list[str]:
+    """The keys (`eval.*` for a whole group, `agents.*.device`) whose resume policy is `policy`."""
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str, inherited: str) -> None:
+        group = getattr(cls, "RESUME", {}).get("resume", inherited)
+        if group == policy and group != inherited:
+            out.append(f"{prefix}*")
+            return
+        for f in fields(cls):
+            default = default_of(f)
+            if is_dataclass(default):
+                walk(type(default), f"{prefix}{f.name}.", group)
+            elif f.name == "agents":
+                walk(AgentConfig, "agents.*.", group)
+            elif f.metadata.get("resume", group) == policy and group != policy:
+                out.append(prefix + f.name)
+
+    walk(TrainConfig, "", "refused")
+    return out
+
+
+_DICT_VALUED = ("data.task_options", "agents.*.chat_template_kwargs")
+
+
+def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[list[str], list[str]]:
+    """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use.
+
+    Returns (refused, not_exact): lines `key: <saved> in the checkpoint, <now> now` for each changed key that would
+    change the training numbers, and for each changed key whose `resume_policy` is `not_exact`; `safe` keys are
+    free. A saved key of an earlier version is read under its new name (`RENAMED`). Keys that exist on one side
+    only are ignored (a config field added or removed by another hacrl version), except inside dict-valued settings
+    such as `data.task_options`."""
+    old = {RENAMED.get(k, k): v for k, v in _flatten(saved).items()}
+    new = _flatten(asdict(current))
+    refused, not_exact = [], []
+    for key in sorted(set(old) | set(new)):
+        pattern = _pattern(key)
+        if key not in old or key not in new:
+            if not any(pattern.startswith(d + ".") for d in _DICT_VALUED):
+                continue
+        before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
+        policy = resume_policy(key)
+        if before == after or policy == "safe":
+            continue
+        line = f"{key}: {before!r} in the checkpoint, {after!r} now"
+        (not_exact if policy == "not_exact" else refused).append(line)
+    return refused, not_exact
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and prefix == "agents":  # other lists are compared whole
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _pattern(key: str) -> str:
+    import re
+
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", key)

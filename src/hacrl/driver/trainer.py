@@ -1,0 +1,414 @@
+"""The driver: the training loop (spec 2) for N >= 1 agents and any registered algorithm, calling agent workers.
+
+The driver owns the data stream, scoring, the capability tracker, pool assembly, logging, the evaluation schedule
+and checkpoint coordination; each agent's tensors live in its worker (`hacrl.agent.worker`), which runs in this process
+or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities and metrics cross. One step:
+    1. take B prompts
+    2. every worker samples G responses per prompt and keeps its pre-update log-probs (all sample before any
+       update; concurrently on Ray)
+    3. score every response on its decoded text (in time-limited scoring processes: `hacrl.driver.scoring`)
+    4. update the capability tracker from this step's rewards
+    5. give each learner its pool (own first, then the others in config order, when the algorithm shares); every
+       worker computes its advantages and takes its mini-batch updates (concurrently on Ray)
+    6. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
+
+Around the loop (docs/reliability.md, "Failure and safety"): the run directory is locked for the trainer's lifetime; a
+resume takes the newest checkpoint that passes its checks and refuses settings that would change the numbers;
+SIGTERM or Ctrl-C finish the current step, write a checkpoint and raise `TrainingInterrupted`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections import defaultdict
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl import faults, seeds
+from hacrl.agent.exchange import foreign_trajectories
+from hacrl.checkpoint import (
+    latest_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
+from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
+from hacrl.driver.backends import Workers, start_workers
+from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
+from hacrl.driver.logger import MetricsLogger, check_trackers
+from hacrl.driver.metrics import agent_key, eval_key
+from hacrl.driver.resume import plan_resume, prepare_run_dir
+from hacrl.driver.rundir import RunLock, claim_run_dir
+from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
+from hacrl.errors import TrainingInterrupted
+from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
+from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
+
+
+class Trainer:
+    """The driver of one run: owns its run directory (locked until `close`, which `train` calls) and the agent
+    workers trained in it."""
+
+    def __init__(self, config: TrainConfig, *, resume: str | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.output_dir)
+        self._logger: MetricsLogger | None = None
+        self.workers: Workers | None = None
+        check_trackers(config.logging)  # W&B online without credentials: refused before the directory is claimed
+        claim = claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
+        try:
+            self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
+        except BaseException:
+            claim.undo()
+            raise
+        self._release = weakref.finalize(self, self.lock.release)  # also when a Trainer is dropped without close()
+        try:
+            self._setup(resume or config.checkpoint.resume)
+        except BaseException:
+            self.close()
+            claim.undo()  # a refused start leaves nothing behind (the mark of a new claim, a directory it created)
+            raise
+
+    def _setup(self, resume: str) -> None:
+        config = self.config
+        self.algorithm = get_algorithm(config.algorithm.name)
+        self.params = config.algorithm.params()
+        remove_stale_temporaries(self.run_dir, self.notice)
+        self.resume = plan = plan_resume(config, self.run_dir, resume, self.notice)
+        names = [a.name for a in config.agents]
+        self.frozen = [a.frozen for a in config.agents]
+        if config.runtime.backend == "local" and plan.checkpoint is None:
+            # a fresh start needs every model directory: say so before the data (a Hub set can take a minute to fail
+            # offline); a resume may need none (a checkpoint holds full weights), a Ray worker may see other paths:
+            # those are checked where the weights load
+            for i, agent in enumerate(config.agents):
+                require_model_dir(agent.model, f"agents.{i}.model")
+        self.task = load_task(config.data, config.scoring)
+        self.scorer = scorer_for(self.task, config.scoring, r_max=self.params.r_max).start()
+        self.stream = PromptStream(self.task.train, seed=config.trainer.seed)
+        self.benchmarks = {  # eval.benchmarks: named sets, each agent alone, scored by the math verifier
+            name: load_benchmark(config.data, name, config.eval.max_prompts) for name in config.eval.benchmarks
+        }
+        self.benchmark_scorer = (
+            math_scorer(config.scoring, r_max=self.params.r_max).start() if self.benchmarks else None
+        )
+        self.tracker = CapabilityTracker(
+            len(config.agents),
+            window=config.algorithm.capability_window,
+            warmup_steps=config.algorithm.capability_warmup_steps,
+        )
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.names = names
+        specs = [
+            WorkerSpec(
+                index=i,
+                agent=cfg,
+                rollout=config.rollout,
+                trainer=config.trainer,
+                algorithm=config.algorithm,
+                weights_from=plan.weights_from(cfg),
+                torch_threads=config.runtime.torch_threads,
+                eval_batch_size=config.eval.batch_size,
+                num_agents=len(config.agents),
+            )
+            for i, cfg in enumerate(config.agents)
+        ]
+        resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
+        self.workers = start_workers(config.runtime, specs, resources)
+        if plan.checkpoint is not None:
+            self.workers.load(str(plan.checkpoint))
+            self.step = plan.step
+            self.tracker.load_state_dict(plan.state["capability"])
+            self.stream.load_state_dict(plan.state["data"])
+
+    def notice(self, message: str) -> None:
+        """Something the user should see now (a fallback, a takeover, a stop): the console, or stderr."""
+        if self._logger is not None:
+            self._logger.print(message)
+        else:
+            print(f"hacrl: {message}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stop the workers and release the run directory (idempotent)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+        self._release()
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, Any]]:
+        cfg = self.config
+        try:
+            prepare_run_dir(self.resume, self.run_dir, self.notice)
+            save_config(cfg, self.run_dir / "config.yaml")
+            self._logger = MetricsLogger(
+                cfg.logging,
+                self.run_dir,
+                cfg.trainer.steps,
+                self.names,
+                purge_step=self.resume.purge_step,
+                config=asdict(cfg),
+            )
+            if self.resume.checkpoint:
+                self._logger.print(f"resumed from {self.resume.checkpoint} at step {self.step}")
+            with _GracefulStop(self.notice, lambda: self.step) as stop:
+                self._loop(stop)
+        finally:
+            if self._logger is not None:
+                self._logger.close()
+                self._logger = None
+            self.close()
+        return self.history
+
+    def _loop(self, stop: _GracefulStop) -> None:
+        cfg = self.config
+        last_saved = self.step if self.resume.checkpoint else None
+        if self.step == 0 and cfg.eval.at_start:
+            self._logger.log(0, self.evaluate())
+        for step in range(self.step + 1, cfg.trainer.steps + 1):
+            if stop.signum is not None:
+                break
+            metrics = self.train_step()
+            self.step = step
+            if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
+                metrics.update(self.evaluate())
+            if step == cfg.trainer.steps:
+                metrics.update(self.evaluate())
+            self._logger.log(step, metrics)
+            self._logger.step_done(step, metrics)
+            self.history.append({"step": step, **metrics})
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.trainer.steps:
+                self.save()
+                last_saved = step
+        if stop.signum is not None and self.step < cfg.trainer.steps:
+            name = signal.Signals(stop.signum).name
+            if self.step > 0 and last_saved != self.step:
+                where = f"wrote checkpoint {self.save()}"
+            elif last_saved is not None:
+                where = f"its latest checkpoint is {latest_checkpoint(self.run_dir)}"
+            else:
+                where = "no step had finished, so there is nothing to save"
+            raise TrainingInterrupted(
+                f"stopped by {name} after step {self.step} of {cfg.trainer.steps}; {where}. Continue with "
+                f"`hacrl train <config> --resume` (trainer.output_dir={str(self.run_dir)!r}).",
+                stop.signum,
+            )
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, n, step = self.config, len(self.names), self.step + 1
+        timer = _Timer()
+        batch = self.stream.next_batch(cfg.trainer.prompts_per_step)  # 1. prompts
+        prompts = [ex.messages for ex in batch]
+
+        with timer("sampling"):  # 2. every agent samples (and keeps its old log-probs) before any update
+            sampled = self.workers.sample([SampleCall(step, prompts, cfg.rollout.group_size)] * n)
+        with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
+            scored = self._score_all(batch, [s.trajectories for s in sampled], cfg.rollout.group_size)
+            faults.hit("scoring")
+        pool = [
+            replace(t, reward=reward)
+            for j in range(n)
+            for t, reward in zip(sampled[j].trajectories, scored[j].rewards, strict=True)
+        ]
+        all_rewards = torch.tensor([t.reward for t in pool], dtype=torch.float64)
+        all_sources = torch.tensor([t.source for t in pool])
+        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 4. capabilities
+        capabilities = self.tracker.capabilities()
+
+        with timer("update"):  # 5. each learner: its own rewards, the others' scored responses (when it shares)
+            shared = self.algorithm.pool_is_shared(self.params)
+            caps = capabilities.tolist()
+            learned = self.workers.learn(
+                [
+                    LearnCall(
+                        step,
+                        list(scored[k].rewards),
+                        [] if self.frozen[k] else foreign_trajectories(pool, k, shared=shared),
+                        caps,
+                    )
+                    for k in range(n)
+                ]
+            )
+
+        metrics: dict[str, Any] = {}
+        for j, name in enumerate(self.names):
+            own = [t for t in pool if t.source == j]
+            agent = {
+                **learned[j].metrics,
+                **self._rollout_metrics(j, own, capabilities),
+                "reward_timeouts": len(scored[j].timeouts),
+                "reward_errors": len(scored[j].errors),
+                "time/generate": sampled[j].generate_s,
+                "time/logprobs": sampled[j].logprobs_s,
+                "time/update": learned[j].update_s,
+            }
+            metrics.update({agent_key(name, k): v for k, v in agent.items()})
+        if shared and n > 1:
+            metrics["foreign_ratio_mode"] = self.params.foreign_ratio
+        metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
+        metrics["time/step"] = sum(timer.totals.values())
+        offload = [learned[j].metrics["time/offload"] for j in range(n) if "time/offload" in learned[j].metrics]
+        if offload:  # inside the update phase: not added to time/step
+            metrics["time/offload"] = sum(offload)
+        metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(
+            timer.totals["sampling"], 1e-9
+        )
+        return metrics
+
+    # -- phases ----------------------------------------------------------------------------------------------------
+
+    def _score_all(self, batch: list[Example], per_agent: list[list[Trajectory]], group_size: int) -> list[ScoreResult]:
+        """Every agent's completions in one scoring call (the scoring processes take slices of them side by side),
+        split back per agent."""
+        examples = [batch[i // group_size] for trajectories in per_agent for i in range(len(trajectories))]
+        columns = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
+        texts = [t.text for trajectories in per_agent for t in trajectories]
+        whole = self.scorer.score([ex.prompt for ex in examples], texts, columns)
+        out, start = [], 0
+        for trajectories in per_agent:
+            end = start + len(trajectories)
+            out.append(ScoreResult(
+                whole.rewards[start:end],
+                [i - start for i in whole.timeouts if start <= i < end],
+                [i - start for i in whole.errors if start <= i < end],
+            ))  # fmt: skip
+            start = end
+        return out
+
+    def _rollout_metrics(self, j: int, own: list[Trajectory], capabilities) -> dict[str, float]:
+        g = self.config.rollout.group_size
+        rewards = [t.reward for t in own]
+        groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
+        out = {
+            "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(r >= self.params.r_max for r in rewards) / len(rewards),
+            "capability": float(capabilities[j]),
+            "response_length_mean": sum(t.source_num_tokens for t in own) / len(own),
+            "finished_frac": sum(t.finish_reason == "eos" for t in own) / len(own),
+            "informative_group_frac": sum(max(x) > min(x) for x in groups) / len(groups),
+        }
+        if self.algorithm.pool_is_shared(self.params) and len(self.names) > 1 and not self.frozen[j]:
+            rho = self.tracker.loss_coefficients(j)
+            for src, other in enumerate(self.names):
+                if src != j:
+                    out[f"rho/{other}"] = float(rho[src]) if self.params.capability_coef else 1.0
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        """Each agent alone on the eval split (concurrently on Ray). Sampled evaluation draws from a stream seeded
+        by the run's seed, the step, the split and the agent (`seeds.evaluation`), so evaluating, or changing eval.*
+        on resume, never changes training."""
+        cfg, n = self.config, len(self.names)
+        examples = self.task.eval[: cfg.eval.max_prompts] if cfg.eval.max_prompts else self.task.eval
+        out: dict[str, float] = {}
+        splits = [(None, examples, self.scorer)] if examples else []
+        splits += [(name, rows, self.benchmark_scorer) for name, rows in self.benchmarks.items()]
+        table: dict[str, dict[str, dict[str, float]]] = {name: {} for name in self.names}
+        for benchmark, rows, scorer in splits:
+            what = f"evaluating{f' on {benchmark}' if benchmark else ''} at step {self.step}"
+            streams = [seeds.evaluation(cfg.trainer.seed, self.step, benchmark or "", j) for j in range(n)]
+            results, greedy, rewards = evaluate_agents(
+                rows,
+                lambda calls, what=what: self.workers.generate(calls, what=what),
+                scorer,
+                num_agents=n,
+                num_samples=cfg.eval.num_samples,
+                seeds=streams,
+            )
+            prefix = f"{benchmark}/" if benchmark else ""
+            for name, result in zip(self.names, results, strict=True):
+                out.update({eval_key(name, prefix + k): v for k, v in result.items()})
+                if benchmark:
+                    table[name][benchmark] = result
+            if cfg.eval.save_completions:
+                write_eval_records(self.run_dir, self.step, rows, self.names, greedy, rewards, benchmark)
+        if self.benchmarks:
+            write_benchmark_table(self.run_dir / "eval" / "benchmarks", self.step, table)
+        return out
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "agents": self.names,
+            "capability": self.tracker.state_dict(),
+            "data": self.stream.state_dict(),
+            "algorithm": self.config.algorithm.name,
+            "frozen": [name for name, frozen in zip(self.names, self.frozen, strict=True) if frozen],
+        }
+
+        def write_parts(directory: Path) -> None:
+            self.workers.save(str(directory), what=f"writing checkpoint {self.step}")
+
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            write_parts,
+            state,
+            keep_last=self.config.checkpoint.keep_last,
+            config_yaml=config_to_yaml(self.config),
+        )
+
+
+class _GracefulStop:
+    """SIGTERM / SIGINT while training: note it, let the loop finish its step and checkpoint. A second signal of
+    either kind stops at once, without a checkpoint and without a traceback (`TrainingInterrupted`: one message,
+    exit 128 + signal). Installed only in the main thread (signals cannot be caught elsewhere)."""
+
+    def __init__(self, notice, current_step) -> None:
+        self.signum: int | None = None
+        self._notice = notice
+        self._current_step = current_step
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            for sig, handler in self._previous.items():  # a third signal gets the default behaviour
+                signal.signal(sig, handler)
+            raise TrainingInterrupted(
+                f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
+                "without a checkpoint; the newest checkpoint in the run directory is intact: continue with "
+                "`hacrl train <config> --resume`",
+                signum,
+            )
+        self.signum = signum
+        again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"
+        self._notice(
+            f"{signal.Signals(signum).name} received: finishing step {self._current_step() + 1}, then writing a "
+            f"checkpoint and stopping{again}"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.totals[name] += time.perf_counter() - self.start
+
+        return _Span()

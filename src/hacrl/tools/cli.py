@@ -1,0 +1,343 @@
+"""`hacrl train | eval | plan | plot | bootstrap | demo`. Parsing only; heavy modules (torch, transformers) load
+after the arguments do.
+
+One error path: a `HacrlError` (config, data, model directory, tokenizer, reward, checkpoint, run directory) and an
+operating-system error on a file (disk full, permission denied, read-only file system) print one paragraph that
+names the file or key and the fix, and exit with status 2, without a traceback; `HACRL_DEBUG=1` shows it. A run
+stopped by SIGTERM / Ctrl-C exits with 128 + the signal number after its checkpoint. Anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+import warnings
+
+
+def _parser() -> argparse.ArgumentParser:
+    from hacrl.config import GROUPS
+    from hacrl.tools.testbed.demo import RECIPES  # plain data: imports no torch
+
+    recipe_names = list(RECIPES)
+
+    parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train N agents together (or a baseline)",
+        description="Train the agents of CONFIG. Overrides are dotted key=value pairs, e.g. trainer.steps=10 "
+        f"agents.1.lr=5e-7. Config groups: {', '.join(GROUPS)}. `hacrl train --help-config` lists every key.",
+    )
+    train.add_argument("config", nargs="?", help="YAML config file")
+    train.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+    train.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate saved agents alone on the eval split and print a table",
+        description="Evaluate agent directories (or every agent of a checkpoint) on the eval split "
+        "of CONFIG's data section.",
+    )
+    ev.add_argument("paths", nargs="+", help="HF model directories, or a checkpoint directory (step_*)")
+    ev.add_argument("--config", required=True, help="YAML config whose data/rollout/eval sections to use")
+    ev.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted key=value overrides")
+    ev.add_argument(
+        "--benchmarks",
+        nargs="+",
+        default=None,
+        help="named sets (hacrl data list) instead of the eval split: a table per agent and benchmark (greedy "
+        "pass@1; avg@k / pass@k with eval.num_samples=k), also written as markdown and JSON with --out",
+    )
+    ev.add_argument("--out", default=None, help="with --benchmarks: directory for benchmarks_step_*.md / .json")
+
+    boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
+    boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
+    boot.add_argument(
+        "--recipe",
+        default="demo",
+        choices=recipe_names,
+        help="demo (two agents), demo3 (plus a third), complement (the learning benchmark's complementary bed), "
+        "tiny* (for tests)",
+    )
+    boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
+
+    demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
+    demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
+    demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    demo.add_argument("--recipe", default="demo", choices=recipe_names, help="bootstrap recipe")
+
+    plan = sub.add_parser(
+        "plan",
+        help="where each agent's device memory goes (weights, optimizer, activations, KV cache); does it fit",
+        description="Per agent: parameters, and the memory of weights, gradients, optimizer state, activations "
+        "(with and without gradient checkpointing), the log-prob head and the sampler's KV cache, against the "
+        "agent's device; whether the run fits and which knob to turn. Reads config.json only, never the weights.",
+    )
+    plan.add_argument("config", help="YAML config file")
+    plan.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    plan.add_argument("--device-memory", type=_gib, default=None, help="GiB per GPU where CUDA is not present")
+
+    data = sub.add_parser("data", help="the paper's named datasets: list them, or prepare local copies")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    data_sub.add_parser("list", help="the named sets: Hub id, split, rows, how the gold answer is read")
+    prepare = data_sub.add_parser(
+        "prepare",
+        help="write named sets as local files (DIR/<set>/<split>.jsonl + manifest.json) for data.datasets_dir",
+        description="Download each named set with `datasets` (or read it from --from DIR), read its gold answers and "
+        "write DIR/<set>/<split>.jsonl (question, answer, the other columns) with a manifest (rows, skipped rows, "
+        "SHA-256). A config with data.datasets_dir=DIR then reads them without the network.",
+    )
+    prepare.add_argument("names", nargs="+", help="named sets (hacrl data list)")
+    prepare.add_argument("--out", required=True, help="output directory (use it as data.datasets_dir)")
+    prepare.add_argument("--from", dest="source", default=None, help="read DIR/<set> instead of the Hub")
+
+    export = sub.add_parser(
+        "export",
+        help="write a trained agent as a plain Hugging Face model directory (LoRA adapters merged)",
+        description="Agent NAME of RUN_DIR's newest checkpoint (or of a checkpoint directory) to OUT: a fully "
+        "trained agent is copied; a LoRA agent's adapters are merged into its base model, so OUT loads with "
+        "AutoModelForCausalLM.from_pretrained alone (--adapters-only: the adapters in peft's format).",
+    )
+    export.add_argument("path", help="a run directory or a checkpoint directory (step_*)")
+    export.add_argument("--agent", required=True, help="the agent's name")
+    export.add_argument("out", help="output directory (new or empty)")
+    export.add_argument("--adapters-only", action="store_true", help="a LoRA agent's adapters, not merged")
+    export.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the weights' dtype (default auto: the agent's compute dtype; a bfloat16 agent's float32 master "
+        "weights are rounded to it unless you ask for float32)",
+    )
+
+    plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
+    plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    plot.add_argument("--out", default=None, help="output .png file or directory (default: RUN_DIR/curves.png)")
+    return parser
+
+
+def _gib(text: str) -> float:
+    """`--device-memory`: a finite number of GiB above 0 (argparse reports anything else as a usage error)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: give the GiB of one GPU, e.g. 80")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # `hacrl train c.yaml --resume trainer.steps=9`: overrides after an option are overrides too
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*(args.overrides or []), *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from hacrl.errors import HacrlError, TrainingInterrupted
+
+    debug = bool(os.environ.get("HACRL_DEBUG"))
+    previous_format = warnings.formatwarning
+    warnings.formatwarning = _format_warning
+    try:
+        return _run(args)
+    except TrainingInterrupted as e:
+        print(f"hacrl: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except HacrlError as e:
+        if debug:
+            raise
+        print(f"hacrl: {_kind(e)}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if debug or e.errno not in _USER_ERRNOS:
+            raise
+        print(f"hacrl: {_os_error_message(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C before training began (once it runs, a stop finishes the step and saves)
+        if debug:
+            raise
+        print("hacrl: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    finally:
+        warnings.formatwarning = previous_format
+
+
+def _data(args) -> int:
+    from hacrl.named_sets import NAMED_SETS
+    from hacrl.tasks.sources import prepare
+
+    if args.data_command == "list":
+        for s in NAMED_SETS.values():
+            config = f" ({s.config})" if s.config else ""
+            print(f"{s.name:14s} {s.hub}{config}, split {s.split}, {s.rows:,} rows, gold: {s.gold} of {s.answer!r}")
+            print(f"{'':14s} {s.about}")
+        return 0
+    for entry in prepare(args.names, args.out, source=args.source):
+        skipped = f", {entry['skipped']} skipped (gold answer unreadable)" if entry["skipped"] else ""
+        expected = (
+            ""
+            if entry["rows"] + entry["skipped"] == entry["expected_rows"]
+            else (f" (the Hub's split has {entry['expected_rows']:,})")
+        )
+        print(f"{entry['set']}: {entry['rows']:,} rows{skipped}{expected} -> {entry['file']} "
+              f"(sha256 {entry['sha256'][:12]}...)")  # fmt: skip
+    print(f"use them with data.datasets_dir={args.out}")
+    return 0
+
+
+def _run(args) -> int:
+    if args.command == "train":
+        return _train(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "data":
+        return _data(args)
+    if args.command == "export":
+        _quiet_transformers()
+        from hacrl.tools.export import export_agent
+
+        out = export_agent(args.path, args.agent, args.out, adapters_only=args.adapters_only, dtype=args.dtype)
+        print(f"agent {args.agent!r} written to {out}")
+        return 0
+    if args.command == "plan":
+        from hacrl.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        _quiet_transformers()
+        from hacrl.tools.plan import plan, render
+
+        plans = plan(config, device_memory=args.device_memory)
+        print(render(plans))
+        return 0 if all(p.fits is not False for p in plans) else 3
+    if args.command == "bootstrap":
+        _quiet_transformers()
+        from hacrl.tools.testbed.demo import RECIPES, bootstrap
+
+        bootstrap(args.out, RECIPES[args.recipe], force=args.force)
+        return 0
+    if args.command == "demo":
+        _quiet_transformers()
+        from hacrl.tools.testbed.demo import RECIPES, run_demo
+
+        run_demo(args.config, args.overrides, RECIPES[args.recipe])
+        return 0
+    if args.command == "plot":
+        from hacrl.tools.plot import plot_run
+
+        for written in plot_run(args.run_dir, args.out):
+            print(written)
+        return 0
+    return 1
+
+
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR}
+
+
+_KINDS = {
+    "ConfigError": "config error",
+    "DataError": "data error",
+    "ModelError": "model error",
+    "RewardError": "reward error",
+    "CheckpointError": "checkpoint error",
+    "RunDirError": "run directory error",
+}
+
+
+def _kind(e: Exception) -> str:
+    return next((_KINDS[c.__name__] for c in type(e).__mro__ if c.__name__ in _KINDS), "error")
+
+
+def _os_error_message(e: OSError) -> str:
+    where = f" {e.filename!r}" if e.filename else ""
+    fix = {
+        errno.ENOSPC: "free disk space (or point trainer.output_dir elsewhere)" + _resume_hint(e),
+        errno.EDQUOT: "free space within your quota" + _resume_hint(e),
+        errno.EACCES: "check the permissions, or choose a directory you can write to",
+        errno.EPERM: "check the permissions, or choose a directory you can write to",
+        errno.EROFS: "the file system is read-only: choose another trainer.output_dir",
+    }.get(e.errno, "check the path")
+    return f"{e.strerror}{where}: {fix}"
+
+
+def _resume_hint(e: OSError) -> str:
+    """Where a run stopped by a full disk continues from: its newest complete checkpoint, or step 0 when it has
+    none ("" outside `hacrl train`)."""
+    run_dir = getattr(e, "hacrl_run_dir", None)
+    if run_dir is None:
+        return ""
+    from hacrl.checkpoint import latest_checkpoint
+
+    try:
+        newest = latest_checkpoint(run_dir)
+    except Exception:  # noqa: BLE001 - only for the message
+        newest = None
+    if newest is None:
+        return "; this run has no complete checkpoint yet, so `hacrl train CONFIG --resume` starts it from step 0"
+    return f"; its newest complete checkpoint ({newest}) is intact, so `hacrl train CONFIG --resume` continues from it"
+
+
+_default_format = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    from hacrl.errors import HacrlWarning
+
+    if issubclass(category, HacrlWarning):
+        return f"hacrl: warning: {message}\n"
+    return _default_format(message, category, filename, lineno, line)
+
+
+def _train(args) -> int:
+    from hacrl.config import describe, load_config
+
+    if args.help_config:
+        print(describe())
+        return 0
+    if not args.config:
+        print("hacrl train: give a YAML config file (see configs/)", file=sys.stderr)
+        return 2
+    config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+    _quiet_transformers()
+    from hacrl.driver.trainer import Trainer
+
+    try:
+        trainer = Trainer(config, resume="auto" if args.resume else None)
+        trainer.train()
+    except OSError as e:  # a full disk: what the message says about resuming depends on what this run has saved
+        e.hacrl_run_dir = config.trainer.output_dir
+        raise
+    print(f"run directory: {config.trainer.output_dir}")
+    return 0
+
+
+def _eval(args) -> int:
+    from pathlib import Path
+
+    from hacrl.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    _quiet_transformers()
+    from hacrl.driver.evaluation import evaluate_paths
+
+    if args.benchmarks:
+        from hacrl.driver.evaluation import evaluate_benchmarks
+
+        evaluate_benchmarks(config, [Path(p) for p in args.paths], args.benchmarks, out=args.out)
+        return 0
+    evaluate_paths(config, [Path(p) for p in args.paths])
+    return 0
+
+
+def _quiet_transformers() -> None:
+    """Per-file progress bars of transformers drown the training log; our own progress bar says where we are."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

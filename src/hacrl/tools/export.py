@@ -1,0 +1,113 @@
+"""`hacrl export RUN_DIR --agent NAME OUT`: one trained agent as a plain Hugging Face model directory.
+
+A fully trained agent's checkpoint part already is one: it is copied when it holds the dtype asked for, else
+loaded and written in that dtype (`--dtype`; default: the agent's compute dtype, which its config.json names: a
+bfloat16 agent's checkpoint holds its float32 master weights, and exports in bfloat16 unless `--dtype float32`). A
+LoRA agent's part holds its adapters in peft's format, with the path of its base model: `export` loads the base,
+merges the adapters into its weights and writes a directory that `AutoModelForCausalLM.from_pretrained` loads with
+nothing of hacrl or peft installed; `--adapters-only` copies the adapters instead (for `PeftModel.from_pretrained`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from hacrl.checkpoint import adapter_base
+from hacrl.errors import CheckpointError, ModelError
+
+EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def saved_dtype(directory: str | Path) -> str:
+    """The dtype a model directory's config.json names (its compute dtype), float32 when it names none."""
+    config = json.loads((Path(directory) / "config.json").read_text())
+    value = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return str(value).removeprefix("torch.")
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def _weights_dtype(directory: Path) -> str | None:
+    """The dtype of the first tensor stored in a model directory's safetensors (None: cannot tell)."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    with safe_open(str(files[0]), "pt") as f:
+        keys = list(f.keys())
+        return _SAFETENSORS_DTYPES.get(f.get_slice(keys[0]).get_dtype()) if keys else None
+
+
+def merged_model(directory: str | Path, dtype: str = "auto"):
+    """The base model of a LoRA agent's checkpoint part with its adapters merged into the weights (a plain
+    `PreTrainedModel`: no peft layers left), in `dtype` ("auto": the base's)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = adapter_base(directory)
+    if base is None or not (Path(base) / "config.json").is_file():
+        raise ModelError(
+            f"{directory}: the adapters' base model {base!r} is not a local model directory; the base a LoRA "
+            "agent trained on must stay where the run found it (agents.<i>.model)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=_torch_dtype(dtype))
+    return PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def export_agent(
+    path: str | Path, agent: str, out: str | Path, *, adapters_only: bool = False, dtype: str = "auto"
+) -> Path:
+    """Write agent `agent` of a run directory's newest checkpoint (or of the checkpoint `path`) to `out`, its
+    weights in `dtype` ("auto": the agent's compute dtype)."""
+    from hacrl.agent.model import load_tokenizer
+    from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, checkpoint_to_read
+
+    path, out = Path(path), Path(out)
+    checkpoint = checkpoint_to_read(path, notice=lambda message: print(f"hacrl export: {message}"))
+    if checkpoint is None:
+        raise CheckpointError(
+            f"{str(path)!r} is neither a checkpoint nor a run directory with a complete, undamaged one"
+        )
+    source = agent_weights_dir(checkpoint, agent)
+    if not source.is_dir():
+        names = sorted(p.name for p in (checkpoint / AGENTS_DIR).iterdir() if p.is_dir())
+        raise CheckpointError(f"{checkpoint} has no agent {agent!r} (it holds {names}; a frozen agent has none)")
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{str(out)!r} exists and is not empty: choose a new directory")
+    lora = adapter_base(source) is not None
+    if adapters_only and not lora:
+        raise CheckpointError(f"agent {agent!r} was fully fine-tuned: it has no adapters; export it without "
+                              "--adapters-only")  # fmt: skip
+    if dtype not in EXPORT_DTYPES:
+        raise CheckpointError(f"--dtype {dtype!r}: choose one of {', '.join(EXPORT_DTYPES)}")
+    if adapters_only:
+        shutil.copytree(source, out, dirs_exist_ok=True)
+        return out
+    if not lora:
+        target = saved_dtype(source) if dtype == "auto" else dtype
+        if _weights_dtype(source) == target:
+            shutil.copytree(source, out, dirs_exist_ok=True)
+            return out
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target))
+    else:
+        model = merged_model(source, dtype)
+    tmp = out.with_name(out.name + ".tmp-export")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    load_tokenizer(source).save_pretrained(tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)  # a half-written export never stands under the name asked for
+    return out

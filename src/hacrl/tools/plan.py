@@ -1,0 +1,406 @@
+"""`hacrl plan CONFIG`: where each agent's device memory goes, before anything runs.
+
+Per agent, from its model directory's config.json alone (the parameter count from a model built on torch's meta
+device: no weights are read), in bytes:
+
+- weights in the agent's dtype (and the frozen reference copy when `algorithm.kl_coef > 0`), and what training
+  adds: float32 master weights, float32 gradient accumulators and float32 AdamW moments for a bfloat16 agent with
+  masters (`hacrl.agent.precision`: 4 + 4 + 8 bytes per parameter beside its 2), the gradients and two AdamW moments in
+  the parameters' own dtype otherwise (float32 for LoRA adapters): exact. With `offload: optimizer` the masters and
+  AdamW's state are counted in host memory (`host`), with the float32 gradients the step copies there;
+- the KV pool of the `static` sampler (rows x (prompt limit + max_new_tokens) positions x 2 x layers x key/value
+  heads x head dim x dtype), with `rollout.batch_size: auto` resolved as the sampler resolves it on the device
+  (`hacrl.agent.samplers.static.auto_rows`), and the sampling step's floats (rows x vocabulary x 16 bytes): exact;
+- the update's activations for one micro-batch of `trainer.micro_batch_size` rows x (prompt limit +
+  max_new_tokens) tokens, with and without gradient checkpointing, and the log-prob head (`trainer.
+  logprob_chunk_size`'s rule: the chunk's float32 logits, their softmax and gradient, or the full logits):
+  estimates. The activation formula is fitted to what autograd saves for the backward pass (measured with
+  saved-tensor hooks on Llama, Qwen2 and Qwen3 models; tests/tools/test_plan.py checks it within 20 %): per token
+  and layer 6 h + 6 q + 5 kv + 4 ffn elements (+ 2 q + 2 kv with per-head query/key norms) plus the attention mask's
+  row (sequence length elements), where h is the hidden size, q = heads x head dim, kv = key/value heads x head
+  dim; with gradient checkpointing, h + 128 elements per token and layer are kept, and one layer's full set exists
+  while it is recomputed.
+
+The peak is the larger of sampling (weights, masters and optimizer state on the device, pool, sampling floats;
+gradients are freed after each update) and the update (the same, plus gradients, the micro-batch's activations and
+the log-prob head). Agents on one device take turns, one phase at a time, each holding its weights, device-resident
+state and pool throughout: an agent's peak adds the others' resident bytes. A device's total
+memory comes from CUDA when present, else `--device-memory GIB`; without either the plan shows the needs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hacrl.config import TrainConfig, require_model_dir
+from hacrl.config.settings import AgentSettings
+from hacrl.errors import ModelError
+
+GIB = 2**30
+CHECKPOINTED_EXTRA = 128
+"""Elements per token and layer kept beside the hidden state with gradient checkpointing (measured)."""
+
+
+@dataclass
+class Shape:
+    """What memory depends on in a model's config."""
+
+    params: int
+    trainable: int
+    """Parameters that train (all of them; a LoRA agent's adapters only, kept in float32 by peft)."""
+    dtype_bytes: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    qk_norm: bool
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def activation_elements(self, tokens_per_row: int, *, padded: bool = True) -> int:
+        """Saved for the backward pass, per token and layer, without gradient checkpointing; `padded`: rows of
+        different lengths, whose attention mask (a row of `tokens_per_row` per token) each layer keeps."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per = 6 * self.hidden + 6 * q + 5 * kv + 4 * self.ffn + (2 * q + 2 * kv if self.qk_norm else 0)
+        return per + (tokens_per_row if padded else 0)
+
+
+@dataclass
+class AgentPlan:
+    name: str
+    device: str
+    shape: Shape
+    parts: dict[str, int] = field(default_factory=dict)
+    """Bytes of each part (see the module docstring)."""
+    rows: int | None = None
+    """Rows per generation call (resolved `auto`)."""
+    sampling_peak: int = 0
+    update_peak: int = 0
+    update_peak_checkpointed: int = 0
+    checkpointing: bool = False
+    device_total: int | None = None
+    advice: list[str] = field(default_factory=list)
+    precision: str = "float32"
+    """How it trains: float32, bfloat16 + float32 masters, pure bfloat16, LoRA, frozen."""
+    host: dict[str, int] = field(default_factory=dict)
+    """Bytes of each part kept in host memory (`agents.<i>.offload: optimizer`)."""
+    resident: int = 0
+    """Device bytes held between phases (weights, masters and optimizer state on the device, the KV pool)."""
+    others_resident: int = 0
+    """Device bytes the other agents on the same device hold while this one runs a phase."""
+
+    @property
+    def peak(self) -> int:
+        update = self.update_peak_checkpointed if self.checkpointing else self.update_peak
+        return self.others_resident + max(self.sampling_peak, update)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_total is None else self.peak <= self.device_total
+
+
+def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
+    """The memory-relevant shape of a local model directory, without reading its weights; with `lora`
+    (`LoraConfig`), `trainable` is the adapters' parameter count: r x (inputs + outputs) of each targeted layer."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it
+        raise ModelError(f"{str(model_dir)!r}: cannot read the model's config.json ({type(e).__name__}: {e})") from e
+    _check_sizes(model_dir, config)
+    layers = config.num_hidden_layers
+    if layers <= BUILT_LAYERS:
+        params, trainable, model = _count(config, dtype, lora)
+    else:  # every decoder layer alike: count 1 and 2 layers on the meta device, and the rest by their difference
+        (one, one_trainable, model), (two, two_trainable, _) = (_count(_with_layers(config, k), dtype, lora)
+                                                               for k in (1, 2))  # fmt: skip
+        params = one + (layers - 1) * (two - one)
+        trainable = one_trainable + (layers - 1) * (two_trainable - one_trainable)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qk_norm = any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
+    return Shape(
+        params=params,
+        trainable=trainable,
+        dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        ffn=getattr(config, "intermediate_size", 4 * config.hidden_size),
+        vocab=model.get_output_embeddings().weight.shape[0],
+        qk_norm=qk_norm,
+    )
+
+
+BUILT_LAYERS = 64
+"""Models with more decoder layers are counted from a 1- and a 2-layer copy (building 100,000 layers on the meta
+device took minutes)."""
+SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _check_sizes(model_dir, config) -> None:
+    """The sizes `plan` reads are positive integers, or the config.json is named with the field to fix."""
+    for key in (*SIZE_FIELDS, "num_key_value_heads", "intermediate_size", "head_dim"):
+        value = getattr(config, key, None)
+        if value is None and key not in SIZE_FIELDS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(
+                f"{str(model_dir)!r}: config.json has {key}={value!r}; it must be a positive integer (fix that "
+                "config.json)"
+            )
+
+
+def _with_layers(config, layers: int):
+    """A copy of `config` with `layers` decoder layers (per-layer lists such as `layer_types` cut to match)."""
+    import copy
+
+    short = copy.deepcopy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, list) and len(value) == config.num_hidden_layers:
+            setattr(short, key, value[:layers])
+    short.num_hidden_layers = layers
+    return short
+
+
+def _count(config, dtype: torch.dtype, lora):
+    """(parameters, trainable parameters, the model) of `config` built on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if lora is not None:
+        targets = set(lora.target_modules)
+        trainable = sum(
+            lora.r * (m.in_features + m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
+    return params, trainable, model
+
+
+def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: bool, padded: bool = True) -> int:
+    """One micro-batch's activations held for the backward pass (estimate; see the module docstring). With
+    checkpointing the recomputed layer is counted whole: an upper bound (tests/tools/test_plan.py compares it
+    with the GPU measurements)."""
+    full_layer = rows * tokens * shape.activation_elements(tokens, padded=padded) * shape.dtype_bytes
+    if not checkpointing:
+        return shape.layers * full_layer
+    kept = rows * tokens * shape.layers * (shape.hidden + CHECKPOINTED_EXTRA) * shape.dtype_bytes
+    return kept + full_layer
+
+
+def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | None) -> int:
+    """The output layer's share of a training forward and backward: float32 logits, their softmax and gradient
+    for one chunk of positions (or all of them), and the model-dtype logits of the full path."""
+    from hacrl.agent.logprobs import auto_chunk_size
+
+    if chunk == "auto":
+        chunk = auto_chunk_size(rows, tokens, shape.vocab)
+    if chunk is None:
+        return rows * tokens * shape.vocab * (3 * 4 + shape.dtype_bytes)
+    return min(chunk, rows * tokens) * shape.vocab * 3 * 4
+
+
+def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
+    """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
+    from hacrl.agent.model import DTYPES, uses_masters
+    from hacrl.agent.samplers.base import next_power_of_two
+    from hacrl.agent.samplers.static import MIN_ROWS, auto_rows, row_bytes
+
+    plans = []
+    for i, agent in enumerate(config.agents):
+        dtype = DTYPES[agent.dtype]
+        lora = agent.lora if not agent.frozen else None
+        require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
+        shape = model_shape(agent.model, dtype, lora)
+        settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+        tokens = settings.max_tokens
+        p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing)
+        weights = shape.params * shape.dtype_bytes
+        p.parts["weights"] = weights
+        learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
+        masters = uses_masters(agent)
+        p.precision = _precision(agent, masters)
+        p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
+        # peft keeps adapters in float32; masters: float32 gradient accumulators and float32 AdamW state
+        trained_bytes = 4 if lora is not None or masters else shape.dtype_bytes
+        if lora is not None:
+            p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
+        offloaded = agent.offload == "optimizer"
+        master_bytes = shape.trainable * 4 * masters
+        state_bytes = 2 * shape.trainable * trained_bytes * learns
+        p.parts["master weights (float32)"] = 0 if offloaded else master_bytes
+        p.parts["gradients"] = shape.trainable * trained_bytes * learns
+        p.parts["optimizer state (AdamW)"] = 0 if offloaded else state_bytes
+        if offloaded:
+            p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
+                      "gradients (the step's copy)": shape.trainable * 4}  # fmt: skip
+        total = _device_total(agent.device, device_memory)
+        p.device_total = total
+        per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
+        rows = settings.rows_per_call
+        auto_on_gpu = rows == "auto" and total is not None and agent.device.startswith("cuda")
+        if rows == "auto":
+            if auto_on_gpu:
+                free = (
+                    total - p.parts["weights"] - p.parts["reference model (KL)"] - p.parts["master weights (float32)"]
+                )
+                pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
+                try:
+                    rows = auto_rows(free=free, total=total, pending=pending, margin=settings.kv_cache_margin,
+                                     bytes_per_row=per_row)  # fmt: skip
+                except Exception as e:  # noqa: BLE001 - the sampler would refuse the same way: say so here
+                    p.advice.append(str(e))
+                    rows = MIN_ROWS
+            else:
+                rows = 64
+        p.rows = int(rows)
+        pool_rows = next_power_of_two(p.rows) if settings.sampler == "static" else p.rows
+        p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
+        p.parts["sampling step floats"] = p.rows * shape.vocab * 16
+        micro = config.trainer.micro_batch_size
+        p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
+        p.parts["activations, gradient checkpointing"] = (
+            activation_bytes(shape, micro, tokens, checkpointing=True) * learns
+        )
+        p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, config.trainer.logprob_chunk_size)
+        held = (
+            p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
+            + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]
+        )  # fmt: skip
+        p.resident = held
+        p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
+        update = held + p.parts["gradients"] + p.parts["log-prob head"]
+        p.update_peak = update + p.parts["activations, one micro-batch"]
+        p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
+        plans.append((p, i, micro, auto_on_gpu and (free - pending, per_row)))
+    _share_devices([p for p, *_ in plans])
+    for p, i, micro, margin in plans:
+        _advise(p, i, micro)
+        if margin and p.fits:
+            _suggest_margin(p, config.rollout.kv_cache_margin, *margin)
+    return [p for p, *_ in plans]
+
+
+def _precision(agent, masters: bool) -> str:
+    if agent.frozen:
+        return f"{agent.dtype} (frozen)"
+    if agent.lora is not None:
+        return f"LoRA, {agent.dtype} base"
+    if masters:
+        return f"{agent.dtype} + fp32 masters" + (", offloaded" if agent.offload == "optimizer" else "")
+    return agent.dtype if agent.dtype == "float32" else f"{agent.dtype}, pure"
+
+
+def _share_devices(plans: list[AgentPlan]) -> None:
+    """Agents on one device take turns (one phase at a time), each holding its resident bytes throughout: each
+    agent's peak counts the others' resident bytes too."""
+    for p in plans:
+        p.others_resident = sum(q.resident for q in plans if q is not p and _same_device(p.device, q.device))
+
+
+def _same_device(a: str, b: str) -> bool:
+    """`cuda` is `cuda:0`; every agent on `cpu` shares the host (on a CPU the plan's sums are host memory)."""
+    return (a if ":" in a or a == "cpu" else f"{a}:0") == (b if ":" in b or b == "cpu" else f"{b}:0")
+
+
+def _device_total(device: str, device_memory: float | None) -> int | None:
+    if device_memory is not None:
+        return int(device_memory * GIB)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return None
+
+
+def _advise(p: AgentPlan, i: int, micro: int) -> None:
+    if p.fits is None or p.fits:
+        return
+    if p.parts["master weights (float32)"]:
+        moved = p.parts["master weights (float32)"] + p.parts["optimizer state (AdamW)"]
+        if p.peak - moved <= p.device_total:
+            p.advice.append(f"set agents.{i}.offload=optimizer ({moved / GIB:.1f} GiB of float32 masters and AdamW "
+                            "state move to the host)")  # fmt: skip
+    if not p.checkpointing and p.update_peak_checkpointed <= p.device_total:
+        p.advice.append(f"set agents.{i}.gradient_checkpointing=true (the update then needs "
+                        f"{p.update_peak_checkpointed / GIB:.1f} GiB)")  # fmt: skip
+    elif micro > 1:
+        p.advice.append(f"lower trainer.micro_batch_size (now {micro})")
+    if p.sampling_peak > p.device_total:
+        p.advice.append("lower rollout.batch_size (or raise rollout.kv_cache_margin with auto) or max_new_tokens")
+    if not p.advice:
+        p.advice.append("give the agent a larger GPU, or a GPU of its own")
+
+
+HEADROOM = 0.05
+"""`_suggest_margin` proposes more rows only where the plan's peak stays this fraction of the card below it."""
+
+
+def _suggest_margin(p: AgentPlan, margin: float, budget: int, per_row: int) -> None:
+    """With `rollout.batch_size: auto`: where the plan's own (conservative) update estimate leaves room for twice
+    the rows per call, the `rollout.kv_cache_margin` that gives them. More rows per call read the weights once for
+    more tokens at each decode step (a 4B agent at 16 rows spent 80 % of its step sampling: benchmarks/results/
+    gpu-h100-paper-step.md). `budget`: the free memory after the weights, their gradients and AdamW state."""
+    rows = 2 * p.rows  # auto's rows are a power of two: the pool doubles
+    peak = p.peak + p.rows * per_row
+    if peak > (1 - HEADROOM) * p.device_total:
+        return
+    wanted = (budget - rows * per_row) / p.device_total  # the largest margin whose budget holds the rows
+    wanted = int(wanted * 20) / 20  # down to a multiple of 0.05
+    if wanted <= 0 or wanted >= margin:
+        return
+    p.advice.append(
+        f"rollout.kv_cache_margin={wanted:.2f} (now {margin:g}) gives {rows} rows per generation call instead of "
+        f"{p.rows}, with a planned peak of {peak / GIB:.1f} GiB of {p.device_total / GIB:.1f}: each decode step "
+        "then reads the weights for twice the rows"
+    )
+
+
+def render(plans: list[AgentPlan]) -> str:
+    """The plan as a console table, one column per agent."""
+    names = [p.name for p in plans]
+    keys = list(plans[0].parts) if plans else []
+    width = max([len(k) for k in keys] + [28])
+    lines = ["memory plan (GiB; estimates for activations and the log-prob head, the rest exact)", ""]
+    lines.append(f"{'':{width}}  " + "  ".join(f"{n:>14}" for n in names))
+    lines.append(f"{'parameters':{width}}  " + "  ".join(f"{p.shape.params / 1e9:>13.2f}B" for p in plans))
+    lines.append(f"{'device':{width}}  " + "  ".join(f"{p.device:>14}" for p in plans))
+    lines.append(f"{'precision':{width}}  " + "  ".join(f"{p.precision:>14}" for p in plans))
+    lines.append(f"{'rows per generation call':{width}}  " + "  ".join(f"{p.rows:>14}" for p in plans))
+    for key in keys:
+        lines.append(f"{key:{width}}  " + "  ".join(f"{p.parts[key] / GIB:>14.2f}" for p in plans))
+    lines.append(f"{'peak while sampling':{width}}  " + "  ".join(f"{p.sampling_peak / GIB:>14.2f}" for p in plans))
+    updates = [p.update_peak_checkpointed if p.checkpointing else p.update_peak for p in plans]
+    lines.append(f"{'peak in the update':{width}}  " + "  ".join(f"{u / GIB:>14.2f}" for u in updates))
+    if any(p.others_resident for p in plans):
+        lines.append(f"{'other agents on the device':{width}}  " + "  ".join(
+            f"{p.others_resident / GIB:>14.2f}" for p in plans))  # fmt: skip
+    host_keys = list(dict.fromkeys(k for p in plans for k in p.host))
+    for key in host_keys:
+        lines.append(f"{'host: ' + key:{width}}  " + "  ".join(f"{p.host.get(key, 0) / GIB:>14.2f}" for p in plans))
+    if host_keys:
+        lines.append(f"{'host memory (pinned)':{width}}  " + "  ".join(
+            f"{sum(p.host.values()) / GIB:>14.2f}" for p in plans))  # fmt: skip
+    lines.append(f"{'device memory':{width}}  " + "  ".join(
+        f"{p.device_total / GIB:>14.2f}" if p.device_total else f"{'unknown':>14}" for p in plans))  # fmt: skip
+    lines.append(f"{'fits':{width}}  " + "  ".join(
+        f"{('yes' if p.fits else 'NO') if p.fits is not None else '-':>14}" for p in plans))  # fmt: skip
+    for p in plans:
+        for line in p.advice:
+            lines.append(f"{p.name}: {line}")
+    if any(p.fits is None for p in plans):
+        lines.append("(device memory unknown for some agents: pass --device-memory GIB, e.g. 80 for an H100)")
+    return "\n".join(lines)

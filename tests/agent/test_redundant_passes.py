@@ -1,0 +1,151 @@
+"""No redundant work in a step: the old-log-prob pass runs only over rows that need it (issue: throughput).
+
+Rows trained in a learner's first optimizer step of the update are trained before any update, so their old
+log-probs are the training forward's own (their ratio is exactly 1); only later mini-batches need the pre-update
+pass, unless another learner reads this agent's log-prob sums (sharing), which must come from the pre-update
+policy: then every row gets it, exactly as before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hacrl.agent.logprobs import TokenBatch, token_logprobs
+from hacrl.tools.cli import main
+from tests.conftest import records, write_config
+
+
+def _count_pass_rows(monkeypatch) -> list[int]:
+    import hacrl.agent.worker
+
+    counted: list[int] = []
+    real = hacrl.agent.worker.AgentWorker._old_logprobs
+
+    def counting(self, samples):
+        counted.append(len(samples))
+        return real(self, samples)
+
+    monkeypatch.setattr(hacrl.agent.worker.AgentWorker, "_old_logprobs", counting)
+    return counted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("algorithm", "mini_batch", "rows_per_agent"),
+    [("gspo", 8, 0), ("gspo", 4, 4), ("grpo", 8, 0), ("hacpo", 4, 8), ("naive", 8, 8)],
+)
+def test_the_old_logprob_pass_covers_only_the_rows_that_need_it(
+    algorithm, mini_batch, rows_per_agent, tiny_agents, tmp_path, monkeypatch
+):
+    counted = _count_pass_rows(monkeypatch)
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": algorithm},
+        trainer={"steps": 1, "mini_batch_size": mini_batch, "micro_batch_size": mini_batch // 2},
+        scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+    )  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    assert counted == [rows_per_agent, rows_per_agent]  # 2 prompts x G = 4: 8 rows per agent
+    record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    if rows_per_agent == 0:  # one optimizer step on the sampling policy: every own ratio is exactly 1
+        for name in ("llama", "qwen"):
+            assert record[f"{name}/own_ratio_mean"] == 1.0 and record[f"{name}/own_clip_frac"] == 0.0
+
+
+@pytest.mark.slow
+def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_path, monkeypatch):
+    """What other learners read (a response's log-prob sum) is the sampling policy's, though the source trains in
+    the same step: the sums qwen's learner received equal a recomputation with llama's weights from before the step,
+    not with its weights after it."""
+    import hacrl.agent.worker
+    from hacrl.config import load_config
+    from hacrl.driver.trainer import Trainer
+
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1},
+        scoring={"function": "tests.reward_fixtures:digits"},
+    )  # fmt: skip
+    received, sampled = {}, {}
+    real_learn, real_sample = hacrl.agent.worker.AgentWorker.learn, hacrl.agent.worker.AgentWorker.sample
+
+    def recording_learn(self, call):
+        received[self.index] = call.foreign
+        return real_learn(self, call)
+
+    def recording_sample(self, *args):
+        out = real_sample(self, *args)
+        sampled[self.index] = self._rollout.samples
+        return out
+
+    monkeypatch.setattr(hacrl.agent.worker.AgentWorker, "learn", recording_learn)
+    monkeypatch.setattr(hacrl.agent.worker.AgentWorker, "sample", recording_sample)
+    trainer = Trainer(load_config(cfg))
+    try:
+        llama = trainer.workers.workers[0]
+        before = {k: v.clone() for k, v in llama.agent.model.state_dict().items()}
+        trainer.train_step()
+        samples = sampled[0]
+        shared = [t.source_logp_sum for t in received[1] if t.source == 0]
+
+        def sums():
+            batch = TokenBatch.build(
+                [s.prompt_ids for s in samples], [s.response_ids for s in samples], llama.agent.pad_id, "cpu"
+            )
+            with torch.no_grad():
+                logp = token_logprobs(llama.agent.model, batch, llama.agent.settings.temperature)
+            return [float(logp[i][batch.response_mask[i]].sum()) for i in range(len(samples))]
+
+        after = sums()
+        llama.agent.model.load_state_dict(before)
+        assert shared == pytest.approx(sums(), abs=1e-5)
+        assert shared != pytest.approx(after, abs=1e-5)  # llama did train in the step
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["hf", "static"])
+def test_sampler_logprobs_replace_the_pass_within_float_rounding(backend, tiny_agents, tmp_path, monkeypatch):
+    """`trainer.old_logprobs: sampler`: no pre-update pass at all, not even for the sums other learners read or the
+    rows after the first optimizer step; the same responses are drawn (recording log-probs changes no score and
+    no random draw), so rewards are identical, and every loss-side metric equals the recomputing run's up to float
+    rounding."""
+    counted = _count_pass_rows(monkeypatch)
+    runs = {}
+    for mode in ("recompute", "sampler"):
+        runs[mode] = tmp_path / mode
+        cfg = write_config(
+            tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode], algorithm={"name": "hacpo"},
+            rollout={"backend": backend},
+            trainer={"steps": 1, "mini_batch_size": 4, "micro_batch_size": 2, "old_logprobs": mode},
+            scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+        )  # fmt: skip
+        assert main(["train", str(cfg)]) == 0
+    assert counted == [8, 8]  # the recomputing run's two agents; the sampler run adds none
+    exact, close = records(runs["recompute"])[-1], records(runs["sampler"])[-1]
+    compared = 0
+    for key, value in exact.items():
+        if any(w in key for w in ("time", "second", "rss", "memory")) or not isinstance(value, float):
+            continue
+        if "reward" in key or "capabilit" in key:
+            assert close[key] == value, key
+        else:
+            assert close[key] == pytest.approx(value, rel=1e-3, abs=1e-4), key
+        compared += 1
+    assert compared > 20
+
+
+def test_sampler_logprobs_refuse_top_p(tiny_agents, tmp_path):
+    """The sampler draws from the top-p-truncated distribution while the loss uses the full one: refused, with
+    the fix named."""
+    from hacrl.config import load_config
+    from hacrl.errors import ConfigError
+
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", rollout={"top_p": 0.9},
+        trainer={"old_logprobs": "sampler"}, scoring={"function": "tests.reward_fixtures:digits"},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="old_logprobs=recompute"):
+        load_config(cfg)

@@ -1,0 +1,86 @@
+"""The config tree: each group checks its own fields, scoring settings live in `scoring:` (old keys refused with
+their new names), and what a resume may change is read from each field's metadata."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacrl.config import ConfigError, ScoringConfig, TrainConfig, load_config
+from hacrl.driver.resume import resume_differences, resume_policy, resume_rules
+
+DEMO = "configs/demo.yaml"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("scoring.workers=0", "scoring.workers must be >= 1, got 0"),
+        ("scoring.function=no_colon", "scoring.function='no_colon' must look like 'package.module:function'"),
+        ("scoring.on_timeout=2.0", r"scoring.on_timeout=2.0 must be in \[0, algorithm.r_max=1.0\]"),
+        ("agents.1.top_p=0", r"agents.1.top_p must be in \(0, 1\], got 0"),
+        ("rollout.kv_cache_margin=1.5", r"rollout.kv_cache_margin must be in \[0, 1\)"),
+        ("trainer.micro_batch_size=3", "trainer.micro_batch_size=3 must divide trainer.mini_batch_size=64"),
+        ("eval.max_prompts=0", "eval.max_prompts must be >= 1 or null"),
+        ("checkpoint.keep_last=0", "checkpoint.every must be >= 0 and checkpoint.keep_last >= 1"),
+        ("algorithm.capability_window=0", "algorithm.capability_window must be >= 1"),
+        ("trainer.old_logprobs=cached", "Invalid value 'cached', expected one of \\['recompute', 'sampler'\\]"),
+        ("scoring.isolation=thread", "Invalid value 'thread'"),
+        ("agents.0.name=eval", "agents.0.name='eval' is the first part of run-wide metric keys"),
+    ],
+)
+def test_each_group_checks_its_fields_and_names_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(DEMO, [override])
+
+
+def test_the_old_data_reward_keys_are_refused_with_their_new_names(tmp_path):
+    with pytest.raises(ConfigError, match=r"data.reward_timeout -> scoring.timeout.*scoring.timeout=\.\.\."):
+        load_config(DEMO, ["data.reward_timeout=3"])
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "agents: [{name: a, model: m}]\nalgorithm: {name: gspo}\n"
+        "data: {reward_function: 'my.mod:f', reward_workers: 2, task: chain_sum}\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config(old)
+    text = str(error.value)
+    assert "data.reward_function -> scoring.function" in text and "data.reward_workers -> scoring.workers" in text
+    new = load_config(DEMO, ["scoring.function=my.mod:f", "scoring.workers=2"])
+    assert (new.scoring.function, new.scoring.workers) == ("my.mod:f", 2)
+
+
+def test_the_resume_policy_is_each_fields_metadata():
+    assert resume_policy("agents.3.device") == resume_policy("rollout.batch_size") == "not_exact"
+    assert resume_policy("eval.num_samples") == resume_policy("runtime.ray.address") == "safe"
+    assert resume_policy("scoring.timeout") == resume_policy("trainer.steps") == "safe"
+    assert resume_policy("scoring.function") == resume_policy("algorithm.delta") == "refused"
+    assert resume_policy("data.task_options.min_digits") == resume_policy("agents.0.lr") == "refused"
+    assert resume_policy("no.such.key") == "refused"
+    safe, not_exact = resume_rules("safe"), resume_rules("not_exact")
+    assert {"eval.*", "logging.*", "checkpoint.*", "runtime.ray.*", "trainer.steps", "scoring.workers"} <= set(safe)
+    assert {"agents.*.device", "agents.*.model", "trainer.micro_batch_size", "runtime.torch_threads"} <= set(not_exact)
+    assert not set(safe) & set(not_exact)
+
+
+def test_a_checkpoint_of_an_earlier_version_is_compared_under_the_new_names():
+    """A checkpoint's config.yaml written with `data.reward_function` still refuses a resume that changes the reward
+    function, and accepts one that only moves it to `scoring.function`."""
+    current = load_config(DEMO, ["scoring.function=my.mod:g", "scoring.workers=3"])
+    saved = _as_saved(current)
+    saved["data"]["reward_function"] = "my.mod:f"
+    saved["data"]["reward_workers"] = 1
+    del saved["scoring"]
+    refused, not_exact = resume_differences(saved, current)
+    assert refused == ["scoring.function: 'my.mod:f' in the checkpoint, 'my.mod:g' now"] and not_exact == []
+    saved["data"]["reward_function"] = "my.mod:g"
+    assert resume_differences(saved, current) == ([], [])
+
+
+def test_scoring_defaults_are_the_scorers():
+    assert ScoringConfig().timeout == 5.0 and TrainConfig().scoring.isolation == "process"
+
+
+def _as_saved(config) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)

@@ -1,0 +1,174 @@
+"""The two backends give the same run: local workers in this process and Ray actors produce identical metrics and
+weights, checkpoints move between them, and a worker that dies stops the driver with a clear error (local Ray on
+the CPU; Ray is part of the dev extra)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
+from hacrl.tools.cli import main
+from tests.conftest import records, same_numbers, same_weights, write_config
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray instance for the module (a run that finds Ray running uses it and leaves it running)."""
+    import logging
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+CASES = {
+    "hacpo": (["llama", "qwen"], {"name": "hacpo"}),
+    "gspo": (["llama", "qwen"], {"name": "gspo"}),
+    "hacpo-3-agents": (["llama", "qwen", "tiny"], {"name": "hacpo"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp_path):
+    names, algorithm = CASES[case]
+    runs = {}
+    for backend in ("local", "ray"):
+        run = tmp_path / backend
+        cfg = write_config(
+            tmp_path / f"{backend}.yaml",
+            tiny_agents,
+            names,
+            run,
+            algorithm=algorithm,
+            trainer={"steps": 3},
+            checkpoint={"every": 0},
+            runtime={"backend": backend, "torch_threads": 2},
+            scoring={"function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
+        )
+        assert main(["train", str(cfg)]) == 0
+        runs[backend] = run
+    same_numbers(records(runs["ray"]), records(runs["local"]))
+    same_weights(runs["ray"], runs["local"], 3, names)
+    assert records(runs["ray"])[-1][f"{names[0]}/optimizer_steps"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("first", "then"), [("ray", "local"), ("local", "ray")])
+def test_a_checkpoint_of_one_backend_resumes_on_the_other(first, then, tiny_agents, tmp_path, reference_run, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    assert main(["train", str(cfg), "trainer.steps=2", f"runtime.backend={first}"]) == 0
+    assert main(["train", str(cfg), "--resume", f"runtime.backend={then}"]) == 0
+    assert "not bit-identical" not in capsys.readouterr().err  # the backend is free to change
+    same_numbers(records(run), records(reference_run))
+    same_weights(run, reference_run, 3)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, tmp_path, reference_run, capsys):
+    """kill -9 of one actor's process after the first checkpoint: the driver stops within seconds with a message
+    naming the agent and the step, the checkpoint stays valid, and --resume continues exactly."""
+    import hacrl.driver.trainer
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    real_save = hacrl.driver.trainer.Trainer.save
+    killed_at: list[float] = []
+
+    def save_then_kill_qwen(trainer):
+        path = real_save(trainer)
+        if trainer.step == 1:
+            pid = trainer.workers.pids()[1]
+            os.kill(pid, signal.SIGKILL)
+            killed_at.append(time.monotonic())
+        return path
+
+    hacrl.driver.trainer.Trainer.save = save_then_kill_qwen
+    try:
+        assert main(["train", str(cfg), "runtime.backend=ray"]) == 2
+    finally:
+        hacrl.driver.trainer.Trainer.save = real_save
+    stopped = time.monotonic() - killed_at[0]
+    err = capsys.readouterr().err
+    assert "run directory error" not in err and "Traceback" not in err
+    assert "the worker of agent 'qwen' died while sampling at step 2" in err, err
+    assert "The latest checkpoint is intact" in err
+    assert stopped < 15, f"the driver took {stopped:.1f}s to notice"
+    assert latest_checkpoint(run).name == "step_000001" and checkpoint_problems(latest_checkpoint(run)) == []
+    assert main(["train", str(cfg), "--resume", "runtime.backend=ray"]) == 0
+    same_numbers(records(run), records(reference_run))
+    same_weights(run, reference_run, 3)
+
+
+@pytest.mark.slow
+def test_an_error_inside_a_worker_reaches_the_user_as_itself(tiny_agents, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((tiny_agents["llama"] / "config.json").read_text())
+    agents = {"llama": bare, "qwen": tiny_agents["qwen"]}
+    cfg = write_config(tmp_path / "c.yaml", agents, ["llama", "qwen"], tmp_path / "run", runtime={"backend": "ray"})
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "model error: agents.0.model:" in err and "holds no tokenizer files" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ray_asked_for_more_than_the_cluster_has_fails_before_any_model_loads(tiny_agents, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    assert main(["train", str(cfg), "runtime.backend=ray", "agents.0.num_cpus=3", "agents.1.num_cpus=3"]) == 2
+    assert "ask Ray for 6 CPUs and 0 GPUs in all, the cluster has 4 and 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ray_without_ray_installed_fails_with_what_to_install(tiny_agents, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real_find_spec(name))
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    assert main(["train", str(cfg), "runtime.backend=ray"]) == 2
+    assert 'pip install "hacrl[ray]"' in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_the_local_backend_and_the_core_never_import_ray(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import hacrl.core, hacrl.driver.backends.local, hacrl.driver.trainer, hacrl.agent.worker; "
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
+    """Both actors are inside `sample` at once: each reports when it entered and left, and the spans overlap."""
+    from hacrl.config import load_config
+    from hacrl.driver.backends import start_workers
+    from hacrl.messages import SampleCall, WorkerSpec
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run"))
+    specs = [
+        WorkerSpec(i, a, cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1) for i, a in enumerate(cfg.agents)
+    ]
+    cfg.runtime.backend = "ray"
+    workers = start_workers(cfg.runtime, specs, [{"num_cpus": 1, "num_gpus": 0}] * 2)
+    try:
+        prompts = [[{"role": "user", "content": "1 + 2 ="}]] * 64
+        results = workers.sample([SampleCall(1, prompts, 8)] * 2)
+    finally:
+        workers.close()
+    (start_a, end_a), (start_b, end_b) = (r.span for r in results)
+    assert max(start_a, start_b) < min(end_a, end_b), "the two agents sampled one after the other"
+    assert [len(r.trajectories) for r in results] == [512, 512]

@@ -1,0 +1,83 @@
+"""Experiment trackers beside TensorBoard (`logging.wandb`, `logging.trackio`), in their offline modes: every
+metric of every step and the resolved config reach them; a missing extra is a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hacrl.config import ConfigError, load_config
+from hacrl.tools.cli import main
+from tests.conftest import records, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_wandb_offline_receives_every_metric_and_the_config(tiny_agents, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from wandb.sdk.wandb_run import Run
+
+    logged, started = [], []
+    real_log, real_init = Run.log, wandb.init
+
+    def recording_log(self, data, step=None, **kwargs):
+        logged.append((step, dict(data)))
+        return real_log(self, data, step=step, **kwargs)
+
+    def recording_init(**kwargs):
+        started.append(kwargs)
+        return real_init(**kwargs)
+
+    monkeypatch.setattr(Run, "log", recording_log)
+    monkeypatch.setattr(wandb, "init", recording_init)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
+                       logging={"console": False, "wandb": {"project": "hacrl-test", "mode": "offline"}})  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    logged_records = records(run)
+    assert [step for step, _ in logged] == [r["step"] for r in logged_records]
+    for (_, data), record in zip(logged, logged_records, strict=True):  # every finite number of the step, as logged
+        assert data == {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+    assert started[0]["config"]["trainer"]["steps"] == 2 and started[0]["config"]["run_dir"] == str(run)
+    assert started[0]["name"] == "run" and started[0]["mode"] == "offline"
+    (stream,) = run.glob("wandb/offline-run-*/run-*.wandb")  # written offline, in the run directory
+    assert b"llama/reward_mean" in stream.read_bytes()
+
+
+@pytest.mark.slow
+def test_trackio_receives_every_metric_in_its_local_store(tiny_agents, tmp_path):
+    pytest.importorskip("trackio")
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
+                       logging={"console": False, "trackio": {"project": "hacrl-test"}})  # fmt: skip
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "hacrl", "train", str(cfg)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "trackio" / "hacrl-test.db")
+    rows = db.execute("select step, metrics from metrics where run_name = 'run' order by step").fetchall()
+    logged_records = records(run)
+    assert [step for step, _ in rows] == [r["step"] for r in logged_records]
+    assert json.loads(rows[-1][1])["qwen/loss"] == logged_records[-1]["qwen/loss"]
+    (config,) = db.execute("select config from configs").fetchone()
+    assert json.loads(config)["run_dir"] == str(run)
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "trackio"])
+def test_a_tracker_without_its_extra_is_a_clear_error(tracker, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else real(name, *a))
+    with pytest.raises(
+        ConfigError, match=rf'logging.{tracker} needs {tracker}, an optional extra: pip install "hacrl\[{tracker}\]"'
+    ):
+        load_config("configs/demo.yaml", [f"logging.{tracker}={{project: p}}"])

@@ -1,0 +1,158 @@
+"""Rewards (extraction, math-verify, reasoning-gym, user functions) and data (splits, files, resumable stream)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hacrl.config import DataConfig
+from hacrl.tasks.data import PromptStream, load_task
+from hacrl.tasks.rewards import RewardError, extract_answer, import_reward_function, math_reward, score
+from tests.conftest import TASK
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("first \\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("work\n#### 72", "72"),
+        ("Answer: 5\nmore text\nthe answer is: 6", "6"),
+        ("12,13,4\n432", "432"),
+        ("\\boxed{unbalanced", "\\boxed{unbalanced"),
+        ("", ""),
+    ],
+)
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_math_reward_checks_equivalence():
+    fn = math_reward(timeout=5)
+    completions = ["so \\boxed{0.5}", "#### 1/2", "answer: 3", "no idea", "\\boxed{\\frac{2}{4}}"]
+    assert fn(prompts=[""] * 5, completions=completions, answer=["\\frac{1}{2}", "0.5", "4", "1", "0.5"]) == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        1.0,
+    ]
+
+
+def user_reward(prompts, completions, answer, **kwargs):
+    return [float(c.strip() == str(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def raising_reward(prompts, completions, **kwargs):
+    raise KeyError("oops")
+
+
+def test_user_reward_function_by_dotted_path():
+    fn = import_reward_function("tests.tasks.test_rewards_and_data:user_reward")
+    assert score(fn, ["p", "q"], ["3", "x"], {"answer": [3, 4]}, r_max=1.0) == [1.0, 0.0]
+    with pytest.raises(RewardError, match="cannot import module 'no_such_module'"):
+        import_reward_function("no_such_module:f")
+    with pytest.raises(RewardError, match="has no callable 'nope'"):
+        import_reward_function("tests.tasks.test_rewards_and_data:nope")
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (raising_reward, "reward function raising_reward raised KeyError: 'oops' .*first: 'a'"),
+        (lambda prompts, completions, **kw: [1.0], "must return a list of 2 floats, got 1"),
+        (lambda prompts, completions, **kw: [1.0, math.nan], "returned nan \\(float\\) for sample 1 \\(completion 'b"),
+        (lambda prompts, completions, **kw: [1.0, 2.0], "returned 2.0 .*sample 1 .* in \\[0, algorithm.r_max=1.0\\]"),
+        (lambda prompts, completions, **kw: [1.0, "x"], "returned 'x' \\(str\\) for sample 1"),
+        (lambda prompts, completions, **kw: [1.0, "1.0"], "returned '1.0' \\(str\\) for sample 1"),
+    ],
+)
+def test_bad_reward_functions_stop_with_a_message_naming_function_and_sample(fn, message):
+    with pytest.raises(RewardError, match=message):
+        score(fn, ["p", "q"], ["a", "b"], {}, r_max=1.0)
+
+
+def test_reasoning_gym_splits_are_disjoint_and_scored_by_the_task():
+    task = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60))
+    eval_questions = {ex.prompt for ex in task.eval}
+    assert len(task.eval) == 40 and 0 < len(task.train) <= 300
+    assert not eval_questions & {ex.prompt for ex in task.train}
+    # the training split is fixed by the held-out pool, not by how much of it is evaluated
+    smaller = load_task(DataConfig(**TASK, train_size=300, eval_size=10, heldout_size=60))
+    assert [e.prompt for e in smaller.train] == [e.prompt for e in task.train]
+    assert [e.prompt for e in smaller.eval] == [e.prompt for e in task.eval[:10]]
+    ex = task.eval[0]
+    assert ex.messages == [{"role": "user", "content": ex.prompt}]
+    right, wrong = f"steps...\nanswer: {ex.columns['answer']}", "answer: 99999"
+    assert task.reward(
+        prompts=[ex.prompt] * 2, completions=[right, wrong], **{k: [v, v] for k, v in ex.columns.items()}
+    ) == [1.0, 0.0]
+    again = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60))  # seeded: the same data
+    assert [e.prompt for e in again.train] == [e.prompt for e in task.train]
+
+
+def test_file_data_with_chat_messages_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"question": "2+2?", "solution": "4", "level": 1},
+        {
+            "question": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3+3?"}],
+            "solution": "6",
+            "level": 2,
+        },
+    ]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    pq.write_table(pa.Table.from_pylist([{"question": "1+1?", "solution": "2"}]), tmp_path / "eval.parquet")
+    cfg = DataConfig(
+        source="file",
+        train_file=str(tmp_path / "train.jsonl"),
+        eval_file=str(tmp_path / "eval.parquet"),
+        prompt_column="question",
+        answer_column="solution",
+        system_prompt="think",
+    )
+    task = load_task(cfg)
+    assert task.train[0].messages == [{"role": "system", "content": "think"}, {"role": "user", "content": "2+2?"}]
+    assert task.train[1].messages[0] == {"role": "system", "content": "be brief"}
+    assert task.train[1].columns["answer"] == "6" and task.train[1].columns["level"] == 2
+    assert task.eval[0].columns["answer"] == "2"
+    assert task.reward(prompts=["x"], completions=["\\boxed{4}"], answer=["4"]) == [1.0]  # math verifier by default
+
+
+def test_bad_data_files(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "1"}\n{not json}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2 is not valid JSON"):
+        load_task(DataConfig(source="file", train_file=str(tmp_path / "bad.jsonl")))
+    (tmp_path / "cols.jsonl").write_text('{"q": "a", "answer": "1"}\n')
+    with pytest.raises(ValueError, match="cols.jsonl:1 \\(line 1\\) has no column 'prompt' \\(columns: \\['answer'"):
+        load_task(DataConfig(source="file", train_file=str(tmp_path / "cols.jsonl")))
+    with pytest.raises(ValueError, match="reasoning-gym says"):
+        load_task(DataConfig(task="chain_sum", task_options={"no_such_option": 1}))
+
+
+def test_prompt_stream_is_seeded_covers_each_epoch_and_resumes():
+    items = list(range(10))
+    stream = PromptStream(items, seed=3)
+    first_epoch = stream.next_batch(10)
+    assert sorted(first_epoch) == items and first_epoch != items
+    stream.next_batch(4)
+    state = stream.state_dict()
+    expected = stream.next_batch(12)
+    resumed = PromptStream(items, seed=3)
+    resumed.load_state_dict(state)
+    assert resumed.next_batch(12) == expected
+    with pytest.raises(ValueError, match="saved for other training data"):
+        PromptStream(items[:5], seed=3).load_state_dict(state)
+
+
+def test_a_hostile_output_cannot_hang_the_math_verifier():
+    """A power tower sympy would try to evaluate for ever: the per-call time limit scores it 0 and moves on."""
+    import time
+
+    fn = math_reward(timeout=1)
+    start = time.perf_counter()
+    assert fn(prompts=[""], completions=["\\boxed{9^{9^{9^{9^{9^{9}}}}}}"], answer=["3"]) == [0.0]
+    assert time.perf_counter() - start < 30  # without the limit this does not return
