@@ -134,6 +134,31 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
     return path
 
 
+def fails_cleanly(capsys, argv: list[str], *expected: str) -> str:
+    """`hacrl ARGV` takes the one error path: exit status 2, at most two lines on stderr, no traceback, each of
+    `expected` in them. Returns stderr."""
+    from hacrl.tools.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") <= 2, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def pair_config(tiny_agents: dict[str, Path], tmp_path: Path, **sections) -> Path:
+    """`write_config` for the llama + qwen pair in `tmp_path/run` (3 steps unless `trainer` says otherwise)."""
+    sections.setdefault("trainer", {"steps": 3})
+    return write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", **sections)
+
+
+@pytest.fixture()
+def reference(reference_run: Path) -> Path:
+    """The uninterrupted 3-step run every interrupted and resumed one must reproduce (`reference_run`)."""
+    return reference_run
+
+
 @pytest.fixture(scope="session")
 def reference_run(tiny_agents, tmp_path_factory) -> Path:
     """An uninterrupted 3-step HACPO run of llama + qwen, checkpointed every step: what every interrupted and

@@ -21,11 +21,6 @@ from tests.conftest import records, same_numbers, same_weights, write_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture()
-def reference(reference_run):
-    return reference_run
-
-
 MARK = ("HACRL_TEST_FAULTS", str(os.getpid()))
 """In the environment of every trainer these tests start, so inherited by its scoring processes: scorers of other
 hacrl runs on the same machine (a benchmark beside the suite) are never taken for this test's orphans."""
