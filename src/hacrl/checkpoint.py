@@ -39,7 +39,7 @@ from hacrl.files import sha256_of
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _TMP_DIR = re.compile(r"^step_(\d{6,})\.tmp(-.*)?$")
-_REQUIRED_STATE = ("step", "agents", "capability", "data")
+_REQUIRED_STATE = ("step", "agents", "capability", "data", "files")
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -155,16 +155,17 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
     problems = [f"state.json has no {key!r}" for key in _REQUIRED_STATE if key not in state]
     if problems:
         return problems
-    listed = state.get("files")
-    if isinstance(listed, dict):  # written by this version: sizes and digests of every file
-        for name, info in listed.items():
-            file = path / name
-            if not file.is_file():
-                problems.append(f"{name} is missing")
-            elif file.stat().st_size != info.get("size"):
-                problems.append(f"{name} has {file.stat().st_size} bytes, {info.get('size')} were written (cut off?)")
-            elif verify_digests and sha256_of(file) != info.get("sha256"):
-                problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
+    listed = state["files"]
+    if not isinstance(listed, dict):
+        return ["state.json's 'files' is not a mapping of file names to sizes and digests"]
+    for name, info in listed.items():
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif file.stat().st_size != info.get("size"):
+            problems.append(f"{name} has {file.stat().st_size} bytes, {info.get('size')} were written (cut off?)")
+        elif verify_digests and sha256_of(file) != info.get("sha256"):
+            problems.append(f"{name} does not match its SHA-256 (the bytes changed after it was written)")
     frozen = set(state.get("frozen") or [])
     for name in state["agents"]:
         part = agent_part(path, name)

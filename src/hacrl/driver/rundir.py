@@ -73,12 +73,6 @@ def claim_run_dir(run_dir: str | Path) -> Claim:
                 "writes a run only into a new or empty directory, or one of its own runs (marked by a "
                 f"{RUN_MARKER} file), so that it never overwrites or deletes your files: choose another "
                 "trainer.output_dir (e.g. a subdirectory) or move those files away."
-                + (
-                    f" If it is a run of a hacrl from before the {RUN_MARKER} mark, claim it with `touch "
-                    f"{run_dir / RUN_MARKER}` and start again."
-                    if _looks_like_an_unmarked_run(run_dir)
-                    else ""
-                )
             )
     created = not run_dir.exists()
     try:
@@ -87,17 +81,6 @@ def claim_run_dir(run_dir: str | Path) -> Claim:
     except OSError as e:
         raise RunDirError(f"trainer.output_dir={str(run_dir)!r} cannot be created or written: {e}") from e
     return Claim(run_dir, created_dir=created, marked=not marked)
-
-
-def _looks_like_an_unmarked_run(run_dir: Path) -> bool:
-    """Checkpoints named as hacrl names them (only for the refusal's hint: a directory is a run only when marked)."""
-    import re
-
-    checkpoints = run_dir / "checkpoints"
-    try:
-        return checkpoints.is_dir() and any(re.match(r"step_\d{6,}$", p.name) for p in checkpoints.iterdir())
-    except OSError:
-        return False
 
 
 class RunLock:
