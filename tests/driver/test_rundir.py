@@ -87,9 +87,9 @@ def test_an_empty_directory_or_a_new_path_is_claimed_and_marked(tiny_agents, tmp
     assert main(["train", str(cfg)]) == 0
     assert (run / RUN_MARKER).is_file() and (run / "metrics.jsonl").is_file()
     assert main(["train", str(cfg), "trainer.steps=2", "--resume"]) == 0  # its own run: resumed
-    (run / RUN_MARKER).unlink()  # a run written before the mark existed: refused, with how to claim it
+    (run / RUN_MARKER).unlink()  # without the mark it is not a run of hacrl's: refused, untouched
     assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 2
-    assert f"claim it with `touch {run / RUN_MARKER}`" in " ".join(capsys.readouterr().err.split())
+    assert "already holds files that hacrl did not write" in " ".join(capsys.readouterr().err.split())
     (run / RUN_MARKER).touch()
     assert main(["train", str(cfg), "trainer.steps=3", "--resume"]) == 0
     assert records(run)[-1]["step"] == 3

@@ -51,10 +51,10 @@ def test_two_heterogeneous_agents_train_and_save_plain_hf_models(algorithm, tiny
     assert [key for r in logged_records for key in unknown_keys(r)] == []  # every logged key is a registered metric
     for name in ("llama", "qwen"):
         for key in PER_AGENT_KEYS:
-            assert math.isfinite(records[-1][f"{name}/{key}"]), f"{name}/{key}"
+            assert math.isfinite(logged_records[-1][f"{name}/{key}"]), f"{name}/{key}"
         # pool = 2 prompts x 4 per agent; mini-batch 4: 2 optimizer steps alone, 4 when the pool is shared
         assert logged_records[-1][f"{name}/optimizer_steps"] == (4 if algorithm in ("hacpo", "naive") else 2)
-        # pass@1 is what the per-prompt evaluation logged_records say: the share of greedy completions with full reward
+        # pass@1 is what the per-prompt evaluation records say: the share of greedy completions with full reward
         evaluated = [json.loads(line)["agents"][name] for line in (run / "eval" / "step_000002.jsonl").open()]
         full = sum(record["reward"] >= 1.0 for record in evaluated) / len(evaluated)
         assert len(evaluated) == 8 and logged_records[-1][f"eval/{name}/pass@1"] == pytest.approx(full)
