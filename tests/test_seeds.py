@@ -7,10 +7,13 @@ import pytest
 from hacrl import seeds
 
 
-@pytest.mark.parametrize("seed", [0, 1, 7, 2**40 - 1])
-def test_the_streams_of_a_run_are_pairwise_distinct(seed):
-    streams = seeds.streams(seed, agents=8, steps=300, epochs=100, splits=("", "math500", "aime24", "gsm8k"))
-    assert len(streams) == 8 * 2 + 100 + 301 * 4 * 8
+@pytest.mark.parametrize(("seed", "ranks"), [(0, 1), (1, 1), (7, 4), (2**40 - 1, 8)])
+def test_the_streams_of_a_run_are_pairwise_distinct(seed, ranks):
+    """Also with every agent on `ranks` ranks (agents.<i>.devices): rank r > 0 draws from a stream of its own."""
+    streams = seeds.streams(
+        seed, agents=8, steps=300, epochs=100, splits=("", "math500", "aime24", "gsm8k"), ranks=ranks
+    )
+    assert len(streams) == 8 * 2 + 8 * (ranks - 1) + 100 + 301 * 4 * 8 * ranks
     by_value: dict[int, list[tuple]] = {}
     for name, value in streams.items():
         by_value.setdefault(value, []).append(name)
@@ -29,3 +32,5 @@ def test_the_old_collision_is_gone():
     # an evaluation stream is keyed by the split's name, not its position
     assert seeds.evaluation(0, 5, "math500", 1) == seeds.evaluation(0, 5, "math500", 1)
     assert len({seeds.evaluation(0, 5, s, 1) for s in ("", "math500", "aime24")}) == 3
+    # rank 0 of a worker group keeps the agent's stream: K = 1 runs are unchanged
+    assert seeds.rank(seeds.training(3, 1), 0) == seeds.training(3, 1)

@@ -4,6 +4,10 @@ Layout of `<output_dir>/checkpoints/step_000010/` (each worker writes its agent'
     agents/<name>/        a plain Hugging Face model directory (safetensors, config, tokenizer, chat template)
     optimizer/<name>.pt   the agent's AdamW state (tensors and numbers only; loaded with weights_only=True)
     rng/<name>.pt         the agent's random stream (CPU / CUDA generator states; tensors only)
+  an agent on K >= 2 devices (`agents.<i>.devices`, a worker group; rank 0 writes the model directory, gathered):
+    optimizer/<name>/     its AdamW state sharded with torch.distributed.checkpoint (each rank writes its part:
+                          `__<rank>_0.distcp`, and `.metadata`), instead of optimizer/<name>.pt
+    rng/<name>.rank<r>.pt the random stream of rank r >= 1 (rank 0's is rng/<name>.pt)
     config.yaml           the run's resolved config
     state.json            step, agent names (and which are frozen: their part is rng/<name>.pt only), capability
                           history, data position, and the size and SHA-256 of every other file of the checkpoint
@@ -16,7 +20,9 @@ Rules:
    size (and its SHA-256 when `checkpoint.verify_digests`), each safetensors header and optimizer archive
    readable. A damaged newest checkpoint is renamed `step_N.damaged` (kept for inspection) and resume falls back
    to the newest good one, saying so; an explicitly named checkpoint is never replaced by another.
-3. Loading never unpickles code: safetensors, and `torch.load(weights_only=True)`.
+3. Loading never unpickles code: safetensors, `torch.load(weights_only=True)`, and a sharded optimizer's
+   `.metadata` (a pickle written by torch.distributed.checkpoint) through an unpickler that admits only its own
+   record classes (`read_sharded_metadata`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 import torch
 
 from hacrl import faults
-from hacrl.errors import CheckpointError
+from hacrl.errors import CheckpointError, first_line
 from hacrl.files import sha256_of
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -181,10 +187,51 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
             if problem:
                 problems.append(f"{weights.relative_to(path)}: {problem}")
         optimizer = part.optimizer_file
-        problem = _torch_file_problem(optimizer)
+        if not optimizer.exists() and part.optimizer_dir.is_dir():  # sharded (an agent on K devices)
+            optimizer, problem = part.optimizer_dir, _sharded_problem(part.optimizer_dir)
+        else:
+            problem = _torch_file_problem(optimizer)
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
     return sorted(set(problems), key=problems.index)
+
+
+_SHARDED_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+        "TensorStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+}  # fmt: skip
+
+
+def read_sharded_metadata(directory: str | Path):
+    """The `.metadata` of a torch.distributed.checkpoint directory, unpickled with only its own record classes
+    (and torch.Size / dtypes) admitted: a file that names anything else is refused, never run."""
+    import pickle
+
+    class _Records(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+                return getattr(torch, name)
+            if name in _SHARDED_METADATA_CLASSES.get(module, ()):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+    with open(Path(directory) / ".metadata", "rb") as f:
+        return _Records(f).load()
+
+
+def _sharded_problem(directory: Path) -> str | None:
+    try:
+        metadata = read_sharded_metadata(directory)
+        files = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the problem we report
+        return f"its .metadata cannot be read ({type(e).__name__}: {first_line(e, 120)})"
+    missing = sorted(f for f in files if not (directory / f).is_file())
+    return f"{', '.join(missing)} missing" if missing else None
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -295,8 +342,17 @@ class AgentPart:
         return self.checkpoint / "optimizer" / f"{self.name}.pt"
 
     @property
+    def optimizer_dir(self) -> Path:
+        """A worker group's sharded optimizer state (torch.distributed.checkpoint)."""
+        return self.checkpoint / "optimizer" / self.name
+
+    @property
     def rng_file(self) -> Path:
         return self.checkpoint / "rng" / f"{self.name}.pt"
+
+    def rank_rng_file(self, rank: int) -> Path:
+        """Rank `rank`'s random stream in a worker group (rank 0's is `rng_file`)."""
+        return self.rng_file if rank == 0 else self.checkpoint / "rng" / f"{self.name}.rank{rank}.pt"
 
 
 def agent_part(path: str | Path, name: str) -> AgentPart:

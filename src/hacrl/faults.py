@@ -2,7 +2,8 @@
 
 `HACRL_FAULTS="update.micro_batch:3,checkpoint.agent:1:TERM"` makes the 3rd time this process passes
 `hit("update.micro_batch")` send it SIGKILL, and the 1st `hit("checkpoint.agent")` send it SIGTERM. Without the
-variable (always, outside tests) `hit` is a dictionary lookup. The places:
+variable (always, outside tests) `hit` is a dictionary lookup. With `HACRL_FAULTS_RANK=r` the plan holds only in
+rank r of a worker group (`agents.<i>.devices`), not in the driver or the other ranks. The places:
 
     sampling             after an agent sampled its responses
     scoring              after every agent's responses were scored (one call per step)
@@ -21,9 +22,20 @@ from collections.abc import Callable
 
 _plan: dict[str, tuple[int, signal.Signals]] | None = None
 _counts: dict[str, int] = {}
+_rank: int | None = None
+
+
+def set_rank(rank: int) -> None:
+    """This process is rank `rank` of a worker group (for `HACRL_FAULTS_RANK`)."""
+    global _rank
+    _rank = rank
+    reset()
 
 
 def _load() -> dict[str, tuple[int, signal.Signals]]:
+    only = os.environ.get("HACRL_FAULTS_RANK")
+    if only is not None and _rank != int(only):
+        return {}
     plan = {}
     for item in filter(None, (x.strip() for x in os.environ.get("HACRL_FAULTS", "").split(","))):
         name, _, rest = item.partition(":")

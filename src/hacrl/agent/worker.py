@@ -71,7 +71,17 @@ class AgentWorker:
         self.name = spec.agent.name
         self.algorithm = get_algorithm(spec.algorithm.name)
         self.params = spec.algorithm.params()
-        self.agent = Agent(
+        self.agent = self._build_agent(spec)
+        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
+        self._cuda_devices = cuda
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(self._training_seed())
+            self._rng = self._capture_rng()
+        self._rollout: _Rollout | None = None
+        self.optimizer_steps = 0
+
+    def _build_agent(self, spec: WorkerSpec) -> Agent:
+        return Agent(
             spec.index,
             spec.agent,
             spec.rollout,
@@ -80,29 +90,35 @@ class AgentWorker:
             weights_from=spec.weights_from,
             init_seed=seeds.adapters(spec.trainer.seed, spec.index),
         )
-        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
-        self._cuda_devices = cuda
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(seeds.training(spec.trainer.seed, spec.index))
-            self._rng = self._capture_rng()
-        self._rollout: _Rollout | None = None
-        self.optimizer_steps = 0
+
+    def _training_seed(self) -> int:
+        """The seed of this worker's own stream (sampling, dropout)."""
+        return seeds.training(self.spec.trainer.seed, self.index)
 
     # -- the five calls ----------------------------------------------------------------------------------------------
 
     def sample(self, call: SampleCall) -> Sampled:
         """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3)."""
-        agent, step, group_size = self.agent, call.step, call.group_size
         began = time.time()
+        self.agent.sync_sampling_weights()
+        self._rollout, generate_s, logprobs_s = self._sample_share(call, range(len(call.prompts)))
+        return Sampled(self._rollout.trajectories, generate_s, logprobs_s, (began, time.time()))
+
+    def _sample_share(self, call: SampleCall, groups: range) -> tuple[_Rollout, float, float]:
+        """Prompts `groups` of `call` (all of them on one worker; a rank's share in a worker group), sampled from
+        this worker's stream: the rollout (row i is response i % G of prompt groups[i // G]), the seconds spent
+        sampling and computing old log-probs."""
+        agent, step, group_size = self.agent, call.step, call.group_size
         start = time.perf_counter()
-        prompt_ids = [agent.render_prompt(messages)[0] for messages in call.prompts]
+        prompt_ids = [agent.render_prompt(call.prompts[g])[0] for g in groups]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
-        agent.sync_sampling_weights()
         with self._own_rng(), self._guarded("sampling", step):
             samples = generate(agent, prompt_ids, group_size, logprobs=from_sampler)
         faults.hit("sampling")
         generated = time.perf_counter()
-        needed = self._rows_needing_old_logprobs(len(samples))
+        first = groups.start * group_size  # the share's first row in the whole step's order
+        needed = [i - first for i in self._rows_needing_old_logprobs(len(call.prompts) * group_size)
+                  if first <= i < first + len(samples)]  # fmt: skip
         if from_sampler:  # trainer.old_logprobs=sampler: what the sampler computed while drawing, no extra pass
             computed = iter(torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in needed)
         else:
@@ -113,7 +129,7 @@ class AgentWorker:
         done = time.perf_counter()
         trajectories = [
             Trajectory(
-                group=i // group_size,
+                group=groups.start + i // group_size,
                 text=s.text,
                 reward=float("nan"),
                 source=self.index,
@@ -124,8 +140,7 @@ class AgentWorker:
             )
             for i, s in enumerate(samples)
         ]
-        self._rollout = _Rollout(step, prompt_ids, samples, old_logp, trajectories)
-        return Sampled(trajectories, generated - start, done - generated, (began, time.time()))
+        return _Rollout(step, prompt_ids, samples, old_logp, trajectories), generated - start, done - generated
 
     def learn(self, call: LearnCall) -> Learned:
         """One training step's update of this learner on its pool: advantages, then one optimizer step per
@@ -266,6 +281,15 @@ class AgentWorker:
             return list(range(count))
         return list(range(min(count, self.spec.trainer.mini_batch_size), count))
 
+    def _sampling_model(self) -> torch.nn.Module:
+        """The module whose weights the sampler reads (old log-probs are computed with it too)."""
+        return self.agent.model
+
+    def _logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """The training forward: per-token log-probs of `batch` under the trained weights, with autograd."""
+        chunk = self.spec.trainer.logprob_chunk_size
+        return token_logprobs(self.agent.model, batch, self.agent.settings.temperature, chunk_size=chunk)
+
     @torch.no_grad()
     def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
@@ -277,7 +301,7 @@ class AgentWorker:
                 [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
             )
             logp = token_logprobs(
-                agent.model, tb, agent.settings.temperature, chunk_size=self.spec.trainer.logprob_chunk_size
+                self._sampling_model(), tb, agent.settings.temperature, chunk_size=self.spec.trainer.logprob_chunk_size
             )
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
@@ -343,21 +367,8 @@ class AgentWorker:
             mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
             if not mini:
                 continue
-            num_own = sum(rows[i].source == self.index for i in mini)
             agent.optimizer.zero_grad(set_to_none=True)
-            for micro_start in range(0, len(mini), cfg.micro_batch_size):
-                micro = mini[micro_start : micro_start + cfg.micro_batch_size]
-                out = self._micro_batch_loss(
-                    [rows[i] for i in micro],
-                    [adv[i] for i in micro],
-                    capabilities,
-                    step_index=m,
-                    num_seqs=len(mini),
-                    num_own=max(num_own, 1),
-                )
-                out.loss.backward()
-                reducer.add(out.metrics)
-                faults.hit("update.micro_batch")
+            self._accumulate(rows, adv, mini, capabilities, m, reducer)
             reducer.end_mini_batch()
             grad_norm = agent.optimizer.clip_grad_norm(agent.cfg.grad_clip)  # float32 with masters
             if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
@@ -389,12 +400,31 @@ class AgentWorker:
         metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
         return metrics
 
+    def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
+        """The gradient of mini-batch `mini` (row indices; optimizer step `m`), accumulated micro-batch by
+        micro-batch; each micro-batch's loss is divided by the mini-batch's sizes, so the sum is its gradient."""
+        num_own = sum(rows[i].source == self.index for i in mini)
+        size = self.spec.trainer.micro_batch_size
+        for micro_start in range(0, len(mini), size):
+            micro = mini[micro_start : micro_start + size]
+            out = self._micro_batch_loss(
+                [rows[i] for i in micro],
+                [adv[i] for i in micro],
+                capabilities,
+                step_index=m,
+                num_seqs=len(mini),
+                num_own=max(num_own, 1),
+            )
+            out.loss.backward()
+            reducer.add(out.metrics)
+            faults.hit("update.micro_batch")
+
     def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
         agent = self.agent
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
         chunk = self.spec.trainer.logprob_chunk_size
-        logp = token_logprobs(agent.model, tb, agent.settings.temperature, chunk_size=chunk)
+        logp = self._logprobs(tb)
         old = torch.zeros_like(logp)
         for i, r in enumerate(rows):
             if r.old_logp is not None:

@@ -113,6 +113,14 @@ class AgentConfig:
     moves cost time, logged as `time/offload`."""
     device: str = field(default="cpu", metadata=NOT_EXACT)
     """torch device of this agent: `cpu`, `cuda`, `cuda:1`, ..."""
+    devices: list[str] | None = field(default=None, metadata=NOT_EXACT)
+    """K >= 2 devices for one agent, e.g. `[cuda:0, cuda:1, cuda:2, cuda:3]`: the agent runs as a worker group of K
+    ranks (one process each, one torch.distributed group: NCCL on GPUs, gloo on CPU), its model sharded with FSDP2
+    (float32 master shards, `dtype` compute, float32 gradient reductions; `offload: optimizer` keeps the shards and
+    AdamW's state on the host). The prompts of a step and the rows of each mini-batch are split across the ranks; the
+    update equals the one-device update up to float summation order. `[cpu, cpu]` runs two gloo ranks on the CPU
+    (tests). Under `runtime.backend: ray` each rank is an actor asking for `num_cpus` and `num_gpus`; Ray picks the
+    GPUs, the list's length is K. None: one device, `device`."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -173,6 +181,8 @@ class AgentConfig:
         if self.num_gpus > 0 and not self.device.startswith("cuda"):
             raise ConfigError(f"{where}.num_gpus={self.num_gpus} asks for a GPU: set {where}.device=cuda")
         learns = not self.frozen
+        if self.devices is not None:
+            self._check_devices(where)
         if learns and self.dtype == "float16":
             raise ConfigError(
                 f"{where}.dtype=float16 cannot train: float16 gradients underflow without loss scaling, which hacrl "
@@ -194,6 +204,41 @@ class AgentConfig:
                 raise ConfigError(f"{where}: a frozen agent trains nothing, so {where}.lora has nothing to do; "
                                   "remove one of them")  # fmt: skip
             self.lora.check(f"{where}.lora")
+
+    def _check_devices(self, where: str) -> None:
+        devices = self.devices
+        if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
+            raise ConfigError(
+                f"{where}.devices must be a list of torch device names like [cuda:0, cuda:1], got {devices!r}"
+            )
+        if len(devices) < 2:
+            raise ConfigError(
+                f"{where}.devices={devices} names one device: set {where}.device={devices[0] if devices else 'cuda'} "
+                "instead (devices is for a worker group of K >= 2 ranks)"
+            )
+        kinds = {d.split(":")[0] for d in devices}
+        if kinds not in ({"cpu"}, {"cuda"}):
+            raise ConfigError(
+                f"{where}.devices={devices}: a worker group runs on CPUs (gloo: [cpu, cpu]) or on GPUs (NCCL: "
+                "[cuda:0, cuda:1]), not on a mix"
+            )
+        if kinds == {"cuda"} and len(set(devices)) != len(devices):
+            raise ConfigError(f"{where}.devices={devices} names a GPU twice: each rank needs a GPU of its own")
+        if self.frozen:
+            raise ConfigError(
+                f"{where}: a frozen agent trains nothing, so sharding it over {where}.devices gains nothing; give it "
+                f"one {where}.device"
+            )
+        if self.lora is not None:
+            raise ConfigError(
+                f"{where}: LoRA agents train on one device ({where}.devices with {where}.lora is not supported yet: "
+                f"their adapters are small); remove {where}.devices, or train the whole agent"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        """K: the ranks of this agent's worker group (1: one worker on `device`)."""
+        return len(self.devices) if self.devices else 1
 
 
 @dataclass
@@ -613,6 +658,10 @@ class RayConfig:
     address: str | None = None
     """None: start a Ray instance on this machine for the run; `auto` or `host:port`: join a running cluster
     (`ray start --head`), which the run leaves running."""
+    group_strategy: Literal["STRICT_PACK", "PACK", "SPREAD"] = "STRICT_PACK"
+    """How the K rank actors of an agent on several devices (`agents.<i>.devices`) are placed (a Ray placement
+    group of K bundles): `STRICT_PACK` all on one node (the default: NCCL inside one node); `PACK` or `SPREAD`
+    across nodes when one node has too few GPUs."""
 
 
 @dataclass

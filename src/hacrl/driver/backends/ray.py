@@ -8,6 +8,10 @@
 - Failures: an error raised by hacrl inside a worker (a model directory that does not load, ...) reaches the user as
   that error; a worker process that dies stops the driver at once with a `WorkerError` naming the agent and what it
   was doing, and the latest checkpoint stays valid (`--resume`); any other exception keeps its remote traceback.
+- An agent on K >= 2 devices (`agents.<i>.devices`) is K actors in a placement group of K bundles of its
+  `num_cpus` / `num_gpus` (`runtime.ray.group_strategy`: one node by default), each a rank
+  (`hacrl.agent.sharded.ShardedWorker`); rank 0's node and a free port of it are the process group's rendezvous.
+  Calls go to every rank; rank 0 answers. A rank that dies stops the run naming the agent and the rank.
 - The run directory must be on a file system every node of the cluster sees (workers write their checkpoint parts
   there).
 """
@@ -33,13 +37,27 @@ class _Actor:
     def __init__(self) -> None:
         self.worker: AgentWorker | None = None
 
-    def setup(self, spec: WorkerSpec) -> tuple[WorkerInfo, str, str]:
-        """Build the worker; its description, the Ray node id and the node's address."""
+    def setup(self, spec: WorkerSpec, info=None) -> tuple[WorkerInfo, str, str]:
+        """Build the worker (rank `info` of a worker group when given); its description, the Ray node id and the
+        node's address."""
         import ray
 
-        self.worker = AgentWorker(spec)
+        if info is None:
+            self.worker = AgentWorker(spec)
+        else:
+            from hacrl.agent.sharded import ShardedWorker
+
+            self.worker = ShardedWorker(spec, info)
         node = ray.get_runtime_context().get_node_id()
         return self.worker.describe(), node, ray.util.get_node_ip_address()
+
+    def rendezvous(self) -> str:
+        """`tcp://<this node's address>:<a free port>`: where a worker group's ranks meet (asked of rank 0)."""
+        import ray
+
+        from hacrl.driver.backends.ranks import free_port
+
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
@@ -65,6 +83,9 @@ class RayWorkers(WorkerGroup):
         self.names = [s.agent.name for s in specs]
         self._started_ray = False
         self.actors: list[Any] = []
+        self.groups = []
+        self.owners = []
+        self._placement_groups: list[Any] = []
         if not ray.is_initialized():
             address = runtime.ray.address
             if address is None:
@@ -81,19 +102,66 @@ class RayWorkers(WorkerGroup):
                         "`ray start --head` or leave runtime.ray.address unset to start one for this run"
                     ) from None
         try:
-            self._check_capacity(resources)
-            actor_class = ray.remote(_Actor)
-            for res in resources:
-                options = {"num_cpus": res["num_cpus"], "num_gpus": res["num_gpus"], "max_restarts": 0}
-                self.actors.append(actor_class.options(**options).remote())
-            self.info = self._gather([a.setup.remote(s) for a, s in zip(self.actors, specs, strict=True)], "starting")
-            placed = ", ".join(
-                f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in self.info
+            ranks = [s.agent.num_ranks for s in specs]
+            self._check_capacity(
+                [{k: v * k_ranks for k, v in r.items()} for r, k_ranks in zip(resources, ranks, strict=True)]
             )
-            print(f"ray: {len(self.info)} workers: {placed}", flush=True)
+            self.groups: list[list[Any]] = []  # each agent's actors, rank order
+            self.owners: list[tuple[int, int | None]] = []  # (agent, rank) of each actor in self.actors
+            setups = []
+            for i, (spec, res) in enumerate(zip(specs, resources, strict=True)):
+                if ranks[i] == 1:
+                    actor = self._actor(res)
+                    self.groups.append([actor])
+                    self.actors.append(actor)
+                    self.owners.append((i, None))
+                    setups.append(actor.setup.remote(spec))
+                else:
+                    setups.extend(self._start_group(i, spec, res, runtime))
+            infos = self._gather(setups, "starting")
+            self.info = [infos[j] for j, (_, rank) in enumerate(self.owners) if not rank]
+            placed = ", ".join(
+                f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in infos
+            )
+            print(f"ray: {len(infos)} workers: {placed}", flush=True)
         except BaseException:
             self.close()
             raise
+
+    def _actor(self, res: dict[str, float], **options: Any):
+        options = {"num_cpus": res["num_cpus"], "num_gpus": res["num_gpus"], "max_restarts": 0, **options}
+        return self._ray.remote(_Actor).options(**options).remote()
+
+    def _start_group(self, i: int, spec: WorkerSpec, res: dict[str, float], runtime) -> list:
+        """Agent i's K rank actors in a placement group; their setup calls (which meet at rank 0's node)."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from hacrl.agent.distributed import RankInfo
+
+        k = spec.agent.num_ranks
+        bundle = {"CPU": res["num_cpus"], **({"GPU": res["num_gpus"]} if res["num_gpus"] else {})}
+        group = placement_group([bundle] * k, strategy=runtime.ray.group_strategy)
+        self._placement_groups.append(group)
+        ready, _ = self._ray.wait([group.ready()], timeout=120)
+        if not ready:
+            raise ConfigError(
+                f"agents.{i} ({spec.agent.name!r}) asks Ray for {k} bundles of {bundle} placed "
+                f"{runtime.ray.group_strategy} (runtime.ray.group_strategy), and the cluster cannot place them: "
+                "use PACK or SPREAD to allow several nodes, or lower num_cpus / num_gpus"
+            )
+        actors = [
+            self._actor(
+                res, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
+            )
+            for r in range(k)
+        ]
+        init = self._ray.get(actors[0].rendezvous.remote())
+        device = "cuda" if res["num_gpus"] > 0 else "cpu"
+        self.groups.append(actors)
+        self.actors.extend(actors)
+        self.owners.extend((i, r) for r in range(k))
+        return [a.setup.remote(spec, RankInfo(r, k, init, device)) for r, a in enumerate(actors)]
 
     def _check_capacity(self, resources: list[dict[str, float]]) -> None:
         total = self._ray.cluster_resources()
@@ -108,11 +176,16 @@ class RayWorkers(WorkerGroup):
             )
 
     def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
-        refs = [actor.call.remote(method, *a) for actor, a in zip(self.actors, args, strict=True)]
-        return self._gather(refs, what)
+        """Each agent's call on all of its actors (every rank of a group); each agent's answer is its rank 0's."""
+        refs, first = [], []
+        for actors, a in zip(self.groups, args, strict=True):
+            first.append(len(refs))
+            refs.extend(actor.call.remote(method, *a) for actor in actors)
+        results = self._gather(refs, what)
+        return [results[j] for j in first]
 
     def _gather(self, refs: list, what: str) -> list[Any]:
-        """Results in agent order; the first failure, whichever agent it is, stops the wait at once."""
+        """Results in actor order; the first failure, whichever actor it is, stops the wait at once."""
         ray = self._ray
         results: list[Any] = [None] * len(refs)
         index = {ref: i for i, ref in enumerate(refs)}
@@ -130,9 +203,11 @@ class RayWorkers(WorkerGroup):
                     raise
                 except ray.exceptions.RayActorError as e:  # the worker process is gone
                     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    agent, rank = self.owners[i]
+                    who = f"the worker of agent {self.names[agent]!r}" + ("" if rank is None else f" (rank {rank})")
                     raise WorkerError(
-                        f"the worker of agent {self.names[i]!r} died while {what} ({reason}). The latest "
-                        "checkpoint is intact: continue with `hacrl train <config> --resume`."
+                        f"{who} died while {what} ({reason}). The latest checkpoint is intact: continue with "
+                        "`hacrl train <config> --resume`."
                     ) from None
         return results
 
@@ -148,6 +223,12 @@ class RayWorkers(WorkerGroup):
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = []
+        for group in self._placement_groups:
+            try:
+                ray.util.remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._placement_groups = []
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

@@ -1,0 +1,278 @@
+"""One rank of an agent's worker group: the agent on K devices (`agents.<i>.devices`), FSDP2 over a
+torch.distributed process group (mechanics: `hacrl.agent.distributed`).
+
+A group answers the driver's typed calls exactly as one `AgentWorker` does (the backend sends each call to every
+rank and returns rank 0's answer):
+
+    sample    rank r samples its share of the prompts (contiguous, in order) from its own stream
+              (`seeds.rank`), computes their old log-probs on its compute copy, and the ranks exchange their shares:
+              every rank then holds the whole step's rollout in the order one worker would have sampled it, and
+              rank 0 returns all trajectories in that order.
+    learn     every rank builds the same pool and advantages (cheap, on the host); each mini-batch's rows are
+              split across the ranks (contiguous); every loss is divided by the mini-batch's global counts, the
+              gradients are summed across ranks, so the update is the one-device update up to float summation
+              order. Ranks with fewer rows run zero-weight micro-batches, so that every rank runs the same
+              collectives. The metrics of every rank's micro-batches are reduced on rank 0 in rank order.
+    generate  the evaluation prompts are split the same way; rank r > 0 of a sampled evaluation draws from
+              `seeds.rank(call.seed, r)`.
+    save/load rank 0 writes the Hugging Face directory (the gathered float32 masters), every rank its shard of the
+              optimizer state (torch.distributed.checkpoint) and its random stream (`hacrl.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hacrl import faults, seeds
+from hacrl.agent.distributed import (
+    RankInfo,
+    full_state_dict,
+    gather_into,
+    init_group,
+    load_full_optimizer,
+    load_optimizer_tensors,
+    optimizer_tensors,
+    root_logprobs,
+    save_optimizer_tensors,
+    shard,
+)
+from hacrl.agent.logprobs import TokenBatch
+from hacrl.agent.model import DTYPES, Agent, _load_model
+from hacrl.agent.precision import ParameterStep
+from hacrl.agent.worker import AgentWorker, _Rollout
+from hacrl.checkpoint import agent_part
+from hacrl.core.metrics import MetricReducer
+from hacrl.errors import CheckpointError, NonFiniteError, first_line
+from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
+
+
+class ShardedStep(ParameterStep):
+    """AdamW on the float32 shards; the gradient norm of the whole model (a float32 reduction across ranks)."""
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def pending_bytes(self) -> int:
+        total = 0
+        for p in self.params:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            size = local.numel() * local.element_size()
+            total += size * (p.grad is None) + 2 * size * (p not in self.state)
+        return total
+
+
+class _SamplingCopy:
+    """What a sampler reads of a sharded agent: the agent itself, except `model`, its plain compute-dtype copy."""
+
+    def __init__(self, agent: Agent, model: torch.nn.Module) -> None:
+        self._agent = agent
+        self.model = model
+
+    def __getattr__(self, name: str):
+        return getattr(self._agent, name)
+
+
+def _share(count: int, rank: int, world: int) -> range:
+    """Rank `rank`'s contiguous share of `count` items (sizes differ by at most one; earlier ranks the larger)."""
+    return range(rank * count // world, (rank + 1) * count // world)
+
+
+class ShardedWorker(AgentWorker):
+    def __init__(self, spec: WorkerSpec, info: RankInfo) -> None:
+        self.info = info
+        self.rank, self.world = info.rank, info.world
+        super().__init__(spec)
+
+    # -- construction ------------------------------------------------------------------------------------------------
+
+    def _build_agent(self, spec: WorkerSpec) -> Agent:
+        init_group(self.info)
+        cfg = spec.agent
+        # the trained model loads whole in float32 (its parameters become the float32 master shards)
+        trained = replace(cfg, device=self.info.device, devices=None, dtype="float32", master_weights="none",
+                          offload="none")  # fmt: skip
+        agent = Agent(
+            spec.index,
+            trained,
+            spec.rollout,
+            trainer=spec.trainer,
+            with_reference=False,
+            weights_from=spec.weights_from,
+            init_seed=seeds.adapters(spec.trainer.seed, spec.index),
+        )
+        compute = DTYPES[cfg.dtype]
+        sampling = copy.deepcopy(agent.model).eval().requires_grad_(False)
+        for p in sampling.parameters():
+            p.data = p.data.to(compute)
+        sampling.config.dtype = compute  # what the saved model directory says (export's default dtype)
+        self._copy = sampling
+        shard(agent.model, compute, offload=cfg.offload != "none")
+        agent.optimizer = ShardedStep(list(agent.model.parameters()), cfg)
+        from hacrl.agent.samplers import make_sampler
+
+        agent.sampler = make_sampler(agent.settings.sampler, _SamplingCopy(agent, sampling))
+        if spec.algorithm.kl_coef > 0:  # the frozen reference, whole, in the compute dtype
+            reference = replace(cfg, device=self.info.device, devices=None)
+            agent.ref_model = _load_model(cfg.model, reference, spec.index).eval().requires_grad_(False)
+        return agent
+
+    def _training_seed(self) -> int:
+        return seeds.rank(super()._training_seed(), self.rank)
+
+    def _sampling_model(self) -> torch.nn.Module:
+        return self._copy
+
+    def _logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        chunk = self.spec.trainer.logprob_chunk_size
+        return root_logprobs(self.agent.model, batch, self.agent.settings.temperature, chunk_size=chunk)
+
+    def describe(self) -> WorkerInfo:
+        info = super().describe()
+        return replace(info, device=f"{info.device} (rank {self.rank} of {self.world})")
+
+    # -- the calls ---------------------------------------------------------------------------------------------------
+
+    def sample(self, call: SampleCall) -> Sampled:
+        import time
+
+        began = time.time()
+        mine, generate_s, logprobs_s = self._sample_share(call, _share(len(call.prompts), self.rank, self.world))
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, mine)  # every rank: the whole step's rollout, in one worker's order
+        self._rollout = _Rollout(
+            call.step,
+            [ids for part in parts for ids in part.prompt_ids],
+            [s for part in parts for s in part.samples],
+            [t for part in parts for t in part.old_logp],
+            [t for part in parts for t in part.trajectories],
+        )
+        return Sampled(self._rollout.trajectories, generate_s, logprobs_s, (began, time.time()))
+
+    def learn(self, call: LearnCall) -> Learned:
+        learned = super().learn(call)
+        gather_into(self.agent.model, self._copy, self.agent.device)  # once per update: the weights sampling reads
+        self.agent.sampler.refresh()
+        return learned
+
+    def generate(self, call: GenerateCall) -> list[Completion]:
+        share = _share(len(call.prompts), self.rank, self.world)
+        seed = None if call.seed is None else seeds.rank(call.seed, self.rank)
+        mine = super().generate(replace(call, prompts=[call.prompts[i] for i in share], seed=seed)) if share else []
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, mine)
+        return [c for part in parts for c in part]
+
+    def save(self, directory: str) -> None:
+        agent, root = self.agent, Path(directory)
+        part = agent_part(root, self.name)
+        finite = torch.tensor(
+            [all(bool(torch.isfinite(_local(p)).all()) for p in agent.model.parameters())], dtype=torch.int32
+        )
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if not bool(finite.item()):
+            raise NonFiniteError(
+                f"agent {self.name!r}: its weights hold NaN or inf after {self.optimizer_steps} optimizer steps, so no "
+                f"checkpoint is written from them; the newest checkpoint in the run directory is the last good state. "
+                f"Lower agents.{self.index}.lr or agents.{self.index}.grad_clip and resume from it."
+            )
+        try:
+            state = full_state_dict(agent.model, self._copy, agent.device, keep=self.rank == 0)
+            if self.rank == 0:
+                self._copy.save_pretrained(part.weights_dir, safe_serialization=True, state_dict=state)
+                agent.tokenizer.save_pretrained(part.weights_dir)
+            names = [n for n, _ in agent.model.named_parameters()]
+            tensors = optimizer_tensors(agent.optimizer, agent.optimizer.params, names)
+            save_optimizer_tensors(tensors, part.optimizer_dir)
+            rng_file = part.rank_rng_file(self.rank)
+            rng_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, rng_file)
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - as AgentWorker.save
+            raise CheckpointError(
+                f"could not write rank {self.rank} of agent {self.name!r}'s part of a checkpoint into {str(root)!r}: "
+                f"{type(e).__name__}: {first_line(e, 300)}. The previous checkpoint is intact; free disk space or fix "
+                "the directory's permissions, then continue with `hacrl train <config> --resume`."
+            ) from e
+        dist.barrier()  # the group's part is whole when rank 0 answers
+        faults.hit("checkpoint.agent")
+
+    def load(self, directory: str) -> None:
+        """Optimizer shards and this rank's random stream; a checkpoint of another K (or of one device) loads
+        resharded, and a rank it has no stream for keeps its fresh one (not bit-exact: said at resume)."""
+        part = agent_part(directory, self.name)
+        agent = self.agent
+        names = [n for n, _ in agent.model.named_parameters()]
+        try:
+            if part.optimizer_dir.is_dir():
+                load_optimizer_tensors(agent.optimizer, agent.optimizer.params, names, part.optimizer_dir)
+            else:
+                load_full_optimizer(agent.optimizer, agent.optimizer.params, part.optimizer_file, agent.device)
+        except Exception as e:  # noqa: BLE001 - named, with what to do
+            raise CheckpointError(
+                f"{part.optimizer_dir if part.optimizer_dir.is_dir() else part.optimizer_file}: cannot load the "
+                f"optimizer state of agent {self.name!r} on rank {self.rank} ({type(e).__name__}: {first_line(e)}); "
+                "resume from an earlier checkpoint (checkpoint.resume=<its directory>)"
+            ) from e
+        rng_file = part.rank_rng_file(self.rank)
+        try:
+            rng = torch.load(part.rng_file, weights_only=True)
+            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
+            if rng_file.is_file():
+                rng = torch.load(rng_file, weights_only=True)
+                rng.pop("optimizer_steps", None)
+                torch.Generator().set_state(rng["cpu"])
+                self._rng = rng
+        except Exception as e:  # noqa: BLE001 - as AgentWorker.load
+            raise CheckpointError(
+                f"{rng_file}: cannot load the random stream of agent {self.name!r}, rank {self.rank} "
+                f"({type(e).__name__}: {first_line(e)}); resume from an earlier checkpoint"
+            ) from e
+
+    # -- the update --------------------------------------------------------------------------------------------------
+
+    def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
+        num_own = sum(rows[i].source == self.index for i in mini)
+        size = self.spec.trainer.micro_batch_size
+        mine = [mini[i] for i in _share(len(mini), self.rank, self.world)]
+        micro_batches = math.ceil(math.ceil(len(mini) / self.world) / size)  # the same on every rank
+        collected = []
+        for j in range(micro_batches):
+            micro = mine[j * size : (j + 1) * size]
+            if not micro:  # this rank's rows ran out: a zero-weight pass keeps the collectives in step
+                self._idle_backward()
+                continue
+            out = self._micro_batch_loss(
+                [rows[i] for i in micro],
+                [adv[i] for i in micro],
+                capabilities,
+                step_index=m,
+                num_seqs=len(mini),
+                num_own=max(num_own, 1),
+            )
+            out.loss.backward()
+            collected.append({k: v.detach().cpu() for k, v in out.metrics.items()})
+            faults.hit("update.micro_batch")
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(collected, gathered, dst=0)
+        if gathered is not None:
+            for metrics in (m for part in gathered for m in part):
+                reducer.add(metrics)
+
+    def _idle_backward(self) -> None:
+        agent = self.agent
+        batch = TokenBatch.build([[agent.eos_id]], [[agent.eos_id]], agent.pad_id, agent.device)
+        (self._logprobs(batch).sum() * 0.0).backward()
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p

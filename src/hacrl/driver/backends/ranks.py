@@ -1,0 +1,185 @@
+"""An agent on K devices under `runtime.backend: local`: its worker group as K local processes, one per device.
+
+`LocalRanks` answers the calls of one `hacrl.agent.worker.AgentWorker` (`call(method, args, what)`): it sends the
+call to every rank (`hacrl.agent.sharded.ShardedWorker`, in a process started with `spawn`) and returns rank 0's
+answer. The ranks meet in a torch.distributed group whose rendezvous is a free TCP port of this machine.
+
+Failures: an error raised in a rank reaches the user as itself (the other ranks, perhaps waiting for it inside a
+collective, are stopped); a rank process that dies (kill -9, the kernel's OOM killer) stops the run at once with a
+`WorkerError` that names the agent, the rank and what it was doing. The newest checkpoint stays valid (`--resume`).
+When the driver dies, each rank finds its pipe closed at its next call and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import socket
+from multiprocessing.connection import wait
+from typing import Any
+
+from hacrl.errors import WorkerError
+from hacrl.messages import WorkerInfo, WorkerSpec
+
+
+def free_port() -> int:
+    """A TCP port that was free on this machine a moment ago (the rendezvous of a new process group)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def portable(error: BaseException, where: str) -> BaseException:
+    """`error`, noted with where it happened, as something that survives pickling to the driver."""
+    error.add_note(where)
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - an exception type that cannot travel: its type and message do
+        return RuntimeError(f"{type(error).__name__}: {error} ({where})")
+
+
+def _rank_main(spec: WorkerSpec, info, conn) -> None:
+    """A rank's process: build the worker, then answer calls until the driver says stop or goes away."""
+    from hacrl import faults
+
+    faults.set_rank(info.rank)
+    where = f"rank {info.rank} of agent {spec.agent.name!r}"
+    try:
+        from hacrl.agent.sharded import ShardedWorker
+
+        worker = ShardedWorker(spec, info)
+        conn.send(("ok", worker.describe()))
+    except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
+        conn.send(("error", portable(e, where)))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            break
+        if message is None:
+            break
+        method, args = message
+        try:
+            reply = ("ok", getattr(worker, method)(*args))
+        except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
+            reply = ("error", portable(e, where))
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            break
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class LocalRanks:
+    """The K rank processes of one agent; `call` runs a worker method on all of them and returns rank 0's answer."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from hacrl.agent.distributed import RankInfo
+
+        self.name = spec.agent.name
+        devices = list(spec.agent.devices or [])
+        context = multiprocessing.get_context("spawn")
+        init = f"tcp://127.0.0.1:{free_port()}"
+        self.processes: list[Any] = []
+        self.pipes: list[Any] = []
+        if spec.torch_threads is None:  # one share of this machine's cores per rank, not every core per rank
+            spec = _with_threads(spec, max(1, (os.cpu_count() or 1) // len(devices)))
+        try:
+            for rank, device in enumerate(devices):
+                ours, theirs = context.Pipe()
+                info = RankInfo(rank, len(devices), init, device)
+                process = context.Process(target=_rank_main, args=(spec, info, theirs), daemon=True)
+                process.start()
+                theirs.close()
+                self.processes.append(process)
+                self.pipes.append(ours)
+            self.infos: list[WorkerInfo] = self._replies("starting")
+        except BaseException:
+            self.close()
+            raise
+
+    def describe(self) -> WorkerInfo:
+        return self.infos[0]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def call(self, method: str, args: tuple, what: str) -> Any:
+        for pipe in self.pipes:
+            pipe.send((method, args))
+        return self._replies(what)[0]
+
+    def _replies(self, what: str) -> list[Any]:
+        """Every rank's answer, in rank order; the first error or death stops the group and is raised."""
+        replies: list[Any] = [None] * len(self.pipes)
+        pending = set(range(len(self.pipes)))
+        while pending:
+            ready = set(wait([self.pipes[r] for r in pending] + [self.processes[r].sentinel for r in pending]))
+            for rank in sorted(pending):
+                pipe, process = self.pipes[rank], self.processes[rank]
+                if pipe in ready or pipe.poll():
+                    try:
+                        status, value = pipe.recv()
+                    except (EOFError, OSError):
+                        status, value = "died", None
+                elif process.sentinel in ready:
+                    status, value = "died", None
+                else:
+                    continue
+                if status == "ok":
+                    replies[rank] = value
+                    pending.discard(rank)
+                    continue
+                self.close(force=True)
+                if status == "error":
+                    raise value
+                process.join(timeout=5)
+                raise WorkerError(
+                    f"rank {rank} of agent {self.name!r} (pid {process.pid}) died while {what} "
+                    f"({_exit_reason(process.exitcode)}). The latest checkpoint is intact: continue with "
+                    "`hacrl train <config> --resume`."
+                )
+        return replies
+
+    def close(self, *, force: bool = False) -> None:
+        """Stop the ranks (idempotent): ask them to exit, then kill what is still there."""
+        for pipe in self.pipes:
+            if not force:
+                try:
+                    pipe.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        for process in self.processes:
+            if not force:
+                process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        for pipe in self.pipes:
+            pipe.close()
+        self.processes, self.pipes = [], []
+
+
+def _with_threads(spec: WorkerSpec, threads: int) -> WorkerSpec:
+    from dataclasses import replace
+
+    return replace(spec, torch_threads=threads)
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
