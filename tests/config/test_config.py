@@ -26,11 +26,24 @@ DEMO = "configs/demo.yaml"
         ("trainer.old_logprobs=cached", "Invalid value 'cached', expected one of \\['recompute', 'sampler'\\]"),
         ("scoring.isolation=thread", "Invalid value 'thread'"),
         ("agents.0.name=eval", "agents.0.name='eval' is the first part of run-wide metric keys"),
+        ("agents.0.devices=[cuda:0]", "agents.0.devices=\\['cuda:0'\\] names one device: set agents.0.device=cuda:0"),
+        ("agents.0.devices=[cpu,cuda:0]", "a worker group runs on CPUs .* or on GPUs .*, not on a mix"),
+        ("agents.0.devices=[cuda:1,cuda:1]", "names a GPU twice: each rank needs a GPU of its own"),
+        ("agents.0.devices=3", "agents\\[0\\].devices: Invalid value assigned: int is not a ListConfig"),
     ],
 )
 def test_each_group_checks_its_fields_and_names_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(DEMO, [override])
+
+
+def test_a_worker_group_refuses_what_it_cannot_shard():
+    """A frozen agent has nothing to shard; LoRA agents stay on one device (said, with what to do)."""
+    with pytest.raises(ConfigError, match="a frozen agent trains nothing, so sharding it"):
+        load_config(DEMO, ["agents.0.devices=[cpu,cpu]", "agents.0.frozen=true"])
+    with pytest.raises(ConfigError, match="LoRA agents train on one device"):
+        load_config(DEMO, ["agents.0.devices=[cpu,cpu]", "agents.0.lora={r: 4}"])
+    assert load_config(DEMO, ["agents.0.devices=[cpu,cpu]"]).agents[0].num_ranks == 2
 
 
 def test_the_old_data_reward_keys_are_refused_with_their_new_names(tmp_path):

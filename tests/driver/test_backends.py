@@ -172,3 +172,25 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     (start_a, end_a), (start_b, end_b) = (r.span for r in results)
     assert max(start_a, start_b) < min(end_a, end_b), "the two agents sampled one after the other"
     assert [len(r.trajectories) for r in results] == [512, 512]
+
+
+@pytest.mark.slow
+def test_ray_places_a_two_rank_agent_beside_a_one_device_agent(tiny_agents, tmp_path, capsys):
+    """qwen on `devices: [cpu, cpu]` (two actors of one placement group, gloo), llama on one device: the same
+    numbers and weights as the local backend's two rank processes."""
+    import yaml
+
+    runs = {}
+    for backend in ("local", "ray"):
+        run = tmp_path / backend
+        cfg = write_config(tmp_path / f"{backend}.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 2},
+                           checkpoint={"every": 0}, runtime={"backend": backend, "torch_threads": 1})  # fmt: skip
+        data = yaml.safe_load(cfg.read_text())
+        data["agents"][1]["devices"] = ["cpu", "cpu"]
+        cfg.write_text(yaml.safe_dump(data))
+        assert main(["train", str(cfg)]) == 0
+        runs[backend] = run
+    assert "qwen on node" in capsys.readouterr().out.split("rank 1 of 2")[0]
+    same_numbers(records(runs["ray"]), records(runs["local"]))
+    same_weights(runs["ray"], runs["local"], 2)
+    assert records(runs["ray"])[-1]["qwen/optimizer_steps"] > 0

@@ -22,6 +22,7 @@ Choices (torchtitan's and verl's, on torch's own FSDP2, `torch.distributed.fsdp.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -204,7 +205,9 @@ def load_optimizer_tensors(
     missing = sorted(k for k in saved if k not in template)
     if missing:
         raise KeyError(f"the checkpoint holds optimizer state for parameters this model lacks: {missing[:3]}")
-    dcp.load(template, storage_reader=_Reader(directory))
+    with warnings.catch_warnings():  # one process (a single-device agent) reads a group's shards: intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(template, storage_reader=_Reader(directory))
     for name, p in zip(names, params, strict=True):
         keys = [k for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}/{k}" in template]
         state = {k: template[f"{name}/{k}"] for k in keys}

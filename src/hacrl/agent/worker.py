@@ -31,6 +31,7 @@ from hacrl import faults, seeds
 from hacrl.agent.exchange import LearnerRow, learner_rows
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent, first_nonfinite
+from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
 from hacrl.checkpoint import agent_part
@@ -226,11 +227,20 @@ class AgentWorker:
         part = agent_part(directory, self.name)
         file = part.optimizer_file
         try:
-            if self.agent.optimizer is not None:  # a frozen agent has none
+            optimizer = self.agent.optimizer
+            if optimizer is not None and not file.exists() and part.optimizer_dir.is_dir():
+                # written by a worker group (agents.<i>.devices): its shards, gathered by parameter name
+                from hacrl.agent.distributed import load_optimizer_tensors
+
+                file = part.optimizer_dir
+                names = [n for n, p in self.agent.model.named_parameters() if p.requires_grad]
+                stepped = optimizer.masters if isinstance(optimizer, MasterStep) else optimizer.params
+                load_optimizer_tensors(optimizer, stepped, names, file)
+            elif optimizer is not None:  # a frozen agent has none
                 # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
-                where = "cpu" if self.agent.optimizer.offload else self.agent.device
+                where = "cpu" if optimizer.offload else self.agent.device
                 state = torch.load(file, weights_only=True, map_location=where)
-                self.agent.optimizer.load_state_dict(state)
+                optimizer.load_state_dict(state)
         except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
             raise CheckpointError(
                 f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "

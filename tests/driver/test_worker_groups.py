@@ -1,0 +1,173 @@
+"""An agent on two CPU ranks (`agents.<i>.devices: [cpu, cpu]`, gloo, FSDP2) through the trainer and the CLI:
+sampling order, kill -9 of one rank and exact resume, resume across K, damaged sharded checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+
+import pytest
+import torch
+import yaml
+
+from hacrl import faults
+from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
+from hacrl.tools.cli import main
+from tests.conftest import records, without_timings, write_config
+
+TWO = ["cpu", "cpu"]
+
+
+def _config(tiny_agents, tmp_path, name: str, devices=TWO, **sections):
+    """The llama + qwen HACPO pair, qwen on `devices`, one torch thread per process (as the ranks have)."""
+    sections.setdefault("trainer", {"steps": 3})
+    sections.setdefault("runtime", {"torch_threads": 1})
+    path = write_config(tmp_path / f"{name}.yaml", tiny_agents, ["llama", "qwen"], tmp_path / name, **sections)
+    cfg = yaml.safe_load(path.read_text())
+    if devices:
+        cfg["agents"][1]["devices"] = devices
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_order(tiny_agents, tmp_path):
+    """5 prompts x G = 3 over 2 ranks (3 + 2 prompts): 15 trajectories, prompt by prompt, and each one's source
+    log-prob sum is the one-device model's log-prob of that text *under its own prompt* (so no response was
+    attached to another prompt on the way back; checked where the text re-encodes to its sampled length)."""
+    from hacrl.agent.logprobs import TokenBatch, token_logprobs
+    from hacrl.agent.worker import AgentWorker
+    from hacrl.config import load_config
+    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.messages import SampleCall, WorkerSpec
+
+    cfg = load_config(_config(tiny_agents, tmp_path, "run", devices=None))
+    spec = WorkerSpec(0, cfg.agents[0], cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1, num_agents=2)
+    one = AgentWorker(spec)
+    prompts = [[{"role": "user", "content": f"{a} + {a + 1} ="}] for a in range(5)]
+    group = LocalRanks(replace(spec, agent=replace(cfg.agents[0], devices=TWO)))
+    try:
+        trajectories = group.call("sample", (SampleCall(1, prompts, 3),), "sampling").trajectories
+    finally:
+        group.close()
+    assert [t.group for t in trajectories] == [g for g in range(5) for _ in range(3)]
+    assert {t.source for t in trajectories} == {0}
+    agent, checked = one.agent, 0
+    for t in trajectories:
+        prompt = agent.render_prompt(prompts[t.group])[0]
+        response = agent.encode_response(t.text, finished=t.finish_reason == "eos")[0]
+        if len(response) != t.source_num_tokens:  # a sampled special token (pad, unk) that decoding dropped
+            continue
+        checked += 1
+        batch = TokenBatch.build([prompt], [response], agent.pad_id, "cpu")
+        with torch.no_grad():
+            expected = token_logprobs(agent.model, batch, agent.settings.temperature)[0][batch.response_mask[0]]
+        assert t.source_logp_sum == pytest.approx(float(expected.sum()), rel=1e-5, abs=1e-5)
+    assert checked >= 8, f"only {checked} of 15 responses re-encode to their sampled tokens"
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_rank_stops_the_run_naming_it_and_the_run_resumes_exactly(tiny_agents, tmp_path, monkeypatch,
+                                                                                 capsys):  # fmt: skip
+    """Rank 1 of qwen is killed (SIGKILL) in its 10th micro-batch (step 3): the driver stops with one message that
+    names the agent and the rank; `--resume` from step 2's checkpoint ends with the uninterrupted run's numbers
+    and weights, bit for bit."""
+    full = _config(tiny_agents, tmp_path, "full")
+    assert main(["train", str(full)]) == 0
+    cut = _config(tiny_agents, tmp_path, "cut")
+    monkeypatch.setenv("HACRL_FAULTS", "update.micro_batch:10")
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "1")
+    faults.reset()
+    capsys.readouterr()
+    assert main(["train", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert "rank 1 of agent 'qwen'" in err and "killed by SIGKILL" in err and "--resume" in err, err
+    assert latest_checkpoint(tmp_path / "cut").name == "step_000002"
+    monkeypatch.delenv("HACRL_FAULTS")
+    faults.reset()
+    assert main(["train", str(cut), "--resume"]) == 0
+    assert without_timings(records(tmp_path / "cut")[-1]) == without_timings(records(tmp_path / "full")[-1])
+    from safetensors.torch import load_file
+
+    for name in ("llama", "qwen"):
+        a = load_file(latest_checkpoint(tmp_path / "full") / "agents" / name / "model.safetensors")
+        b = load_file(latest_checkpoint(tmp_path / "cut") / "agents" / name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("first", "then"), [(TWO, None), (None, TWO)])
+def test_a_checkpoint_resumes_on_another_number_of_ranks(first, then, tiny_agents, tmp_path, capsys):
+    """K = 2 -> 1 and 1 -> 2: the optimizer state loads resharded (AdamW's step count and moments are there), the
+    run says it is no longer bit-identical, and it trains on."""
+    cfg = _config(tiny_agents, tmp_path, "run", devices=first, trainer={"steps": 2})
+    assert main(["train", str(cfg)]) == 0
+    capsys.readouterr()
+    resumed = _config(tiny_agents, tmp_path, "run", devices=then, trainer={"steps": 3})
+    assert main(["train", str(resumed), "--resume"]) == 0
+    assert "no longer bit-identical" in capsys.readouterr().err
+    assert [r["step"] for r in records(tmp_path / "run") if "qwen/grad_norm" in r][-1] == 3
+    assert checkpoint_problems(latest_checkpoint(tmp_path / "run")) == []
+
+
+@pytest.mark.slow
+def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_agents, tmp_path):
+    """A K = 2 checkpoint's AdamW moments, loaded on one device, are the gathered shards; saved there and loaded on
+    two ranks again, they are the same numbers."""
+    from hacrl.agent.worker import AgentWorker
+    from hacrl.config import load_config
+    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.messages import WorkerSpec
+
+    cfg_path = _config(tiny_agents, tmp_path, "run", trainer={"steps": 1})
+    assert main(["train", str(cfg_path)]) == 0
+    k2 = latest_checkpoint(tmp_path / "run")
+    cfg = load_config(cfg_path)
+    qwen = cfg.agents[1]
+    one_spec = WorkerSpec(1, replace(qwen, devices=None), cfg.rollout, cfg.trainer, cfg.algorithm,
+                          weights_from=str(k2 / "agents" / "qwen"), torch_threads=1, num_agents=2)  # fmt: skip
+    one = AgentWorker(one_spec)
+    one.load(str(k2))
+    state = one.agent.optimizer.state_dict()["state"]
+    assert len(state) == len(list(one.agent.model.parameters())) and all(float(s["step"]) == 4 for s in state.values())
+    k1 = tmp_path / "k1"
+    one.save(str(k1))
+    two_spec = WorkerSpec(1, qwen, cfg.rollout, cfg.trainer, cfg.algorithm, weights_from=str(k1 / "agents" / "qwen"),
+                          torch_threads=1, num_agents=2)  # fmt: skip
+    group = LocalRanks(two_spec)
+    try:
+        group.call("load", (str(k1),), "loading")
+        back = tmp_path / "back"
+        group.call("save", (str(back),), "saving")
+    finally:
+        group.close()
+    again = AgentWorker(one_spec)
+    again.load(str(back))
+    for i, s in again.agent.optimizer.state_dict()["state"].items():
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(s[key], state[i][key]), (i, key)
+
+
+def test_a_damaged_sharded_optimizer_is_found_and_a_metadata_that_names_code_is_never_run(tmp_path):
+    """`checkpoint_problems` names a missing shard; a `.metadata` pickle that names anything but the checkpoint's
+    own record classes is refused before anything of it runs."""
+    import os
+
+    from hacrl.checkpoint import _sharded_problem, read_sharded_metadata
+
+    directory = tmp_path / "qwen"
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w/exp_avg": torch.ones(3)}, checkpoint_id=str(directory))
+    assert _sharded_problem(directory) is None
+    assert "w/exp_avg" in read_sharded_metadata(directory).state_dict_metadata
+    (directory / "__0_0.distcp").unlink()
+    assert _sharded_problem(directory) == "__0_0.distcp missing"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "ran"),))
+
+    (directory / ".metadata").write_bytes(pickle.dumps(Boom()))
+    assert "not part of a checkpoint's metadata" in _sharded_problem(directory)
+    assert not (tmp_path / "ran").exists()
