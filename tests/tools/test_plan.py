@@ -291,3 +291,41 @@ def test_masters_offload_and_agents_sharing_a_device_are_planned(tmp_path):
     assert a.others_resident == b.resident and b.others_resident == a.resident > 0
     apart, _ = plan(load_config(path, [*offloaded, *alone]), device_memory=141)
     assert a.peak == apart.peak + b.resident
+
+
+def test_an_agent_on_k_devices_is_planned_per_rank(tmp_path, capsys):
+    """Issue 43: a Qwen3-4B-shape bf16 agent on K GPUs holds the whole compute copy, 1/K of the float32 master
+    shards, gradient shards and AdamW state, and what FSDP2 gathers for the update; it does not fit one 80 GiB card
+    with its pool and fits on 4. `hacrl plan --ranks` shows the peak per rank for K = 1..8, falling with K."""
+    import yaml
+    from transformers import Qwen3Config
+
+    from hacrl.tools.cli import main
+    from hacrl.tools.plan import plan_ranks
+
+    Qwen3Config(vocab_size=151_936, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "qwen3-4b")  # fmt: skip
+    (tmp_path / "d.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
+    config = {
+        "agents": [{"name": "a", "model": str(tmp_path / "qwen3-4b"), "device": "cuda:0", "dtype": "bfloat16",
+                    "gradient_checkpointing": True}],
+        "rollout": {"max_new_tokens": 4096, "max_prompt_tokens": 1024, "backend": "static", "batch_size": 16},
+        "data": {"source": "file", "train_file": str(tmp_path / "d.jsonl"), "prompt_column": "problem"},
+        "trainer": {"micro_batch_size": 8, "output_dir": str(tmp_path / "run")},
+        "algorithm": {"name": "gspo"},
+    }  # fmt: skip
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(config))
+    (one,) = plan(load_config(path), device_memory=80)
+    (four,) = plan(load_config(path, ["agents.0.devices=[cuda:0,cuda:1,cuda:2,cuda:3]"]), device_memory=80)
+    n = four.shape.trainable
+    assert not one.fits and four.fits and four.precision == "bfloat16 + fp32 masters, 4 ranks"
+    assert four.parts["weights"] == one.parts["weights"] == 2 * four.shape.params  # the gathered copy samples
+    assert four.parts["master weights (float32)"] == 4 * n // 4 and four.parts["gradients"] == 4 * n // 4
+    assert four.parts["optimizer state (AdamW)"] == 8 * n // 4 and four.parts["gathered for the update (FSDP2)"] > 0
+    peaks = plan_ranks(load_config(path), device_memory=80)["a"]
+    assert peaks[0] == one.peak and all(a > b for a, b in zip(peaks, peaks[1:]))
+    assert main(["plan", str(path), "--ranks", "--device-memory", "80"]) == 3  # K = 1 does not fit
+    out = capsys.readouterr().out
+    assert "peak per rank with the agent on K devices" in out and out.count("\na ") == 1, out

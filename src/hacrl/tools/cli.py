@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("config", help="YAML config file")
     plan.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     plan.add_argument("--device-memory", type=_gib, default=None, help="GiB per GPU where CUDA is not present")
+    plan.add_argument(
+        "--ranks", action="store_true", help="also each agent's peak per rank on K = 1..8 devices (agents.<i>.devices)"
+    )
 
     data = sub.add_parser("data", help="the paper's named datasets: list them, or prepare local copies")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -212,10 +215,12 @@ def _run(args) -> int:
 
         config = load_config(args.config, args.overrides)
         _quiet_transformers()
-        from hacrl.tools.plan import plan, render
+        from hacrl.tools.plan import plan, plan_ranks, render, render_ranks
 
         plans = plan(config, device_memory=args.device_memory)
         print(render(plans))
+        if any(a.devices for a in config.agents) or args.ranks:
+            print("\n" + render_ranks(plan_ranks(config, device_memory=args.device_memory)))
         return 0 if all(p.fits is not False for p in plans) else 3
     if args.command == "bootstrap":
         _quiet_transformers()

@@ -21,6 +21,13 @@ device: no weights are read), in bytes:
   dim; with gradient checkpointing, h + 128 elements per token and layer are kept, and one layer's full set exists
   while it is recomputed.
 
+An agent on K >= 2 devices (`agents.<i>.devices`, FSDP2) is planned per rank: the gathered compute-dtype copy that
+samples (whole on every rank), 1/K of the float32 master shards, float32 gradient shards and AdamW state (on the host
+with `offload: optimizer`), and, during the update, the compute-dtype parameters FSDP2 gathers at a time (the
+root's embeddings and output layer, and two decoder layers with prefetch: an estimate). Each rank samples and learns
+its share, but holds rows per call and a micro-batch as one worker does. `render_ranks` gives each agent's peak per
+rank for K = 1..8.
+
 The peak is the larger of sampling (weights, masters and optimizer state on the device, pool, sampling floats;
 gradients are freed after each update) and the update (the same, plus gradients, the micro-batch's activations and
 the log-prob head). Agents on one device take turns, one phase at a time, each holding its weights, device-resident
@@ -96,6 +103,8 @@ class AgentPlan:
     """Device bytes held between phases (weights, masters and optimizer state on the device, the KV pool)."""
     others_resident: int = 0
     """Device bytes the other agents on the same device hold while this one runs a phase."""
+    devices: list[str] = field(default_factory=list)
+    """Every device it runs on (one per rank)."""
 
     @property
     def peak(self) -> int:
@@ -229,7 +238,8 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         shape = model_shape(agent.model, dtype, lora)
         settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
         tokens = settings.max_tokens
-        p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing)
+        p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
+                      devices=list(agent.devices or [agent.device]))  # fmt: skip
         weights = shape.params * shape.dtype_bytes
         p.parts["weights"] = weights
         learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
@@ -241,15 +251,22 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         if lora is not None:
             p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
         offloaded = agent.offload == "optimizer"
-        master_bytes = shape.trainable * 4 * masters
-        state_bytes = 2 * shape.trainable * trained_bytes * learns
+        ranks = agent.num_ranks
+        if ranks > 1:  # FSDP2: float32 master shards whatever the compute dtype, float32 gradient shards
+            masters, trained_bytes = True, 4
+            p.precision += f", {ranks} ranks"
+            p.device = f"{agent.devices[0]} x{ranks}"
+        master_bytes = shape.trainable * 4 * masters // ranks
+        state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
+        gradient_bytes = shape.trainable * trained_bytes * learns // ranks
         p.parts["master weights (float32)"] = 0 if offloaded else master_bytes
-        p.parts["gradients"] = shape.trainable * trained_bytes * learns
+        p.parts["gradients"] = 0 if offloaded and ranks > 1 else gradient_bytes
         p.parts["optimizer state (AdamW)"] = 0 if offloaded else state_bytes
+        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if ranks > 1 else 0
         if offloaded:
             p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
-                      "gradients (the step's copy)": shape.trainable * 4}  # fmt: skip
-        total = _device_total(agent.device, device_memory)
+                      "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip
+        total = _device_total(p.devices[0], device_memory)
         p.device_total = total
         per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
         rows = settings.rows_per_call
@@ -284,7 +301,7 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         )  # fmt: skip
         p.resident = held
         p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
-        update = held + p.parts["gradients"] + p.parts["log-prob head"]
+        update = held + p.parts["gradients"] + p.parts["log-prob head"] + p.parts["gathered for the update (FSDP2)"]
         p.update_peak = update + p.parts["activations, one micro-batch"]
         p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
         plans.append((p, i, micro, auto_on_gpu and (free - pending, per_row)))
@@ -294,6 +311,51 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
         if margin and p.fits:
             _suggest_margin(p, config.rollout.kv_cache_margin, *margin)
     return [p for p, *_ in plans]
+
+
+def _gathered_bytes(shape: Shape) -> int:
+    """What FSDP2 holds whole in the compute dtype during a rank's forward and backward: the root's parameters (the
+    embeddings and output layer, counted once: tied) and two decoder layers (the one computing and the prefetched
+    next). An estimate: the layers are taken as equal, the root as vocabulary x hidden."""
+    root = shape.vocab * shape.hidden
+    layer = max(0, shape.params - root) // max(1, shape.layers)
+    return (root + 2 * layer) * shape.dtype_bytes
+
+
+def plan_ranks(config: TrainConfig, *, device_memory: float | None = None, most: int = 8) -> dict[str, list[int]]:
+    """Each learning agent's planned peak per rank (bytes) with its model on K = 1..`most` devices of its kind
+    (`agents.<i>.devices`), everything else as configured; LoRA and frozen agents train on one device only."""
+    import copy
+
+    out: dict[str, list[int]] = {}
+    for i, agent in enumerate(config.agents):
+        if agent.frozen or agent.lora is not None:
+            continue
+        kind = (agent.devices[0] if agent.devices else agent.device).split(":")[0]
+        peaks = []
+        for k in range(1, most + 1):
+            one = copy.deepcopy(config)
+            one.agents = [one.agents[i]]
+            one.agents[0].devices = [f"{kind}:{r}" if kind == "cuda" else kind for r in range(k)] if k > 1 else None
+            if k == 1 and agent.devices:
+                one.agents[0].device = agent.devices[0]
+            (p,) = plan(one, device_memory=device_memory)
+            peaks.append(p.peak)
+        out[agent.name] = peaks
+    return out
+
+
+def render_ranks(peaks: dict[str, list[int]]) -> str:
+    """`plan_ranks` as a table: one row per agent, one column per K."""
+    if not peaks:
+        return ""
+    most = max(len(v) for v in peaks.values())
+    width = max(len(n) for n in peaks) + 2
+    lines = ["peak per rank with the agent on K devices (GiB; agents.<i>.devices)", ""]
+    lines.append(f"{'K':<{width}}" + "".join(f"{k:>9}" for k in range(1, most + 1)))
+    for name, values in peaks.items():
+        lines.append(f"{name:<{width}}" + "".join(f"{v / GIB:>9.2f}" for v in values))
+    return "\n".join(lines)
 
 
 def _precision(agent, masters: bool) -> str:
@@ -310,7 +372,9 @@ def _share_devices(plans: list[AgentPlan]) -> None:
     """Agents on one device take turns (one phase at a time), each holding its resident bytes throughout: each
     agent's peak counts the others' resident bytes too."""
     for p in plans:
-        p.others_resident = sum(q.resident for q in plans if q is not p and _same_device(p.device, q.device))
+        p.others_resident = sum(
+            q.resident for q in plans if q is not p and any(_same_device(a, b) for a in p.devices for b in q.devices)
+        )
 
 
 def _same_device(a: str, b: str) -> bool:
