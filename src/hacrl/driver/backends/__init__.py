@@ -3,9 +3,10 @@
     local   every worker in the driver's process, called one after the other (the zero-setup default)
     ray     every worker a Ray actor; all agents sample at the same time and all learners learn at the same time
 
-A backend starts one `hacrl.agent.worker.AgentWorker` per agent and makes the same typed call on each (`Workers`),
-returning their results in agent order. Only the messages of `hacrl.messages` and checkpoint paths cross the
-boundary. Backends load lazily: the local backend and `hacrl.core` never import Ray.
+A backend starts one `hacrl.agent.worker.AgentWorker` per agent (an agent on K devices: a group of K
+`hacrl.agent.sharded.ShardedWorker` ranks, `ranks.LocalRanks` or K Ray actors, answering as one) and makes the same
+typed call on each (`Workers`), returning their results in agent order. Only the messages of `hacrl.messages` and
+checkpoint paths cross the boundary. Backends load lazily: the local backend and `hacrl.core` never import Ray.
 """
 
 from __future__ import annotations
