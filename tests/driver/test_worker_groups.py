@@ -30,6 +30,26 @@ def _config(tiny_agents, tmp_path, name: str, devices=TWO, **sections):
     return path
 
 
+@pytest.fixture(scope="module")
+def two_rank_run(tiny_agents, tmp_path_factory):
+    """An uninterrupted 3-step run with qwen on two ranks, checkpointed every step: what the interrupted and
+    resumed runs below start from or must reproduce."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    assert main(["train", str(_config(tiny_agents, root, "full"))]) == 0
+    return root / "full"
+
+
+def _copy_until(run, step: int, to):
+    """A copy of `run` as if it had stopped after checkpoint `step` (later checkpoints removed)."""
+    import shutil
+
+    shutil.copytree(run, to)
+    for later in (to / "checkpoints").glob("step_*"):
+        if int(later.name.split("_")[1]) > step:
+            shutil.rmtree(later)
+    return to
+
+
 @pytest.mark.slow
 def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_order(tiny_agents, tmp_path):
     """5 prompts x G = 3 over 2 ranks (3 + 2 prompts): 15 trajectories, prompt by prompt, and each one's source
@@ -68,12 +88,12 @@ def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_
 
 @pytest.mark.slow
 def test_kill_9_of_one_rank_stops_the_run_naming_it_and_the_run_resumes_exactly(tiny_agents, tmp_path, monkeypatch,
-                                                                                 capsys):  # fmt: skip
+                                                                                 capsys, two_rank_run):  # fmt: skip
     """Rank 1 of qwen is killed (SIGKILL) in its 10th micro-batch (step 3): the driver stops with one message that
     names the agent and the rank; `--resume` from step 2's checkpoint ends with the uninterrupted run's numbers
     and weights, bit for bit."""
-    full = _config(tiny_agents, tmp_path, "full")
-    assert main(["train", str(full)]) == 0
+    from safetensors.torch import load_file
+
     cut = _config(tiny_agents, tmp_path, "cut")
     monkeypatch.setenv("HACRL_FAULTS", "update.micro_batch:10")
     monkeypatch.setenv("HACRL_FAULTS_RANK", "1")
@@ -86,32 +106,29 @@ def test_kill_9_of_one_rank_stops_the_run_naming_it_and_the_run_resumes_exactly(
     monkeypatch.delenv("HACRL_FAULTS")
     faults.reset()
     assert main(["train", str(cut), "--resume"]) == 0
-    assert without_timings(records(tmp_path / "cut")[-1]) == without_timings(records(tmp_path / "full")[-1])
-    from safetensors.torch import load_file
-
+    assert without_timings(records(tmp_path / "cut")[-1]) == without_timings(records(two_rank_run)[-1])
     for name in ("llama", "qwen"):
-        a = load_file(latest_checkpoint(tmp_path / "full") / "agents" / name / "model.safetensors")
+        a = load_file(latest_checkpoint(two_rank_run) / "agents" / name / "model.safetensors")
         b = load_file(latest_checkpoint(tmp_path / "cut") / "agents" / name / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("first", "then"), [(TWO, None), (None, TWO)])
-def test_a_checkpoint_resumes_on_another_number_of_ranks(first, then, tiny_agents, tmp_path, capsys):
-    """K = 2 -> 1 and 1 -> 2: the optimizer state loads resharded (AdamW's step count and moments are there), the
-    run says it is no longer bit-identical, and it trains on."""
-    cfg = _config(tiny_agents, tmp_path, "run", devices=first, trainer={"steps": 2})
-    assert main(["train", str(cfg)]) == 0
+def test_a_checkpoint_resumes_on_another_number_of_ranks(tiny_agents, tmp_path, capsys, two_rank_run):
+    """K = 2 -> 1 (step 3) -> 2 (step 4): each time the optimizer state loads resharded, the run says it is no
+    longer bit-identical, and it trains on."""
+    _copy_until(two_rank_run, 2, tmp_path / "run")
     capsys.readouterr()
-    resumed = _config(tiny_agents, tmp_path, "run", devices=then, trainer={"steps": 3})
-    assert main(["train", str(resumed), "--resume"]) == 0
-    assert "no longer bit-identical" in capsys.readouterr().err
-    assert [r["step"] for r in records(tmp_path / "run") if "qwen/grad_norm" in r][-1] == 3
-    assert checkpoint_problems(latest_checkpoint(tmp_path / "run")) == []
+    for devices, steps in ((None, 3), (TWO, 4)):
+        cfg = _config(tiny_agents, tmp_path, "run", devices=devices, trainer={"steps": steps})
+        assert main(["train", str(cfg), "--resume"]) == 0
+        assert "no longer bit-identical" in capsys.readouterr().err
+        assert [r["step"] for r in records(tmp_path / "run") if "qwen/grad_norm" in r][-1] == steps
+        assert checkpoint_problems(latest_checkpoint(tmp_path / "run")) == []
 
 
 @pytest.mark.slow
-def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_agents, tmp_path):
+def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_agents, tmp_path, two_rank_run):
     """A K = 2 checkpoint's AdamW moments, loaded on one device, are the gathered shards; saved there and loaded on
     two ranks again, they are the same numbers."""
     from hacrl.agent.worker import AgentWorker
@@ -119,9 +136,8 @@ def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_a
     from hacrl.driver.backends.ranks import LocalRanks
     from hacrl.messages import WorkerSpec
 
-    cfg_path = _config(tiny_agents, tmp_path, "run", trainer={"steps": 1})
-    assert main(["train", str(cfg_path)]) == 0
-    k2 = latest_checkpoint(tmp_path / "run")
+    cfg_path = _config(tiny_agents, tmp_path, "run")
+    k2 = latest_checkpoint(two_rank_run)  # step 3: 3 x 4 optimizer steps
     cfg = load_config(cfg_path)
     qwen = cfg.agents[1]
     one_spec = WorkerSpec(1, replace(qwen, devices=None), cfg.rollout, cfg.trainer, cfg.algorithm,
@@ -129,7 +145,7 @@ def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_a
     one = AgentWorker(one_spec)
     one.load(str(k2))
     state = one.agent.optimizer.state_dict()["state"]
-    assert len(state) == len(list(one.agent.model.parameters())) and all(float(s["step"]) == 4 for s in state.values())
+    assert len(state) == len(list(one.agent.model.parameters())) and all(float(s["step"]) == 12 for s in state.values())
     k1 = tmp_path / "k1"
     one.save(str(k1))
     two_spec = WorkerSpec(1, qwen, cfg.rollout, cfg.trainer, cfg.algorithm, weights_from=str(k1 / "agents" / "qwen"),
