@@ -5,8 +5,9 @@
 # and their time limits with GPU_CHECK (NAME=SECONDS ..., in the order given); GPU_CHECK_PROFILE=1 profiles the
 # Qwen3 sampling part, GPU_CHECK_KERNEL (JSON) names the decode kernel's launch, GPU_CHECK_PAPER_MARGIN sets the
 # paper step's rollout.kv_cache_margin, GPU_CHECK_LONG_MODES the long part's modes (default: no-stop varied varied-calls),
-# GPU_CHECK_PRECISION_NEW the new tokens of the precision part's three paper steps (issue 41: pure bf16, float32
-# masters, masters offloaded; suggested for a 15-minute lease: GPU_CHECK="precision=420"). The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
+# GPU_CHECK_PRECISION_NEW the new tokens of the precision part's five paper steps (issue 41: pure bf16, float32
+# masters, masters offloaded; issue 43: an FSDP2 group of one rank, without and with CPU offload; suggested for a
+# 15-minute lease: GPU_CHECK="precision=540"). The 2026-11-27 runs (benchmarks/results/gpu-h100-paper-step.md):
 # `GPU_CHECK_PROFILE=1 GPU_CHECK="tests=60 kernel=60 qwen=140 paper=320"`, then on a fresh machine
 # `GPU_CHECK_KERNEL=... GPU_CHECK="qwen=105 paper=320"`.
 #

@@ -23,9 +23,10 @@ runs to the length limit: the worst case for sampling. Parts (in this order):
 - paper: one Qwen3-4B-shape agent through the real trainer at the paper's structure scaled down (8 prompts x 8 x
   4,096 new tokens, gradient checkpointing, chunked log-probs): per-phase seconds, peak memory against `hacrl
   plan`'s prediction, the update's tokens per second and model FLOPs utilisation.
-- precision: the paper step (--precision-new tokens) three ways: pure bf16 (`master_weights: none`), bf16 with
-  float32 masters on the device, and with `offload: optimizer` (masters and AdamW state in pinned host memory):
-  step time, the offload seconds, peak device memory, and `hacrl plan`'s device peak and host bytes for each.
+- precision: the paper step (--precision-new tokens) five ways: pure bf16 (`master_weights: none`), bf16 with
+  float32 masters on the device, and with `offload: optimizer` (masters and AdamW state in pinned host memory), and
+  as an FSDP2 worker group of one rank (`devices: [cuda:0]`) without and with CPU offload: step time, the offload
+  seconds, peak device memory, and `hacrl plan`'s device peak and host bytes for each.
 
 Writes benchmarks/results/gpu.md and gpu.json (or --out DIR), stamped with the device, driver, torch and
 transformers versions and the command.
@@ -585,9 +586,12 @@ def paper_step(
     ]
     data = work / "paper-data.jsonl"
     data.write_text("\n".join(rows) + "\n")
+    extra = dict(agent_extra or {})
+    if "devices" in extra:
+        extra["devices"] = [device if d == "<device>" else d for d in extra["devices"]]
     config = {
         "agents": [{"name": directory.name, "model": str(directory), "lr": 1e-6, "device": device, "dtype": dtype,
-                    "gradient_checkpointing": True, **(agent_extra or {})}],
+                    "gradient_checkpointing": True, **extra}],
         "algorithm": {"name": "gspo"},  # one agent: HACPO with nobody to share with is GSPO
         "rollout": {"group_size": 8, "max_new_tokens": new, "max_prompt_tokens": 1024, "backend": "static",
                     "cuda_graphs": device == "cuda", "batch_size": "auto"},
@@ -608,6 +612,8 @@ def paper_step(
                                       "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()},
                                       "host_gib": sum(predicted.host.values()) / 2**30}}  # fmt: skip
     trainer = Trainer(cfg)
+    if cfg.agents[0].devices:  # a worker group: its rank samples and learns in its own process
+        return _group_step(trainer, out, predicted)
     try:
         worker = trainer.workers.workers[0]
         sampler = worker.agent.sampler
@@ -643,8 +649,28 @@ PRECISIONS = {
     "pure bf16": {"master_weights": "none"},
     "fp32 masters": {},
     "fp32 masters, offloaded": {"offload": "optimizer"},
+    "FSDP2 on 1 device": {"devices": ["<device>"]},
+    "FSDP2 on 1 device, CPU offload": {"devices": ["<device>"], "offload": "optimizer"},
 }
-"""The precision part's variants of the paper step's agent (issue 41)."""
+"""The precision part's variants of the paper step's agent (issue 41; the FSDP2 worker group of one rank, issue 43:
+its rank runs in a process of its own, so its peak is read from the worker)."""
+
+
+def _group_step(trainer, out: dict, predicted) -> dict:
+    """`paper_step` for an agent run as a worker group: one step, its phases' seconds, and the peak device memory
+    its rank 0 reports (`AgentWorker.memory`); the sampler is not warmed apart, so its compilation is in the step."""
+    try:
+        group = trainer.workers.workers[0]
+        group.call("memory", (), "resetting the peak")
+        metrics = trainer.train_step()
+        memory = group.call("memory", (), "reading the peak")
+    finally:
+        trainer.close()
+    out.update({k: v for k, v in metrics.items() if "time/" in k})
+    out["params"] = predicted.shape.params
+    if memory["total"]:
+        out["peak_gib"], out["card_gib"] = memory["peak"] / 2**30, memory["total"] / 2**30
+    return out
 
 
 def _stamp(device: str) -> dict:
@@ -998,7 +1024,7 @@ def _markdown_paper(p: dict | None) -> list[str]:
 def _markdown_precision(variants: dict | None) -> list[str]:
     if not variants:
         return []
-    lines = ["## Precision: the paper step three ways (issue 41)", "",
+    lines = ["## Precision: the paper step as each kind of agent (issues 41, 43)", "",
              "| agent | step s | update s | offload s | peak device | `hacrl plan` device peak | plan's host memory |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, p in variants.items():

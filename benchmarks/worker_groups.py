@@ -1,11 +1,11 @@
 """The update of one agent on one device vs the same agent as a 2-rank worker group (FSDP2, gloo) on this CPU.
 
-One learner's update of a fixed pool (its own sampled responses; GSPO), timed in the worker (`Learned.update_s`):
-K = 1 with 1 and 2 torch threads, and K = 2 with one thread per rank (2 cores: one each). The model is a randomly
+One learner's update of a fixed pool (its own sampled responses; GSPO), timed in the worker (`Learned.update_s`): K =
+1 with 1 and 2 torch threads, and K = 2 with one thread per rank (2 cores: one each). The model is a randomly
 initialised Qwen2-shape model large enough that the update is compute-bound (default ~25M parameters). The pool is
 the same for every setting (sampled once on one device); each setting repeats the update `--repeats` times from the
-same starting weights (after one warm-up update) and reports the median. Also the largest weight difference between the K = 2 and the K = 1
-update (float summation order only).
+same starting weights (after one warm-up update) and reports the median. Also the largest weight difference between
+the K = 2 and the K = 1 update (float summation order only).
 
     python benchmarks/worker_groups.py [--hidden 512 --layers 6 --rows 64 --tokens 96 --repeats 3]
 

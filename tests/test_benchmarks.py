@@ -103,14 +103,16 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     paper = result["paper"]  # one agent through the trainer, and the plan's prediction beside it
     assert paper["rows"] == 16 and paper["response_tokens"] == 16 * 16 and paper["time/update"] > 0
     assert paper["plan"]["rows_per_call"] == 64 and paper["update_tokens"] > paper["response_tokens"]
-    precision = result["precision"]  # the paper step three ways (issue 41), each with the plan's prediction
-    assert list(precision) == ["pure bf16", "fp32 masters", "fp32 masters, offloaded"]
+    precision = result["precision"]  # the paper step five ways (issues 41, 43), each with the plan's prediction
+    assert list(precision) == ["pure bf16", "fp32 masters", "fp32 masters, offloaded", "FSDP2 on 1 device",
+                               "FSDP2 on 1 device, CPU offload"]  # fmt: skip
     assert all(p["time/update"] > 0 and p["plan"]["peak_gib"] > 0 for p in precision.values())
     assert "time/offload" in precision["fp32 masters, offloaded"] and "time/offload" not in precision["fp32 masters"]
     assert precision["fp32 masters, offloaded"]["plan"]["host_gib"] > 0 == precision["fp32 masters"]["plan"]["host_gib"]
     text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
     assert "## One 2-agent HACPO step" in text and "## One paper-shape step" in text and "## Long responses" in text
-    assert "## Precision: the paper step three ways" in text
+    assert precision["FSDP2 on 1 device, CPU offload"]["plan"]["host_gib"] > 0  # the shards and AdamW on the host
+    assert "## Precision: the paper step as each kind of agent" in text
 
 
 @pytest.mark.slow

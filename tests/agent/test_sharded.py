@@ -24,13 +24,13 @@ def _specs(tiny_agents, tmp_path, **trainer):
     ]
 
 
-def _learn_on_rank(rank, spec, rollout, call, init, out):
-    """One rank of a 2-rank group: adopt the one-device rollout (what `sample`'s exchange would give every rank),
+def _learn_on_rank(rank, world, spec, rollout, call, init, out):
+    """One rank of a `world`-rank group: adopt the one-device rollout (what `sample`'s exchange would give every rank),
     learn, and (rank 0) save the gathered float32 weights, the compute copy and the metrics."""
     from hacrl.agent.distributed import RankInfo, full_state_dict
     from hacrl.agent.sharded import ShardedWorker
 
-    worker = ShardedWorker(spec, RankInfo(rank, 2, init, "cpu"))
+    worker = ShardedWorker(spec, RankInfo(rank, world, init, "cpu"))
     worker._rollout = rollout
     learned = worker.learn(call)
     state = full_state_dict(worker.agent.model, worker._copy, worker.agent.device, keep=rank == 0)
@@ -40,9 +40,11 @@ def _learn_on_rank(rank, spec, rollout, call, init, out):
 
 
 @pytest.mark.slow
-def test_one_update_at_two_ranks_equals_the_one_device_update(tiny_agents, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_agents, tmp_path):
     """HACPO, learner qwen (BPE) with llama's (char) responses as foreign rows: 24 rows in 4 mini-batches of 6,
-    split 3 + 3 over the ranks in micro-batches of 2 (so each rank runs one partly filled micro-batch). The
+    split 3 + 3 over the ranks in micro-batches of 2 (so each rank runs one partly filled micro-batch); also as
+    a 1-rank group (`devices: [cpu]`: FSDP2 on one device, the path of one GPU with CPU offload). The
     gradients differ from one device only in float summation order (each rank sums its rows, the ranks' sums are
     added), ~1e-7 relative; AdamW's first steps are ~lr * g / |g|, so a weight can move by up to ~lr where a
     gradient element is near zero and its sign flips. Tolerance: the gradient norm and losses to 1e-5 relative,
@@ -65,18 +67,18 @@ def test_one_update_at_two_ranks_equals_the_one_device_update(tiny_agents, tmp_p
     expected = dict(qwen.agent.model.named_parameters())
 
     out = tmp_path / "rank0.pt"
-    spec = replace(qwen_spec, agent=replace(qwen_spec.agent, devices=["cpu", "cpu"]))
+    spec = replace(qwen_spec, agent=replace(qwen_spec.agent, devices=["cpu"] * ranks))
     torch.multiprocessing.start_processes(
-        _learn_on_rank, (spec, rollout, learn, f"tcp://127.0.0.1:{free_port()}", str(out)), nprocs=2,
+        _learn_on_rank, (ranks, spec, rollout, learn, f"tcp://127.0.0.1:{free_port()}", str(out)), nprocs=ranks,
         start_method="spawn",
     )  # fmt: skip
     got = torch.load(out, weights_only=True)
     lr = qwen_spec.agent.lr
     worst = max(float((got["state"][n] - p.detach()).abs().max()) for n, p in expected.items())
-    print(f"largest weight difference, 2 ranks vs one device: {worst:.2e} (lr {lr:g})")
+    print(f"largest weight difference, {ranks} rank(s) vs one device: {worst:.2e} (lr {lr:g})")
     for name, p in expected.items():
         diff = float((got["state"][name] - p.detach()).abs().max())
-        assert diff <= lr / 100, f"{name}: the 2-rank update differs by {diff:.2e} (lr {lr:g})"
+        assert diff <= lr / 100, f"{name}: the {ranks}-rank update differs by {diff:.2e} (lr {lr:g})"
         assert torch.equal(got["copy"][name], got["state"][name].to(got["copy"][name].dtype)), name
     assert one.metrics["optimizer_steps"] == got["metrics"]["optimizer_steps"] == 4
     assert set(got["metrics"]) == set(one.metrics)

@@ -26,7 +26,7 @@ DEMO = "configs/demo.yaml"
         ("trainer.old_logprobs=cached", "Invalid value 'cached', expected one of \\['recompute', 'sampler'\\]"),
         ("scoring.isolation=thread", "Invalid value 'thread'"),
         ("agents.0.name=eval", "agents.0.name='eval' is the first part of run-wide metric keys"),
-        ("agents.0.devices=[cuda:0]", "agents.0.devices=\\['cuda:0'\\] names one device: set agents.0.device=cuda:0"),
+        ("agents.0.devices=[]", r"agents.0.devices=\[\] names no device: list one or more, or remove it"),
         ("agents.0.devices=[cpu,cuda:0]", "a worker group runs on CPUs .* or on GPUs .*, not on a mix"),
         ("agents.0.devices=[cuda:1,cuda:1]", "names a GPU twice: each rank needs a GPU of its own"),
         ("agents.0.devices=3", "agents\\[0\\].devices: Invalid value assigned: int is not a ListConfig"),

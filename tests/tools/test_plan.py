@@ -320,7 +320,7 @@ def test_an_agent_on_k_devices_is_planned_per_rank(tmp_path, capsys):
     (one,) = plan(load_config(path), device_memory=80)
     (four,) = plan(load_config(path, ["agents.0.devices=[cuda:0,cuda:1,cuda:2,cuda:3]"]), device_memory=80)
     n = four.shape.trainable
-    assert not one.fits and four.fits and four.precision == "bfloat16 + fp32 masters, 4 ranks"
+    assert not one.fits and four.fits and four.precision == "bfloat16 + fp32 masters, FSDP2 x4"
     assert four.parts["weights"] == one.parts["weights"] == 2 * four.shape.params  # the gathered copy samples
     assert four.parts["master weights (float32)"] == 4 * n // 4 and four.parts["gradients"] == 4 * n // 4
     assert four.parts["optimizer state (AdamW)"] == 8 * n // 4 and four.parts["gathered for the update (FSDP2)"] > 0

@@ -264,6 +264,16 @@ class AgentWorker:
     def describe(self) -> WorkerInfo:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
 
+    def memory(self) -> dict[str, int]:
+        """This worker's device memory: the peak allocated since the previous call and the device's total, in
+        bytes (the peak is reset; zeros on a CPU). Benchmarks ask it of workers in other processes."""
+        device = self.agent.device
+        if device.type != "cuda":
+            return {"peak": 0, "total": 0}
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}
+
     # -- inside ------------------------------------------------------------------------------------------------------
 
     def _capture_rng(self) -> dict[str, torch.Tensor]:

@@ -114,13 +114,15 @@ class AgentConfig:
     device: str = field(default="cpu", metadata=NOT_EXACT)
     """torch device of this agent: `cpu`, `cuda`, `cuda:1`, ..."""
     devices: list[str] | None = field(default=None, metadata=NOT_EXACT)
-    """K >= 2 devices for one agent, e.g. `[cuda:0, cuda:1, cuda:2, cuda:3]`: the agent runs as a worker group of K
+    """K devices for one agent, e.g. `[cuda:0, cuda:1, cuda:2, cuda:3]`: the agent runs as a worker group of K
     ranks (one process each, one torch.distributed group: NCCL on GPUs, gloo on CPU), its model sharded with FSDP2
     (float32 master shards, `dtype` compute, float32 gradient reductions; `offload: optimizer` keeps the shards and
     AdamW's state on the host). The prompts of a step and the rows of each mini-batch are split across the ranks; the
     update equals the one-device update up to float summation order. `[cpu, cpu]` runs two gloo ranks on the CPU
-    (tests). Under `runtime.backend: ray` each rank is an actor asking for `num_cpus` and `num_gpus`; Ray picks the
-    GPUs, the list's length is K. None: one device, `device`."""
+    (tests); `[cuda:0]` is FSDP2 on one GPU (with `offload: optimizer`, its CPUOffloadPolicy: the float32 shards, their
+    gradients and AdamW's state live on the host, each layer copied to the GPU when it computes). Under
+    `runtime.backend: ray` each rank is an actor asking for `num_cpus` and `num_gpus`; Ray picks the GPUs, the list's
+    length is K. None (the default): one worker on `device`, without FSDP."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -211,11 +213,8 @@ class AgentConfig:
             raise ConfigError(
                 f"{where}.devices must be a list of torch device names like [cuda:0, cuda:1], got {devices!r}"
             )
-        if len(devices) < 2:
-            raise ConfigError(
-                f"{where}.devices={devices} names one device: set {where}.device={devices[0] if devices else 'cuda'} "
-                "instead (devices is for a worker group of K >= 2 ranks)"
-            )
+        if not devices:
+            raise ConfigError(f"{where}.devices=[] names no device: list one or more, or remove it ({where}.device)")
         kinds = {d.split(":")[0] for d in devices}
         if kinds not in ({"cpu"}, {"cuda"}):
             raise ConfigError(
@@ -237,7 +236,7 @@ class AgentConfig:
 
     @property
     def num_ranks(self) -> int:
-        """K: the ranks of this agent's worker group (1: one worker on `device`)."""
+        """K: the ranks of this agent's worker group (`devices`; 1 without it: one worker on `device`)."""
         return len(self.devices) if self.devices else 1
 
 

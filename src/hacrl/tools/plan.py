@@ -252,17 +252,17 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
             p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
         offloaded = agent.offload == "optimizer"
         ranks = agent.num_ranks
-        if ranks > 1:  # FSDP2: float32 master shards whatever the compute dtype, float32 gradient shards
+        if agent.devices:  # FSDP2: float32 master shards whatever the compute dtype, float32 gradient shards
             masters, trained_bytes = True, 4
-            p.precision += f", {ranks} ranks"
+            p.precision += f", FSDP2 x{ranks}"
             p.device = f"{agent.devices[0]} x{ranks}"
         master_bytes = shape.trainable * 4 * masters // ranks
         state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
         gradient_bytes = shape.trainable * trained_bytes * learns // ranks
         p.parts["master weights (float32)"] = 0 if offloaded else master_bytes
-        p.parts["gradients"] = 0 if offloaded and ranks > 1 else gradient_bytes
+        p.parts["gradients"] = 0 if offloaded and agent.devices else gradient_bytes
         p.parts["optimizer state (AdamW)"] = 0 if offloaded else state_bytes
-        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if ranks > 1 else 0
+        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if agent.devices else 0
         if offloaded:
             p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
                       "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip

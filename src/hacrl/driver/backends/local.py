@@ -1,5 +1,5 @@
 """`runtime.backend: local`: every worker lives in the driver's process and is called in agent order; an agent on
-K >= 2 devices (`agents.<i>.devices`) is a group of K local processes (`hacrl.driver.backends.ranks`)."""
+its own devices (`agents.<i>.devices`) is a group of K local processes (`hacrl.driver.backends.ranks`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class LocalWorkers(WorkerGroup):
         self.names = [spec.agent.name for spec in specs]
         try:
             for spec in specs:
-                self.workers.append(LocalRanks(spec) if spec.agent.num_ranks > 1 else AgentWorker(spec))
+                self.workers.append(LocalRanks(spec) if spec.agent.devices else AgentWorker(spec))
         except BaseException:
             self.close()
             raise

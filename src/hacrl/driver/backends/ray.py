@@ -110,7 +110,7 @@ class RayWorkers(WorkerGroup):
             self.owners: list[tuple[int, int | None]] = []  # (agent, rank) of each actor in self.actors
             setups = []
             for i, (spec, res) in enumerate(zip(specs, resources, strict=True)):
-                if ranks[i] == 1:
+                if not spec.agent.devices:
                     actor = self._actor(res)
                     self.groups.append([actor])
                     self.actors.append(actor)
