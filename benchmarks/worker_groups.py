@@ -64,34 +64,33 @@ def _rank(rank, spec, rollout, call, init, repeats, out):
     from hacrl.agent.sharded import ShardedWorker
 
     worker = ShardedWorker(spec, RankInfo(rank, 2, init, "cpu"))
+    seconds = _timed_updates(worker, rollout, call, repeats)
+    state = full_state_dict(worker.agent.model, worker._copy, worker.agent.device, keep=rank == 0)
+    if rank == 0:
+        torch.save({"seconds": seconds, "state": state}, out)
+
+
+def _timed_updates(worker, rollout, call, repeats: int) -> list[float]:
+    """`repeats` updates of `rollout` from the worker's starting weights and a fresh AdamW, after one warm-up
+    (FSDP's lazy init, the allocator) that is not counted; each one's seconds."""
     start = {n: p.detach().clone() for n, p in worker.agent.model.named_parameters()}
     seconds = []
-    for _ in range(repeats + 1):  # the first: a warm-up (FSDP's lazy init, allocator), not counted
+    for _ in range(repeats + 1):
         with torch.no_grad():
             for n, p in worker.agent.model.named_parameters():
                 p.copy_(start[n])
         worker.agent.optimizer.state.clear()
         worker._rollout = rollout
         seconds.append(worker.learn(call).update_s)
-    state = full_state_dict(worker.agent.model, worker._copy, worker.agent.device, keep=rank == 0)
-    if rank == 0:
-        torch.save({"seconds": seconds[1:], "state": state}, out)
+    return seconds[1:]
 
 
 def _one(spec, rollout, call, repeats, threads):
     from hacrl.agent.worker import AgentWorker
 
     worker = AgentWorker(replace(spec, torch_threads=threads))
-    start = {n: p.detach().clone() for n, p in worker.agent.model.named_parameters()}
-    seconds = []
-    for _ in range(repeats + 1):  # the first: a warm-up (FSDP's lazy init, allocator), not counted
-        with torch.no_grad():
-            for n, p in worker.agent.model.named_parameters():
-                p.copy_(start[n])
-        worker.agent.optimizer.state.clear()
-        worker._rollout = rollout
-        seconds.append(worker.learn(call).update_s)
-    return seconds[1:], {n: p.detach().clone() for n, p in worker.agent.model.named_parameters()}
+    seconds = _timed_updates(worker, rollout, call, repeats)
+    return seconds, {n: p.detach().clone() for n, p in worker.agent.model.named_parameters()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,12 +54,14 @@ def _copy_until(run, step: int, to):
 def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_order(tiny_agents, tmp_path):
     """5 prompts x G = 3 over 2 ranks (3 + 2 prompts): 15 trajectories, prompt by prompt, and each one's source
     log-prob sum is the one-device model's log-prob of that text *under its own prompt* (so no response was
-    attached to another prompt on the way back; checked where the text re-encodes to its sampled length)."""
+    attached to another prompt on the way back; checked where the text re-encodes to its sampled length). Then one
+    prompt on two ranks: rank 1 samples nothing, the group returns G trajectories and learns from them (rank 1 runs
+    zero-weight passes); and an error raised inside a rank reaches the caller as itself and stops the group."""
     from hacrl.agent.logprobs import TokenBatch, token_logprobs
     from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
     from hacrl.driver.backends.ranks import LocalRanks
-    from hacrl.messages import SampleCall, WorkerSpec
+    from hacrl.messages import LearnCall, SampleCall, WorkerSpec
 
     cfg = load_config(_config(tiny_agents, tmp_path, "run", devices=None))
     spec = WorkerSpec(0, cfg.agents[0], cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1, num_agents=2)
@@ -68,6 +70,13 @@ def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_
     group = LocalRanks(replace(spec, agent=replace(cfg.agents[0], devices=TWO)))
     try:
         trajectories = group.call("sample", (SampleCall(1, prompts, 3),), "sampling").trajectories
+        sampled = group.call("sample", (SampleCall(2, prompts[:1], 4),), "sampling")
+        assert [t.group for t in sampled.trajectories] == [0] * 4
+        learned = group.call("learn", (LearnCall(2, [1.0, 0.0, 1.0, 0.0], [], [0.5, 0.5]),), "learning")
+        assert learned.metrics["optimizer_steps"] == 1
+        with pytest.raises(RuntimeError, match="learn.step 3. without sample.step 3. first"):
+            group.call("learn", (LearnCall(3, [], [], [0.5, 0.5]),), "learning")
+        assert group.processes == []  # stopped
     finally:
         group.close()
     assert [t.group for t in trajectories] == [g for g in range(5) for _ in range(3)]
@@ -187,3 +196,29 @@ def test_a_damaged_sharded_optimizer_is_found_and_a_metadata_that_names_code_is_
     (directory / ".metadata").write_bytes(pickle.dumps(Boom()))
     assert "not part of a checkpoint's metadata" in _sharded_problem(directory)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_whole_process_group_stops_after_the_step_and_resumes_exactly(tiny_agents, tmp_path,
+                                                                                     two_rank_run):  # fmt: skip
+    """Ctrl-C in a terminal reaches the driver and both ranks: the ranks ignore it, the driver finishes its step,
+    writes a checkpoint with them and stops (128 + SIGINT); `--resume` ends with the uninterrupted run's numbers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = _config(tiny_agents, tmp_path, "cut", checkpoint={"every": 0})
+    proc = subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(cfg)], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    metrics = tmp_path / "cut" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and not (metrics.is_file() and metrics.read_text()):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: every process of the foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert "stopped by SIGINT after step" in err and "Traceback" not in err, err[-2000:]
+    assert main(["train", str(cfg), "--resume"]) == 0
+    assert without_timings(records(tmp_path / "cut")[-1]) == without_timings(records(two_rank_run)[-1])

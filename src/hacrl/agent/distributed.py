@@ -46,14 +46,15 @@ class RankInfo:
 
 
 def init_group(info: RankInfo, *, timeout_s: float = 1800.0) -> None:
-    """Join the agent's process group: NCCL on GPUs, gloo on CPU."""
+    """Join the agent's process group: NCCL for GPU tensors and gloo for host tensors on GPUs (with CPU offload the
+    gradient norm is reduced over host shards), gloo on CPU."""
     import torch.distributed as dist
 
     device = torch.device(info.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
+        "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
         init_method=info.init_method,
         rank=info.rank,
         world_size=info.world,

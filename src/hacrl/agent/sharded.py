@@ -251,17 +251,8 @@ class ShardedWorker(AgentWorker):
             if not micro:  # this rank's rows ran out: a zero-weight pass keeps the collectives in step
                 self._idle_backward()
                 continue
-            out = self._micro_batch_loss(
-                [rows[i] for i in micro],
-                [adv[i] for i in micro],
-                capabilities,
-                step_index=m,
-                num_seqs=len(mini),
-                num_own=max(num_own, 1),
-            )
-            out.loss.backward()
-            collected.append({k: v.detach().cpu() for k, v in out.metrics.items()})
-            faults.hit("update.micro_batch")
+            metrics = self._micro_backward(rows, adv, micro, capabilities, m, len(mini), num_own)
+            collected.append({k: v.detach().cpu() for k, v in metrics.items()})
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(collected, gathered, dst=0)
         if gathered is not None:

@@ -110,6 +110,8 @@ class AgentWorker:
         this worker's stream: the rollout (row i is response i % G of prompt groups[i // G]), the seconds spent
         sampling and computing old log-probs."""
         agent, step, group_size = self.agent, call.step, call.group_size
+        if not groups:  # a rank of a group with more ranks than the step has prompts
+            return _Rollout(step, [], [], [], []), 0.0, 0.0
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(call.prompts[g])[0] for g in groups]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
@@ -427,17 +429,22 @@ class AgentWorker:
         size = self.spec.trainer.micro_batch_size
         for micro_start in range(0, len(mini), size):
             micro = mini[micro_start : micro_start + size]
-            out = self._micro_batch_loss(
-                [rows[i] for i in micro],
-                [adv[i] for i in micro],
-                capabilities,
-                step_index=m,
-                num_seqs=len(mini),
-                num_own=max(num_own, 1),
-            )
-            out.loss.backward()
-            reducer.add(out.metrics)
-            faults.hit("update.micro_batch")
+            reducer.add(self._micro_backward(rows, adv, micro, capabilities, m, len(mini), num_own))
+
+    def _micro_backward(self, rows, adv, micro: list[int], capabilities, m: int, num_seqs: int, num_own: int):
+        """Forward and backward of the micro-batch of rows `micro`, its loss divided by its mini-batch's sizes
+        (`num_seqs` sequences, `num_own` own rows); its metrics."""
+        out = self._micro_batch_loss(
+            [rows[i] for i in micro],
+            [adv[i] for i in micro],
+            capabilities,
+            step_index=m,
+            num_seqs=num_seqs,
+            num_own=max(num_own, 1),
+        )
+        out.loss.backward()
+        faults.hit("update.micro_batch")
+        return out.metrics
 
     def _micro_batch_loss(self, rows, adv, capabilities, *, step_index, num_seqs, num_own):
         agent = self.agent

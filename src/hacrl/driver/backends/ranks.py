@@ -7,7 +7,9 @@ answer. The ranks meet in a torch.distributed group whose rendezvous is a free T
 Failures: an error raised in a rank reaches the user as itself (the other ranks, perhaps waiting for it inside a
 collective, are stopped); a rank process that dies (kill -9, the kernel's OOM killer) stops the run at once with a
 `WorkerError` that names the agent, the rank and what it was doing. The newest checkpoint stays valid (`--resume`).
-When the driver dies, each rank finds its pipe closed at its next call and exits.
+The ranks ignore SIGINT and SIGTERM (a Ctrl-C reaches the whole terminal's process group; the driver finishes
+its step, checkpoints and stops them) and die with the driver (Linux: PR_SET_PDEATHSIG; elsewhere each rank finds its
+pipe closed at its next call and exits).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _rank_main(spec: WorkerSpec, info, conn) -> None:
     """A rank's process: build the worker, then answer calls until the driver says stop or goes away."""
     from hacrl import faults
 
+    _follow_the_driver()
     faults.set_rank(info.rank)
     where = f"rank {info.rank} of agent {spec.agent.name!r}"
     try:
@@ -74,6 +77,22 @@ def _rank_main(spec: WorkerSpec, info, conn) -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _follow_the_driver() -> None:
+    """A rank lives and stops with the driver: Ctrl-C in a terminal reaches every process of the group, but the
+    driver's handler finishes the step and checkpoints with its ranks, so they ignore SIGINT and SIGTERM (the driver
+    stops them); and on Linux a rank is killed when the driver dies, even inside a collective."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed pipe ends the rank at its next call
+        pass
 
 
 class LocalRanks:
