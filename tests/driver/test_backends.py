@@ -176,21 +176,41 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
 
 @pytest.mark.slow
 def test_ray_places_a_two_rank_agent_beside_a_one_device_agent(tiny_agents, tmp_path, capsys):
-    """qwen on `devices: [cpu, cpu]` (two actors of one placement group, gloo), llama on one device: the same
-    numbers and weights as the local backend's two rank processes."""
+    """qwen on `devices: [cpu, cpu]` (two actors of one placement group, gloo), llama on one device. kill -9 of
+    qwen's rank-1 actor after step 1's checkpoint stops the driver naming the agent and the rank; `--resume` on Ray
+    ends with the numbers and weights of the local backend's two rank processes, bit for bit."""
     import yaml
 
+    import hacrl.driver.trainer
+
     runs = {}
+    real_save = hacrl.driver.trainer.Trainer.save
+
+    def save_then_kill_rank_1(trainer):
+        path = real_save(trainer)
+        if trainer.step == 1:
+            os.kill(trainer.workers.pids()[2], signal.SIGKILL)  # llama, qwen rank 0, qwen rank 1
+        return path
+
     for backend in ("local", "ray"):
-        run = tmp_path / backend
+        run = runs[backend] = tmp_path / backend
         cfg = write_config(tmp_path / f"{backend}.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 2},
-                           checkpoint={"every": 0}, runtime={"backend": backend, "torch_threads": 1})  # fmt: skip
+                           runtime={"backend": backend, "torch_threads": 1})  # fmt: skip
         data = yaml.safe_load(cfg.read_text())
         data["agents"][1]["devices"] = ["cpu", "cpu"]
         cfg.write_text(yaml.safe_dump(data))
-        assert main(["train", str(cfg)]) == 0
-        runs[backend] = run
-    assert "qwen on node" in capsys.readouterr().out.split("rank 1 of 2")[0]
+        if backend == "local":
+            assert main(["train", str(cfg)]) == 0
+            continue
+        hacrl.driver.trainer.Trainer.save = save_then_kill_rank_1
+        try:
+            assert main(["train", str(cfg)]) == 2
+        finally:
+            hacrl.driver.trainer.Trainer.save = real_save
+        out, err = capsys.readouterr()
+        assert "qwen on node" in out and "(rank 1 of 2)" in out, out
+        assert "the worker of agent 'qwen' (rank 1) died while sampling at step 2" in err, err
+        assert main(["train", str(cfg), "--resume"]) == 0
     same_numbers(records(runs["ray"]), records(runs["local"]))
     same_weights(runs["ray"], runs["local"], 2)
     assert records(runs["ray"])[-1]["qwen/optimizer_steps"] > 0
