@@ -1,4 +1,5 @@
-"""An agent on two CPU ranks (gloo, FSDP2): its update of a fixed pool equals the one-device update."""
+"""An agent on CPU ranks (gloo, FSDP2): its update of a fixed pool equals the one-device update, in float32 and in
+bfloat16 with float32 masters."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_agents, tmp_path):
+@pytest.mark.parametrize(("ranks", "dtype"), [(1, "float32"), (2, "float32"), (2, "bfloat16")])
+def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype, tiny_agents, tmp_path):
     """HACPO, learner qwen (BPE) with llama's (char) responses as foreign rows: 24 rows in 4 mini-batches of 6,
     split 3 + 3 over the ranks in micro-batches of 2 (so each rank runs one partly filled micro-batch); also as
     a 1-rank group (`devices: [cpu]`: FSDP2 on one device, the path of one GPU with CPU offload). The
@@ -49,7 +50,12 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_a
     added), ~1e-7 relative; AdamW's first steps are ~lr * g / |g|, so a weight can move by up to ~lr where a
     gradient element is near zero and its sign flips. Tolerance: the gradient norm and losses to 1e-5 relative,
     every weight to lr / 100 after 4 optimizer steps (the one-device update moves weights by up to ~4 lr;
-    measured: 1e-6 at lr 3e-3, i.e. lr / 3000)."""
+    measured: 1e-6 at lr 3e-3, i.e. lr / 3000). In bfloat16 the group (float32 master shards, bf16 compute through
+    FSDP2's mixed-precision policy, float32 reductions) is compared with the one-device agent's float32 masters
+    (`MasterStep`): both round the same masters to bf16 for the forward, so they differ by bf16 summation order in
+    the backward, which flips AdamW's near-zero steps on a few elements (up to ~lr each per step): the update's
+    cosine with the one-device update > 0.99 and its norm within 2 %, every weight within 8 lr, metrics to 1e-2
+    relative (measured: cosine 0.9998, norm ratio 0.99996, largest weight difference 4 lr, metrics within 5e-4)."""
     from dataclasses import replace
 
     from hacrl.agent.worker import AgentWorker
@@ -57,6 +63,7 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_a
     from hacrl.messages import LearnCall, SampleCall
 
     llama_spec, qwen_spec = _specs(tiny_agents, tmp_path)
+    qwen_spec = replace(qwen_spec, agent=replace(qwen_spec.agent, dtype=dtype))
     llama, qwen = AgentWorker(llama_spec), AgentWorker(qwen_spec)
     call = SampleCall(1, PROMPTS, 4)
     foreign = [replace(t, reward=float(i % 3 == 0)) for i, t in enumerate(llama.sample(call).trajectories)]
@@ -64,7 +71,8 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_a
     rollout = qwen._rollout
     learn = LearnCall(1, [float(i % 2) for i in range(12)], foreign, [0.4, 0.6])
     one = qwen.learn(learn)
-    expected = dict(qwen.agent.model.named_parameters())
+    masters = qwen.agent.trained_state_dict()  # bfloat16: the float32 masters; float32: the parameters themselves
+    expected = {n: masters[n] if masters else p for n, p in qwen.agent.model.named_parameters()}
 
     out = tmp_path / "rank0.pt"
     spec = replace(qwen_spec, agent=replace(qwen_spec.agent, devices=["cpu"] * ranks))
@@ -76,11 +84,22 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, tiny_a
     lr = qwen_spec.agent.lr
     worst = max(float((got["state"][n] - p.detach()).abs().max()) for n, p in expected.items())
     print(f"largest weight difference, {ranks} rank(s) vs one device: {worst:.2e} (lr {lr:g})")
+    if dtype == "bfloat16":  # the update's direction and size, against the one-device masters' update
+        from safetensors.torch import load_file
+
+        start = load_file(tiny_agents["qwen"] / "model.safetensors")
+        one_step = torch.cat([(expected[n].detach() - start[n].float()).flatten() for n in expected])
+        group_step = torch.cat([(got["state"][n] - start[n].float()).flatten() for n in expected])
+        cosine = float(torch.nn.functional.cosine_similarity(one_step, group_step, dim=0))
+        ratio = float(group_step.norm() / one_step.norm())
+        print(f"bf16 update: cosine {cosine:.5f}, norm ratio {ratio:.5f}")
+        assert cosine > 0.99 and abs(ratio - 1) < 0.02, (cosine, ratio)
+    weights, metrics = (lr / 100, 1e-5) if dtype == "float32" else (8 * lr, 1e-2)
     for name, p in expected.items():
         diff = float((got["state"][name] - p.detach()).abs().max())
-        assert diff <= lr / 100, f"{name}: the {ranks}-rank update differs by {diff:.2e} (lr {lr:g})"
+        assert diff <= weights, f"{name}: the {ranks}-rank update differs by {diff:.2e} (lr {lr:g})"
         assert torch.equal(got["copy"][name], got["state"][name].to(got["copy"][name].dtype)), name
     assert one.metrics["optimizer_steps"] == got["metrics"]["optimizer_steps"] == 4
     assert set(got["metrics"]) == set(one.metrics)
     for key in sorted(one.metrics):
-        assert got["metrics"][key] == pytest.approx(one.metrics[key], rel=1e-5, abs=1e-7), key
+        assert got["metrics"][key] == pytest.approx(one.metrics[key], rel=metrics, abs=1e-7), key

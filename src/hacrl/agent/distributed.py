@@ -153,12 +153,10 @@ def full_state_dict(sharded: nn.Module, copy: nn.Module, device: torch.device, *
     """The model's state dict with every parameter whole and float32 (the masters), on the host, for a Hugging Face
     save: `keep` on the rank that writes it, None elsewhere (every rank takes part in the gathers)."""
     gathered: dict[int, torch.Tensor] = {}
-    names = {}
-    for name, parameter in sharded.named_parameters():
+    for parameter in sharded.parameters():
         value = full(parameter, device)
         if keep:
             gathered[id(parameter)] = value.to("cpu")
-        names[name] = id(parameter)
     if not keep:
         return None
     state = copy.state_dict()
@@ -208,7 +206,7 @@ def load_optimizer_tensors(
         raise KeyError(f"the checkpoint holds optimizer state for parameters this model lacks: {missing[:3]}")
     with warnings.catch_warnings():  # one process (a single-device agent) reads a group's shards: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(template, storage_reader=_Reader(directory))
+        dcp.load(template, storage_reader=_safe_reader(directory))
     for name, p in zip(names, params, strict=True):
         keys = [k for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}/{k}" in template]
         state = {k: template[f"{name}/{k}"] for k in keys}
@@ -243,7 +241,7 @@ def load_full_optimizer(optimizer, params: list[torch.Tensor], state_file: Path,
         optimizer.state[p] = state
 
 
-def _Reader(directory: Path):
+def _safe_reader(directory: Path):
     """torch.distributed.checkpoint's file reader, with the metadata read by `read_sharded_metadata`."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta

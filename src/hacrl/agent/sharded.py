@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -142,8 +143,6 @@ class ShardedWorker(AgentWorker):
     # -- the calls ---------------------------------------------------------------------------------------------------
 
     def sample(self, call: SampleCall) -> Sampled:
-        import time
-
         began = time.time()
         mine, generate_s, logprobs_s = self._sample_share(call, _share(len(call.prompts), self.rank, self.world))
         parts: list = [None] * self.world

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import pickle
 import socket
+from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -108,7 +109,7 @@ class LocalRanks:
         self.processes: list[Any] = []
         self.pipes: list[Any] = []
         if spec.torch_threads is None:  # one share of this machine's cores per rank, not every core per rank
-            spec = _with_threads(spec, max(1, (os.cpu_count() or 1) // len(devices)))
+            spec = replace(spec, torch_threads=max(1, (os.cpu_count() or 1) // len(devices)))
         try:
             for rank, device in enumerate(devices):
                 ours, theirs = context.Pipe()
@@ -183,12 +184,6 @@ class LocalRanks:
         for pipe in self.pipes:
             pipe.close()
         self.processes, self.pipes = [], []
-
-
-def _with_threads(spec: WorkerSpec, threads: int) -> WorkerSpec:
-    from dataclasses import replace
-
-    return replace(spec, torch_threads=threads)
 
 
 def _exit_reason(code: int | None) -> str:
