@@ -16,9 +16,9 @@ and paths, so the same calls work in the driver's process and in a Ray actor (`h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
+from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, SharingConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,10 @@ class WorkerSpec:
     """Prompts per generation batch during evaluation."""
     num_agents: int = 1
     """Agents in the run (whether others will read this agent's log-prob sums)."""
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    """Which of the other agents' rows this learner trains on (`hacrl.core.sharing`)."""
+    agent_names: tuple[str, ...] = ()
+    """Every agent's name, by index (names the sources in its sharing metrics); empty: the indices."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
 from hacrl.checkpoint import agent_part
-from hacrl.core import LossInputs, get_algorithm
+from hacrl.core import LossInputs, get_algorithm, select_foreign
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
 from hacrl.messages import (
@@ -174,7 +174,12 @@ class AgentWorker:
         with self._guarded("the update", step):
             metrics = self._update(rows, caps)
         self._rollout = None
-        return Learned(metrics, time.perf_counter() - start)
+        update_s = time.perf_counter() - start
+        if metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
+            metrics["time/update_saved_est"] = (
+                update_s * metrics["shared_tokens_saved"] / max(metrics["trained_tokens"], 1)
+            )
+        return Learned(metrics, update_s)
 
     def generate(self, call: GenerateCall) -> list[Completion]:
         """Completions for evaluation: greedy, or sampled from a stream seeded by `call.seed` (never the training
@@ -381,6 +386,8 @@ class AgentWorker:
         ).tolist()
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
+        advantage_abs_mean = sum(abs(a) for a in adv) / len(adv)
+        rows, adv, shared = self._select(rows, adv, capabilities)  # after the advantages: over every scored row
         reducer = MetricReducer()
         grad_norms: list[float] = []
         skipped = 0
@@ -414,13 +421,117 @@ class AgentWorker:
         metrics["skipped_steps"] = skipped
         metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
         metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
+        metrics["trained_tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows if r.response_ids)
+        metrics.update(shared)
         foreign = [r for r in rows if r.source != self.index]
         if foreign:
             metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
             metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
             metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
-        metrics["advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
+        metrics["advantage_abs_mean"] = advantage_abs_mean
         return metrics
+
+    def _select(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor):
+        """The sharing policy (`spec.sharing`, `hacrl.core.sharing`): the rows that enter the loss (own rows and the
+        kept foreign ones, in pool order), their advantages, and per source: rows offered, kept, the kept rows' mean
+        reward, the tokens (prompt + response, in this learner's tokens) not trained."""
+        sources = sorted({r.source for r in rows if r.source != self.index})
+        if not sources:
+            return rows, adv, {}
+        sharing = self.spec.sharing
+        if sharing.policy == "all":
+            keep = [True] * len(rows)
+        else:
+            relevance = self._relevance(rows, adv, capabilities) if sharing.policy == "top_k" else None
+            keep = select_foreign(
+                torch.tensor([r.reward for r in rows], dtype=torch.float64),
+                torch.tensor([r.group for r in rows]),
+                torch.tensor([r.source for r in rows]),
+                learner=self.index,
+                policy=sharing.policy,
+                num_agents=len(capabilities),
+                min_reward=sharing.min_reward_or(self.params.r_max),
+                fail_below=sharing.fail_below,
+                k=sharing.k,
+                margin=sharing.margin,
+                relevance=relevance,
+            ).tolist()
+        names = self.spec.agent_names
+        metrics: dict[str, Any] = {}
+        for j in sources:
+            key = f"shared/{names[j] if j < len(names) else j}"
+            offered = [i for i, r in enumerate(rows) if r.source == j]
+            kept = [i for i in offered if keep[i]]
+            metrics[f"{key}/offered"] = len(offered)
+            metrics[f"{key}/kept"] = len(kept)
+            if kept:
+                metrics[f"{key}/kept_reward_mean"] = sum(rows[i].reward for i in kept) / len(kept)
+            metrics[f"{key}/tokens_saved"] = sum(
+                len(rows[i].prompt_ids) + len(rows[i].response_ids)
+                for i in offered
+                if not keep[i] and rows[i].response_ids
+            )
+        metrics["shared_offered"] = sum(r.source != self.index for r in rows)
+        metrics["shared_kept"] = sum(k and r.source != self.index for r, k in zip(rows, keep, strict=True))
+        metrics["shared_tokens_saved"] = sum(v for k, v in metrics.items() if k.endswith("/tokens_saved"))
+        kept_rows = [i for i, k in enumerate(keep) if k]
+        return [rows[i] for i in kept_rows], [adv[i] for i in kept_rows], metrics
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, rows: list[LearnerRow]) -> tuple[torch.Tensor, TokenBatch]:
+        agent = self.agent
+        tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, agent.device)
+        chunk = self.spec.trainer.logprob_chunk_size
+        return token_logprobs(self._sampling_model(), tb, agent.settings.temperature, chunk_size=chunk), tb
+
+    def _relevance(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor) -> torch.Tensor:
+        """`top_k`'s relevance of each foreign row to this learner: |sum_t d objective / d log pi(y_t)|, the pull the
+        row would exert on the learner's token log-probs at the optimizer step m it has under `all` (its position in
+        the pool // mini_batch_size), with the pre-update weights (one no-grad forward over the foreign rows). For
+        HACPO with a token-mean ratio: rho * |A| * s**(1 + alpha) inside the clip window [lo_m, 1], 0 outside, so
+        the rows that carry gradient come first. Own rows 0; foreign rows empty in this learner's tokens -1 (they
+        never enter a loss)."""
+        out = torch.zeros(len(rows), dtype=torch.float64)
+        foreign = [i for i, r in enumerate(rows) if r.source != self.index]
+        for i in foreign:
+            if not rows[i].response_ids:
+                out[i] = -1.0
+        foreign = [i for i in foreign if rows[i].response_ids]
+        params = replace(self.params, kl_coef=0.0)  # the KL term reads own rows only
+        mini, size = self.spec.trainer.mini_batch_size, self.spec.trainer.logprob_batch_size
+        for start in range(0, len(foreign), size):
+            chunk = foreign[start : start + size]
+            logp, tb = self._logprobs_no_grad([rows[i] for i in chunk])
+            for m in sorted({i // mini for i in chunk}):
+                sel = [c for c, i in enumerate(chunk) if i // mini == m]
+                batch = [rows[chunk[c]] for c in sel]
+                leaf = logp[sel].detach().float().requires_grad_(True)
+                device = leaf.device
+                with torch.enable_grad():
+                    loss = self.algorithm.loss(
+                        LossInputs(
+                            logp=leaf,
+                            mask=tb.response_mask[sel],
+                            old_logp=torch.zeros_like(leaf),
+                            adv=torch.tensor([adv[chunk[c]] for c in sel], dtype=torch.float32, device=device),
+                            source=torch.tensor([r.source for r in batch], device=device),
+                            learner=self.index,
+                            capabilities=capabilities.to(device),
+                            source_logp_sum=torch.tensor(
+                                [r.source_logp_sum for r in batch], dtype=torch.float64, device=device
+                            ),
+                            source_num_tokens=torch.tensor([r.source_num_tokens for r in batch], device=device),
+                            num_bytes=torch.tensor([r.num_bytes for r in batch], device=device),
+                            check_values=False,
+                        ),
+                        params=params,
+                        step_index=m,
+                    ).loss
+                    (grad,) = torch.autograd.grad(loss, leaf)
+                pull = (grad * tb.response_mask[sel]).sum(-1).abs().double().cpu() * len(sel)  # the loss is a mean
+                for c, value in zip(sel, pull.tolist(), strict=True):
+                    out[chunk[c]] = value
+        return out
 
     def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
         """The gradient of mini-batch `mini` (row indices; optimizer step `m`), accumulated micro-batch by

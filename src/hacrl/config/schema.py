@@ -272,6 +272,39 @@ class AlgorithmConfig(AlgorithmParams):
 
 
 @dataclass
+class SharingConfig:
+    """Which of the other agents' rollouts each learner trains on (a sharing policy; algorithms that share only).
+    The advantages are always computed over every scored response; the policy then chooses the foreign rows that
+    enter the learner's loss (own rows always do; `hacrl.core.sharing`, docs/design.md)."""
+
+    policy: Literal["all", "correct", "learner_fails", "top_k", "adaptive"] = "all"
+    """`all`: every foreign row (the paper). `correct`: foreign rows with reward >= `min_reward`. `learner_fails`:
+    the foreign rows of prompts where the learner's own mean reward is below `fail_below`. `top_k`: per prompt, the
+    `k` foreign rows of highest relevance to the learner (|d objective / d its mean log-prob| at the start of its
+    update, from one extra no-grad forward over the foreign rows). `adaptive`: per prompt, a source's rows when its
+    mean reward there exceeds the learner's own by more than `margin`."""
+    min_reward: float | None = None
+    """`correct`: the least reward a kept foreign row has; None: algorithm.r_max (only fully correct responses)."""
+    fail_below: float = 0.5
+    """`learner_fails`: share a prompt's foreign rows when the learner's own mean reward on it is below this."""
+    k: int = 4
+    """`top_k`: foreign rows kept per prompt (over all other agents together)."""
+    margin: float = 0.0
+    """`adaptive`: a source's rows of a prompt are kept when its mean reward there exceeds the learner's by more."""
+
+    def check(self, where: str = "sharing") -> None:
+        if self.k < 1:
+            raise ConfigError(f"{where}.k must be >= 1 (foreign rows kept per prompt by top_k), got {self.k}")
+        if self.min_reward is not None and self.min_reward < 0:
+            raise ConfigError(f"{where}.min_reward must be >= 0 or null (algorithm.r_max), got {self.min_reward}")
+        if self.margin < 0:
+            raise ConfigError(f"{where}.margin must be >= 0, got {self.margin}")
+
+    def min_reward_or(self, r_max: float) -> float:
+        return r_max if self.min_reward is None else self.min_reward
+
+
+@dataclass
 class RolloutConfig:
     """Sampling settings shared by every agent (each can override some in `agents:`)."""
 
@@ -695,6 +728,7 @@ class TrainConfig:
     agents: list[AgentConfig] = field(default_factory=list)
     """One entry per agent (N >= 1); they may differ in size, architecture and tokenizer."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
@@ -705,4 +739,16 @@ class TrainConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
-GROUPS = ("agents", "algorithm", "rollout", "data", "scoring", "trainer", "eval", "logging", "checkpoint", "runtime")
+GROUPS = (
+    "agents",
+    "algorithm",
+    "sharing",
+    "rollout",
+    "data",
+    "scoring",
+    "trainer",
+    "eval",
+    "logging",
+    "checkpoint",
+    "runtime",
+)

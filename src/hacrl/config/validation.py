@@ -61,6 +61,25 @@ def validate(config: TrainConfig) -> None:
             f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
+    sharing = config.sharing
+    if sharing.policy != "all" and not (shares and n > 1):
+        raise ConfigError(
+            f"sharing.policy={sharing.policy} chooses which of the other agents' rollouts a learner trains on, but "
+            f"algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) shares none. "
+            "Use algorithm.name=hacpo (or naive) with two or more agents, or sharing.policy=all."
+        )
+    if sharing.min_reward is not None and sharing.min_reward > algo.r_max:
+        raise ConfigError(
+            f"sharing.min_reward={sharing.min_reward} is above algorithm.r_max={algo.r_max}, so `correct` would keep "
+            "no foreign row; set it to at most r_max (null: r_max)"
+        )
+    if not 0 < sharing.fail_below <= algo.r_max:
+        raise ConfigError(
+            f"sharing.fail_below={sharing.fail_below} must be in (0, algorithm.r_max={algo.r_max}]: a learner "
+            "'fails' a prompt when its own mean reward there is below it"
+        )
+    if sharing.margin >= algo.r_max:
+        raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
     frozen = [i for i, a in enumerate(config.agents) if a.frozen]
     if frozen and not shares:
         raise ConfigError(

@@ -102,6 +102,8 @@ class MetricsLogger:
                     part += f" clip {value('own_clip_frac'):.2f}"
                 if value("foreign_clip_frac") is not None:
                     part += f"/{value('foreign_clip_frac'):.2f}"
+                if value("shared_offered"):
+                    part += f" kept {value('shared_kept')}/{value('shared_offered')}"
                 parts.append(part)
         skipped = {n: metrics.get(agent_key(n, "skipped_steps"), 0) for n in self.agent_names}
         if any(skipped.values()):

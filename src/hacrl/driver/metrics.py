@@ -54,7 +54,8 @@ AGENT = _table(
     (
         "time/{phase}",
         "seconds its worker spent in a phase: generate, logprobs, update; offload: moving gradients "
-        "to the host and weights back in its update (agents.<i>.offload)",
+        "to the host and weights back in its update (agents.<i>.offload); update_saved_est: the update seconds "
+        "its sharing policy saved, estimated as time/update x tokens saved / tokens trained",
     ),
     # its update (the worker)
     ("loss", "loss (policy + KL), mean over mini-batches"),
@@ -73,6 +74,14 @@ AGENT = _table(
     ("skipped_steps", "mini-batches whose gradient was not finite: no optimizer step (spec 3.6)"),
     ("optimizer_steps", "optimizer steps taken in this update (mini-batches with a finite gradient)"),
     ("trained_sequences", "rows that entered its loss (rows empty in its tokens cannot)"),
+    ("trained_tokens", "tokens (prompt + response, in its tokens) of the rows that entered its loss"),
+    ("shared/{agent}/offered", "that agent's rows offered to its pool this step (sharing.policy decides)"),
+    ("shared/{agent}/kept", "that agent's rows its sharing policy let into its loss"),
+    ("shared/{agent}/kept_reward_mean", "mean reward of the kept rows of that agent (absent when none was kept)"),
+    ("shared/{agent}/tokens_saved", "tokens of that agent's rows left out of its loss (prompt + response)"),
+    ("shared_offered", "foreign rows offered to its pool, all sources"),
+    ("shared_kept", "foreign rows kept by its sharing policy, all sources"),
+    ("shared_tokens_saved", "tokens of foreign rows left out of its loss, all sources"),
     ("foreign_length_mean", "mean length of foreign rows in its tokens"),
     ("foreign_cut_frac", "share of foreign rows cut to its rollout.max_new_tokens"),
     ("foreign_empty", "foreign rows empty in its tokens (left out of the loss)"),
@@ -107,7 +116,10 @@ STEP = _table(
     ("foreign_ratio_mode", "algorithm.foreign_ratio, logged when agents share"),
 )
 
-PHASES = {"agent": ("generate", "logprobs", "update", "offload"), "step": ("sampling", "scoring", "update", "offload")}
+PHASES = {
+    "agent": ("generate", "logprobs", "update", "offload", "update_saved_est"),
+    "step": ("sampling", "scoring", "update", "offload"),
+}
 
 
 def agent_key(agent: str, name: str) -> str:

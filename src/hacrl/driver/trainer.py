@@ -118,6 +118,8 @@ class Trainer:
                 torch_threads=config.runtime.torch_threads,
                 eval_batch_size=config.eval.batch_size,
                 num_agents=len(config.agents),
+                sharing=config.sharing,
+                agent_names=tuple(names),
             )
             for i, cfg in enumerate(config.agents)
         ]
@@ -189,6 +191,8 @@ class Trainer:
             if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.trainer.steps:
                 self.save()
                 last_saved = step
+        if self.step == cfg.trainer.steps and cfg.sharing.policy != "all":
+            self._logger.print(self.sharing_summary())
         if stop.signum is not None and self.step < cfg.trainer.steps:
             name = signal.Signals(stop.signum).name
             if self.step > 0 and last_saved != self.step:
@@ -263,6 +267,33 @@ class Trainer:
             timer.totals["sampling"], 1e-9
         )
         return metrics
+
+    def sharing_summary(self) -> str:
+        """The run's sharing in one line per learner: foreign rows kept of those offered, tokens not trained, update
+        seconds and the seconds the policy saved (estimated from each update's speed); over the whole run, resumed
+        parts included (read from metrics.jsonl when it is written)."""
+        import json
+
+        path = self.run_dir / "metrics.jsonl"
+        history = self.history
+        if self.config.logging.jsonl and path.is_file():
+            history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [f"sharing.policy={self.config.sharing.policy}:"]
+        for name in self.names:
+
+            def total(metric: str, name: str = name) -> float:
+                return sum(r.get(agent_key(name, metric)) or 0 for r in history)
+
+            offered = total("shared_offered")
+            if not offered:
+                continue
+            kept, update, saved = total("shared_kept"), total("time/update"), total("time/update_saved_est")
+            lines.append(
+                f"  {name}: kept {kept:,.0f} of {offered:,.0f} foreign rows ({100 * kept / offered:.0f} %), "
+                f"{total('shared_tokens_saved'):,.0f} tokens not trained; update {update:.1f} s, about {saved:.1f} s "
+                "saved (estimated from each update's seconds per trained token)"
+            )
+        return "\n".join(lines)
 
     # -- phases ----------------------------------------------------------------------------------------------------
 

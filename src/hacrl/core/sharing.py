@@ -1,0 +1,108 @@
+"""Which of the other agents' rows enter a learner's loss: sharing policies (hacrl extension; docs/design.md, "Which
+rollouts a learner receives").
+
+HACPO trains every learner on every scored response of every agent and lets its corrections weight them (spec 2,
+step 5). A sharing policy chooses instead, per learner and per step, which foreign rows the learner trains on. The
+order in the trainer, and why:
+1. The advantages are computed over every scored response of the prompt, own and foreign, exactly as without a
+   policy: rewards cost nothing once scored, and the whole group gives the better baseline (spec 3.2).
+2. The policy keeps a subset of the foreign rows; the learner's own rows are always kept.
+3. The kept rows are trained in pool order with the same mini-batch size, so keeping fewer rows means fewer
+   optimizer steps (the step index m of spec 3.5 counts those taken).
+A policy reads only what the spec lets cross between agents (rewards, sources, groups) and, for `top_k`, the
+learner's own view of a row (its relevance, computed by the learner); never another agent's parameters or logits.
+
+Policies (`POLICIES`):
+    all            every foreign row (the paper; the default)
+    correct        foreign rows whose reward reaches `min_reward` (success-gated transfer)
+    learner_fails  every foreign row of a prompt where the learner's own mean reward is below `fail_below`
+    top_k          per prompt, the `k` foreign rows of highest `relevance` (ties: pool order)
+    adaptive       per prompt and source, the source's rows when its mean reward on the prompt exceeds the
+                   learner's own mean there by more than `margin` (sharing follows the gap, prompt by prompt)
+A prompt on which the learner has no own row (it never happens in the trainer) counts as failed by it (its own
+mean is taken as -inf).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hacrl.core._checks import check_1d, check_finite, check_index, check_integer
+
+POLICIES = ("all", "correct", "learner_fails", "top_k", "adaptive")
+
+
+def select_foreign(
+    rewards: Tensor,
+    group_ids: Tensor,
+    source: Tensor,
+    *,
+    learner: int,
+    policy: str,
+    num_agents: int,
+    min_reward: float = 1.0,
+    fail_below: float = 0.5,
+    k: int = 4,
+    margin: float = 0.0,
+    relevance: Tensor | None = None,
+) -> Tensor:
+    """Which rows of learner `learner`'s pool enter its loss under `policy`: a (N,) bool mask, True on every own row.
+
+    rewards:   (N,) the pool's rewards (own and foreign)
+    group_ids: (N,) the prompt of each row
+    source:    (N,) long: the agent that generated each row
+    relevance: (N,) float, `top_k` only: a row's relevance to the learner (read on foreign rows; higher is kept)
+
+    >>> r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    >>> g = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
+    >>> s = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    >>> def keep(policy, **kw):
+    ...     return select_foreign(r, g, s, learner=0, policy=policy, num_agents=2, **kw).int().tolist()
+    >>> keep("all"), keep("correct")
+    ([1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 1, 1, 1])
+    >>> keep("learner_fails", fail_below=0.6), keep("adaptive")
+    ([1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 1, 1])
+    >>> keep("top_k", k=1, relevance=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.3, 0.3, 0.1, 0.2]))
+    [1, 1, 1, 1, 1, 0, 0, 1]
+    """
+    check_1d("rewards", rewards)
+    n = rewards.shape[0]
+    check_1d("group_ids", group_ids, n)
+    check_1d("source", source, n)
+    check_integer("group_ids", group_ids)
+    check_integer("source", source)
+    check_index("learner", learner, num_agents, "agent")
+    check_finite("rewards", rewards)
+    if policy not in POLICIES:
+        raise ValueError(f"sharing policy must be one of {POLICIES}, got {policy!r}")
+    own = source == learner
+    if policy == "all" or n == 0:
+        return torch.ones(n, dtype=torch.bool)
+    if policy == "correct":
+        return own | (rewards >= min_reward)
+    rewards = rewards.to(torch.float64)
+    groups = torch.unique(group_ids)
+    keep = own.clone()
+    for g in groups.tolist():
+        in_group = group_ids == g
+        mine = rewards[in_group & own]
+        own_mean = float(mine.mean()) if mine.numel() else float("-inf")
+        foreign = in_group & ~own
+        if policy == "learner_fails":
+            if own_mean < fail_below:
+                keep |= foreign
+        elif policy == "adaptive":
+            for j in torch.unique(source[foreign]).tolist():
+                rows = foreign & (source == j)
+                if float(rewards[rows].mean()) > own_mean + margin:
+                    keep |= rows
+        else:  # top_k
+            if relevance is None:
+                raise ValueError("the top_k policy needs `relevance`, one value per row")
+            check_1d("relevance", relevance, n)
+            check_finite("relevance", relevance, ~own)
+            index = foreign.nonzero().flatten()
+            order = sorted(range(index.numel()), key=lambda i: (-float(relevance[index[i]]), i))
+            keep[index[order[:k]]] = True
+    return keep

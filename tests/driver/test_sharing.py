@@ -1,0 +1,70 @@
+"""Sharing policies through the trainer: `all` is today's pool, a policy that keeps every row changes no number,
+every policy resumes exactly, the step line and the run's summary say what was kept, bad settings are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import assert_resumes_exactly, fails_cleanly, pair_config, records, same_numbers
+
+POLICIES = ["correct", "learner_fails", "top_k", "adaptive"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sharing",
+    [{"policy": "all"}, {"policy": "correct", "min_reward": 0.0}, {"policy": "top_k", "k": 4}],
+    ids=["all", "correct-min0", "top_k-every-row"],
+)
+def test_a_policy_that_keeps_every_row_changes_no_number(sharing, reference, tiny_agents, tmp_path):
+    """The reference run is the default (`all`, the paper); `correct` with min_reward 0 and `top_k` with k = the 4
+    foreign rows a prompt has keep every row, and end with every training number of it (top_k's extra no-grad
+    forward draws nothing from the random stream)."""
+    from hacrl.tools.cli import main
+
+    assert main(["train", str(pair_config(tiny_agents, tmp_path, sharing=sharing))]) == 0
+    mine = records(tmp_path / "run")
+    same_numbers(records(reference), mine)
+    assert all(r["qwen/shared_kept"] == r["qwen/shared_offered"] == 8 for r in mine)
+    assert all(r["llama/shared/qwen/offered"] == 8 and r["qwen/shared_tokens_saved"] == 0 for r in mine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_resumes_exactly(policy, tiny_agents, tmp_path):
+    assert_resumes_exactly(
+        lambda run: pair_config(
+            tiny_agents, tmp_path, sharing={"policy": policy, "k": 1}, trainer={"steps": 2, "output_dir": str(run)}
+        ),
+        tmp_path,
+        2,
+    )
+
+
+@pytest.mark.slow
+def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_path, capsys):
+    from hacrl.tools.cli import main
+
+    cfg = pair_config(tiny_agents, tmp_path, sharing={"policy": "top_k", "k": 1}, trainer={"steps": 2})
+    assert main(["train", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "llama: reward" in out and "kept 2/8" in out  # 2 prompts x k = 1 of 4 foreign rows each
+    last = records(tmp_path / "run")[-1]
+    saved = sum(r["qwen/shared_tokens_saved"] for r in records(tmp_path / "run"))
+    assert "sharing.policy=top_k:" in out and "qwen: kept 4 of 16 foreign rows (25 %)" in out
+    assert f"{saved:,} tokens not trained" in out and last["qwen/time/update_saved_est"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.name=gspo", "sharing.policy=correct"], "sharing.policy=correct chooses which"),
+        (["algorithm.share_rollouts=false", "sharing.policy=top_k"], "share_rollouts=False and 2 agent(s)"),
+        (["sharing.min_reward=2"], "sharing.min_reward=2.0 is above algorithm.r_max=1.0"),
+        (["sharing.fail_below=0"], "sharing.fail_below=0.0 must be in (0, algorithm.r_max=1.0]"),
+        (["sharing.k=0"], "sharing.k must be >= 1"),
+        (["sharing.policy=best"], "sharing.policy"),
+    ],
+)
+def test_bad_sharing_settings_are_refused_naming_the_key(overrides, message, tiny_agents, tmp_path, capsys):
+    fails_cleanly(capsys, ["train", str(pair_config(tiny_agents, tmp_path)), *overrides], message)
