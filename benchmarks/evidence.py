@@ -221,8 +221,12 @@ class Load:
 
 
 class Grid:
-    def __init__(self, out: Path, smoke: bool = False, extra: list[str] = ()):
+    def __init__(self, out: Path, smoke: bool = False, extra: list[str] = (), table=None, diagnostics=None):
+        """`table`: bed -> {method: overrides} (default `methods`, rounds 2 and 3; round 4 passes its own);
+        `diagnostics`: the per-step metrics each summary keeps (default `DIAGNOSTICS`)."""
         self.out, self.smoke, self.extra = out, smoke, list(extra)
+        self.methods = table or methods
+        self.diagnostics = diagnostics or DIAGNOSTICS
         self.agents_root = out / ".agents" if smoke else ROOT / ".cache" / "bench-agents"
 
     # -- set-up --------------------------------------------------------------------------------------------------
@@ -327,7 +331,7 @@ class Grid:
         common = self.overrides(bed, seed)  # bootstraps the seed's agents (cached after the first run)
         base = load_config(self.config_path(bed), common)
         overrides = []
-        for item in methods(bed)[method]:
+        for item in self.methods(bed)[method]:
             if item.startswith("@delta:"):
                 overrides.append(f"algorithm.delta={self.delta(bed, item.split(':', 1)[1])}")
             elif item == "@double_group":
@@ -355,7 +359,7 @@ class Grid:
             **load.result(),
             "overrides": overrides,
             "machine": machine(),
-            "agents": summarize(work, config),
+            "agents": summarize(work, config, self.diagnostics),
         }
         shutil.rmtree(work / "checkpoints", ignore_errors=True)
         return summary
@@ -491,8 +495,8 @@ def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, qu
     so that `next_run` starts the timed methods on a quiet machine and the ablations while it is busy. Before each
     run, waits while `<out>/HOLD` exists."""
     pending = []
-    for method in names or methods(bed):
-        if method not in methods(bed):
+    for method in names or grid.methods(bed):
+        if method not in grid.methods(bed):
             continue
         target = grid.summary_path(bed, method, seed)
         if target.exists():
@@ -506,14 +510,14 @@ def run_seed(grid: Grid, bed: str, seed: int, names: list[str] | None = None, qu
         _write_json(grid.summary_path(bed, method, seed), grid.run(bed, method, seed))
 
 
-def summarize(work: Path, config) -> dict:
+def summarize(work: Path, config, diagnostics: list[str] = DIAGNOSTICS) -> dict:
     """Round 1's per-agent summary (`learning.summarize_agents`: curves, rollouts, sequences, diagnostics) plus the
     accuracy curve per sub-skill and the cumulative training seconds at each evaluation."""
     from hacrl.driver.evaluation import read_eval_records
     from hacrl.driver.metrics import scope
     from hacrl.tools.testbed.demo import sub_skill
 
-    out = _round1().summarize_agents(work, config, DIAGNOSTICS)
+    out = _round1().summarize_agents(work, config, diagnostics)
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     eval_steps = [r["step"] for r in records if any(scope(k) == "eval" for k in r)]
     elapsed, clock = {}, 0.0

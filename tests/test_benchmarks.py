@@ -729,3 +729,40 @@ def test_round3_primary_sensitivity_uses_the_mean_of_the_last_three_evaluations(
     assert c["diffs"] == pytest.approx([1.0, 1.0]) and c["verdict"] == "no verdict yet"
     assert c["late"]["diffs"] == pytest.approx([-2.0, -4.0]) and c["late"]["mean"] == pytest.approx(-3.0)
     assert bench.late_mean({"curve": [[0, 0.5]]}) == 0.5  # fewer evaluations than 3: all of them
+
+
+def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
+    """The sharing-policy grid's aggregate (benchmarks/sharing.py) on fabricated summaries: paired differences,
+    the pre-registered verdict for the weaker agent, the kept share over the first and last 10 % of steps, the
+    update-seconds ratio from quiet runs only."""
+    spec = importlib.util.spec_from_file_location("sharing_benchmark", ROOT / "benchmarks" / "sharing.py")
+    sharing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sharing)
+
+    def run(method, seed, llama, qwen, update, kept, quiet=True):
+        def agent(final, k):
+            offered = [[s, 10] for s in range(1, 11)]
+            return {
+                "final_accuracy": final,
+                "curve": [[0, 0.1], [5, final - 0.01], [10, final]],
+                "diagnostic_curves": {"time/update": [[s, update] for s in range(1, 11)], "shared_offered": offered,
+                                      "shared_kept": [[s, k if s == 1 else 2] for s in range(1, 11)]},
+            }  # fmt: skip
+
+        summary = {"bed": "demo", "method": method, "seed": seed, "quiet": quiet,
+                   "agents": {"llama-char": agent(llama, kept), "qwen-bpe": agent(qwen, kept)}}  # fmt: skip
+        path = tmp_path / "summaries" / "demo" / f"{method}-s{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary))
+
+    for seed, (a, b) in enumerate([(0.30, 0.40), (0.32, 0.41), (0.28, 0.39)]):
+        run("all", seed, a, b, update=2.0, kept=10)
+        run("correct", seed, a + 0.02 + 0.001 * seed, b, update=1.0, kept=8, quiet=seed != 2)
+    result = sharing.aggregate(tmp_path, sharing._evidence())
+    entry = result["beds"]["demo"]["policies"]["correct"]
+    assert entry["llama-char"]["per_seed"] == [2.0, 2.1, 2.2] and entry["llama-char"]["verdict"] == "beats"
+    assert entry["qwen-bpe"]["per_seed"] == [0.0, 0.0, 0.0]
+    assert entry["llama-char"]["update_seconds_ratio"]["diffs"] == [-0.5, -0.5]  # seed 2 was not quiet
+    assert entry["llama-char"]["kept_share_first_last"][0] == [0.8, 0.2]
+    assert entry["llama-char"]["steps_to_all_final"] == {0: 5, 1: 5, 2: 5}
+    assert "| `correct` | +2.1 [" in (tmp_path / "evidence.md").read_text()

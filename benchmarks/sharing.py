@@ -1,0 +1,240 @@
+"""Learning benchmark, round 4 (issue 45): HACPO with each sharing policy against `all`, on two beds, 5 seeds.
+
+Pre-registered in `benchmarks/results/analysis.md` ("Round 4"), written before any run; this script runs exactly
+that, with round 3's machinery (`benchmarks/evidence.py`: seed-shifted warm-starts, summaries per run, replays,
+`HOLD`). Every run is HACPO with `algorithm.foreign_ratio=learner_length` and the bed's committed delta (round 2's
+for `demo`, round 3's for `gap`), and one policy with its parameter pinned here (a later change of a default never
+changes the benchmark). `all` is rerun next to the policies, so a seed's row (and its update seconds) comes from one
+machine; the aggregate says whether each `all` run reproduced the committed round-2 / round-3 run.
+
+    python benchmarks/sharing.py                          # everything missing, seed-major (~8.5 h on 2 cores)
+    python benchmarks/sharing.py --seeds 0 --beds demo    # one seed's row of one bed
+    python benchmarks/sharing.py --aggregate-only         # rebuild round4/evidence.md / .json
+    python benchmarks/sharing.py --smoke --out /tmp/r4    # tiny agents, 2 steps: the script end to end
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEDS = ("demo", "gap")
+POLICIES = {
+    "all": [],
+    "correct": ["sharing.min_reward=1.0"],
+    "learner_fails": ["sharing.fail_below=0.5"],
+    "top_k": ["sharing.k=4"],
+    "adaptive": ["sharing.margin=0.0"],
+}
+WEAKER = {"gap": "qwen-bpe", "demo": "llama-char"}
+"""The primary's agent per bed (pre-registered): the Qwen2 by construction on `gap`; the Llama on `demo` (lower
+final accuracy than the Qwen2 in every round-2 run)."""
+EARLIER = {"demo": "round2", "gap": "round3"}
+"""Where each bed's committed HACPO run (`hacpo_learner_length`) is, and its delta."""
+MODE = "learner_length"
+SHARING_METRICS = ["shared_offered", "shared_kept", "shared_tokens_saved", "trained_tokens", "time/update"]
+
+
+def _evidence():
+    spec = importlib.util.spec_from_file_location("evidence_benchmark", Path(__file__).with_name("evidence.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def methods(bed: str) -> dict[str, list[str]]:
+    """Policy -> config overrides (`@delta:` resolved by the grid from round4/deltas.json)."""
+    base = [f"algorithm.foreign_ratio={MODE}", f"@delta:{MODE}"]
+    return {policy: [*base, f"sharing.policy={policy}", *extra] for policy, extra in POLICIES.items()}
+
+
+def write_deltas(out: Path) -> dict:
+    """round4/deltas.json: each bed's committed delta for `MODE`, copied from the round that calibrated it."""
+    table = {}
+    for bed, earlier in EARLIER.items():
+        source = ROOT / "benchmarks" / "results" / earlier / "deltas.json"
+        table[bed] = {MODE: {**json.loads(source.read_text())[bed][MODE], "from": str(source.relative_to(ROOT))}}
+    path = out / "deltas.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return table
+
+
+# -- the aggregate ---------------------------------------------------------------------------------------------------
+def _median_curve(agent: dict, metric: str) -> float | None:
+    values = [v for _, v in agent.get("diagnostic_curves", {}).get(metric, []) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _kept_share(agent: dict, part: float, last: bool) -> float | None:
+    """The learner's kept share of foreign rows over the first (or last) `part` of its steps."""
+    curves = agent.get("diagnostic_curves", {})
+    offered, kept = curves.get("shared_offered", []), curves.get("shared_kept", [])
+    if not offered:
+        return None
+    n = max(1, round(len(offered) * part))
+    window = slice(len(offered) - n, None) if last else slice(0, n)
+    total = sum(v for _, v in offered[window])
+    return sum(v for _, v in kept[window]) / total if total else None
+
+
+def _steps_to(agent: dict, target: float) -> int | None:
+    return next((step for step, accuracy in agent["curve"] if accuracy >= target - 1e-12), None)
+
+
+def aggregate(out: Path, ev) -> dict:
+    """Every round-4 summary under `out` into evidence.json / evidence.md: the primary and secondaries as
+    pre-registered."""
+    runs = [json.loads(p.read_text()) for p in sorted((out / "summaries").glob("*/*.json"))]
+    cells: dict = {}  # bed -> method -> seed -> run
+    for run in runs:
+        cells.setdefault(run["bed"], {}).setdefault(run["method"], {})[run["seed"]] = run
+    result: dict = {"runs": len(runs), "beds": {}}
+    for bed, by_method in cells.items():
+        base = by_method.get("all", {})
+        agents = sorted({a for m in by_method.values() for r in m.values() for a in r["agents"]})
+        bed_out: dict = {"weaker": WEAKER.get(bed), "policies": {}, "all_reproduces": {}}
+        earlier = ROOT / "benchmarks" / "results" / EARLIER.get(bed, "") / "summaries" / bed
+        for seed, run in sorted(base.items()):
+            committed = earlier / f"hacpo_{MODE}-s{seed}.json"
+            if committed.is_file():
+                theirs = json.loads(committed.read_text())["agents"]
+                bed_out["all_reproduces"][seed] = all(
+                    run["agents"][a]["curve"] == theirs[a]["curve"] for a in run["agents"] if a in theirs
+                )
+        for policy, by_seed in by_method.items():
+            if policy == "all":
+                continue
+            seeds = sorted(set(by_seed) & set(base))
+            entry: dict = {"seeds": seeds}
+            for agent in agents:
+                diffs = [100 * (by_seed[s]["agents"][agent]["final_accuracy"] - base[s]["agents"][agent]["final_accuracy"])
+                         for s in seeds]  # fmt: skip
+                ci = ev.paired_ci(diffs) if seeds else {}
+                lo, hi = ci.get("lo"), ci.get("hi")
+                verdict = None
+                if len(seeds) >= 2 and lo is not None and hi is not None:
+                    verdict = "beats" if lo > 0 else "loses" if hi < 0 else "level"
+                ratios = []
+                for s in seeds:
+                    mine = _median_curve(by_seed[s]["agents"][agent], "time/update")
+                    theirs = _median_curve(base[s]["agents"][agent], "time/update")
+                    quiet = by_seed[s].get("quiet") is not False and base[s].get("quiet") is not False
+                    if mine and theirs and quiet:
+                        ratios.append(mine / theirs)
+                target = {s: base[s]["agents"][agent]["final_accuracy"] for s in seeds}
+                entry[agent] = {
+                    "diff": ci,
+                    "per_seed": [round(d, 2) for d in diffs],
+                    "verdict": verdict,
+                    "update_seconds_ratio": ev.paired_ci([r - 1 for r in ratios]) if ratios else {},
+                    "steps_to_all_final": {s: _steps_to(by_seed[s]["agents"][agent], target[s]) for s in seeds},
+                    "kept_share_first_last": {
+                        s: [
+                            _kept_share(by_seed[s]["agents"][agent], 0.1, False),
+                            _kept_share(by_seed[s]["agents"][agent], 0.1, True),
+                        ]
+                        for s in seeds
+                    },  # fmt: skip
+                    "late_mean_diff": ev.paired_ci(
+                        [
+                            100 * (ev.late_mean(by_seed[s]["agents"][agent]) - ev.late_mean(base[s]["agents"][agent]))
+                            for s in seeds
+                        ]
+                    )
+                    if seeds
+                    else {},  # fmt: skip
+                }
+            bed_out["policies"][policy] = entry
+        result["beds"][bed] = bed_out
+    (out / "evidence.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "evidence.md").write_text(markdown(result))
+    return result
+
+
+def _fmt(ci: dict, scale: float = 1.0, unit: str = "") -> str:
+    if not ci or ci.get("mean") is None:
+        return "-"
+    if ci.get("lo") is None:
+        return f"{scale * ci['mean']:+.1f}{unit} (n={ci.get('n', 1)})"
+    return f"{scale * ci['mean']:+.1f}{unit} [{scale * ci['lo']:+.1f}, {scale * ci['hi']:+.1f}] (n={ci['n']})"
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Round 4: sharing policies against `all` (HACPO, learner_length)",
+        "",
+        "Pre-registration: `benchmarks/results/analysis.md`, round 4. Final greedy accuracy, policy - `all`, points, "
+        "paired per seed: mean [95 % t interval] (n seeds). Verdicts only for the pre-registered primary (the weaker "
+        "agent). Update seconds: median `time/update` per step, policy / `all` - 1, in %, quiet runs only.",
+        f"Runs: {result['runs']}.",
+    ]
+    for bed, entry in result["beds"].items():
+        weaker = entry["weaker"]
+        lines += ["", f"## Bed `{bed}` (weaker agent: {weaker})", ""]
+        repro = entry["all_reproduces"]
+        if repro:
+            same = [s for s, ok in repro.items() if ok]
+            lines.append(f"`all` reproduces the committed {EARLIER[bed]} run's every evaluation in seeds {same} of "
+                         f"{sorted(repro)}.")  # fmt: skip
+            lines.append("")
+        agents = sorted(a for a in next(iter(entry["policies"].values()), {}) if a not in ("seeds",))
+        lines.append("| policy | " + " | ".join(f"{a} (final)" for a in agents) + " | primary verdict | "
+                     + " | ".join(f"{a} update s" for a in agents) + " |")  # fmt: skip
+        lines.append("|---" * (2 + 2 * len(agents)) + "|")
+        for policy, p in entry["policies"].items():
+            cells = [_fmt(p[a]["diff"]) for a in agents]
+            timing = [_fmt(p[a]["update_seconds_ratio"], 100, " %") for a in agents]
+            lines.append(f"| `{policy}` | " + " | ".join(cells) + f" | {p[weaker]['verdict'] or '-'} | "
+                         + " | ".join(timing) + " |")  # fmt: skip
+        lines += ["", "Kept share of foreign rows, first and last 10 % of steps, per seed:", ""]
+        for policy, p in entry["policies"].items():
+            for a in agents:
+                shares = ", ".join(
+                    f"s{s}: {f:.2f}->{last:.2f}" if f is not None and last is not None else f"s{s}: -"
+                    for s, (f, last) in p[a]["kept_share_first_last"].items()
+                )
+                lines.append(f"- `{policy}` {a}: {shares}")
+        lines += ["", "Sensitivity (mean of the last three evaluations), policy - `all`:", ""]
+        for policy, p in entry["policies"].items():
+            lines.append(f"- `{policy}`: " + "; ".join(f"{a} {_fmt(p[a]['late_mean_diff'])}" for a in agents))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--beds", nargs="+", default=list(BEDS), choices=BEDS)
+    parser.add_argument("--methods", nargs="+", default=None, choices=list(POLICIES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--out", help="results directory (default: benchmarks/results/round4)")
+    parser.add_argument("--aggregate-only", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny agents, 2 steps: checks the script end to end")
+    parser.add_argument("--replay", type=int, metavar="SEED", help="does this machine reproduce SEED's `all` run?")
+    args = parser.parse_args(argv)
+    ev = _evidence()
+    out = Path(args.out or ROOT / "benchmarks" / "results" / "round4")
+    diagnostics = [*ev.DIAGNOSTICS, *SHARING_METRICS]
+    grid = ev.Grid(out, smoke=args.smoke, table=methods, diagnostics=diagnostics)
+    if not (out / "deltas.json").is_file():
+        write_deltas(out)
+    if args.replay is not None:
+        records = [grid.replay(bed, args.replay, (args.methods or ["all"])[0]) for bed in args.beds]
+        return 0 if all(r["identical"] for r in records) else 1
+    if not args.aggregate_only:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        for seed in args.seeds:  # seed-major: a seed's row on one machine
+            for bed in args.beds:
+                ev.run_seed(grid, bed, seed, args.methods)
+    result = aggregate(out, ev)
+    print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
