@@ -112,8 +112,8 @@ def aggregate(out: Path, ev) -> dict:
             seeds = sorted(set(by_seed) & set(base))
             entry: dict = {"seeds": seeds}
             for agent in agents:
-                diffs = [100 * (by_seed[s]["agents"][agent]["final_accuracy"] - base[s]["agents"][agent]["final_accuracy"])
-                         for s in seeds]  # fmt: skip
+                final = {s: (by_seed[s]["agents"][agent], base[s]["agents"][agent]) for s in seeds}
+                diffs = [100 * (mine["final_accuracy"] - theirs["final_accuracy"]) for mine, theirs in final.values()]
                 ci = ev.paired_ci(diffs) if seeds else {}
                 lo, hi = ci.get("lo"), ci.get("hi")
                 verdict = None
