@@ -44,6 +44,7 @@ AGENT = _table(
     # the agent's own responses of the step (the driver)
     ("reward_mean", "mean reward of its own responses"),
     ("accuracy", "share of its own responses with reward r_max"),
+    ("success_frac", "hacrl control: share of its own episodes that ended within env.success_distance of the goal"),
     ("capability", "P_hat, its capability estimate after this step (spec 3.1)"),
     ("response_length_mean", "mean length of its responses, in its own tokens"),
     ("finished_frac", "share of its responses that ended with EOS"),
@@ -90,6 +91,7 @@ AGENT = _table(
 
 EVAL = _table(
     ("pass@1", "greedy accuracy: share of eval prompts whose greedy answer gets reward r_max"),
+    ("success", "hacrl control: share of held-out initial states whose greedy episode succeeds"),
     ("reward_mean", "mean greedy reward"),
     ("avg@{k}", "share of k sampled answers per prompt with reward r_max (eval.num_samples = k)"),
     ("length_mean", "mean greedy answer length, in its own tokens"),

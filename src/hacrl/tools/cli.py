@@ -117,6 +117,17 @@ def _parser() -> argparse.ArgumentParser:
         "weights are rounded to it unless you ask for float32)",
     )
 
+    control = sub.add_parser(
+        "control",
+        help="train heterogeneous control policies together on a particle environment (optional extra)",
+        description="HACPO beyond language models: the policies of CONFIG (different observations and "
+        "architectures) share their episodes on mpe2's simple_v3, with the LLM trainer's algorithms. Needs "
+        'pip install "hacrl[control]". Config groups: policies, algorithm, env, trainer, eval, logging, checkpoint.',
+    )
+    control.add_argument("config", nargs="?", default="configs/control.yaml", help="YAML config (default %(default)s)")
+    control.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    control.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output .png file or directory (default: RUN_DIR/curves.png)")
@@ -234,6 +245,8 @@ def _run(args) -> int:
 
         run_demo(args.config, args.overrides, RECIPES[args.recipe])
         return 0
+    if args.command == "control":
+        return _control(args)
     if args.command == "plot":
         from hacrl.tools.plot import plot_run
 
@@ -319,6 +332,17 @@ def _train(args) -> int:
     except OSError as e:  # a full disk: what the message says about resuming depends on what this run has saved
         e.hacrl_run_dir = config.trainer.output_dir
         raise
+    print(f"run directory: {config.trainer.output_dir}")
+    return 0
+
+
+def _control(args) -> int:
+    from hacrl.control.config import load_control_config
+
+    config = load_control_config(args.config, args.overrides)
+    from hacrl.control.trainer import ControlTrainer
+
+    ControlTrainer(config, resume="auto" if args.resume else None).train()
     print(f"run directory: {config.trainer.output_dir}")
     return 0
 

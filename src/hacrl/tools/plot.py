@@ -26,6 +26,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     records = [record for _, record in read_metrics(metrics_file, notice=lambda _: None)]
     reward = {name: agent_values(records, name, "reward_mean") for name in agents_in(records, "agent")}
     accuracy = {name: eval_values(records, name, "pass@1") for name in agents_in(records, "eval")}
+    measure = "accuracy, greedy pass@1"
+    if not any(accuracy.values()):  # a control run (`hacrl control`): the share of greedy episodes that succeed
+        accuracy = {name: eval_values(records, name, "success") for name in agents_in(records, "eval")}
+        measure = "success, greedy episodes"
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, points in sorted(reward.items()):
         if not points:
@@ -38,7 +42,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
         steps, values = zip(*sorted(dict(points).items()), strict=True)
         right.plot(steps, [100 * v for v in values], marker="o", label=name)
     left.set(title="training reward (mean over own rollouts)", xlabel="step", ylabel="reward")
-    right.set(title="eval accuracy, greedy pass@1", xlabel="step", ylabel="%")
+    right.set(title=f"eval {measure}", xlabel="step", ylabel="%")
     for ax in (left, right):
         ax.grid(alpha=0.3)
         if ax.lines:

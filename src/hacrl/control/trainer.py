@@ -1,0 +1,397 @@
+"""The control trainer: N heterogeneous policies on one task, the LLM trainer's loop with episodes for responses.
+
+One step (spec 2, read with the analogy of `hacrl.control`):
+    1. take B initial states (seeds of the environment's reset) from the run's stream
+    2. every policy plays G episodes from each (all policies before any update), then computes its pre-update
+       per-step log-probs of its own actions with a teacher-forced pass
+    3. rewards from the logged states (`env.Simple.reward`)
+    4. the capability tracker (`hacrl.core`) from this step's rewards
+    5. each learner: its own episodes first, then the others' in config order when the algorithm shares; another
+       policy's episode is re-observed through the learner's observation function from the logged states, its
+       actions kept; advantages, then one optimizer step per mini-batch in pool order, with `hacrl.core`'s loss
+    6. log, evaluate (each policy alone, greedy, on held-out initial states), checkpoint
+Checkpoints use the LLM trainer's layout and checks (`hacrl.checkpoint`): `agents/<name>/model.safetensors` and
+`config.json`, `optimizer/<name>.pt`, `rng/<name>.pt`, state.json with the capability tracker and the seed stream;
+resume is exact. Metrics: the same keys, sinks and `hacrl plot` as the LLM trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import weakref
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hacrl.checkpoint import agent_part, read_checkpoint_state, remove_stale_temporaries, save_checkpoint
+from hacrl.control.config import RESUMABLE, ControlConfig, control_config_to_yaml
+from hacrl.control.env import NUM_ACTIONS, Episode, Simple
+from hacrl.control.observations import OBSERVATIONS
+from hacrl.control.policies import ARCHITECTURES, step_logprobs
+from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
+from hacrl.core.metrics import MetricReducer
+from hacrl.driver.logger import MetricsLogger
+from hacrl.driver.metrics import agent_key, eval_key
+from hacrl.driver.resume import ResumePlan, _choose_checkpoint, prepare_run_dir
+from hacrl.driver.rundir import RunLock, claim_run_dir
+from hacrl.errors import CheckpointError, TrainingInterrupted
+
+EVAL_SEED_BASE = 2**30
+"""Held-out initial states are seeds EVAL_SEED_BASE + i; training draws seeds below it."""
+
+
+class ControlTrainer:
+    def __init__(self, config: ControlConfig, *, resume: str | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.output_dir)
+        self._logger: MetricsLogger | None = None
+        claim = claim_run_dir(self.run_dir)
+        try:
+            self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
+        except BaseException:
+            claim.undo()
+            raise
+        self._release = weakref.finalize(self, self.lock.release)
+        try:
+            self._setup(resume or config.checkpoint.resume)
+        except BaseException:
+            self._release()
+            claim.undo()
+            raise
+
+    def _setup(self, resume: str) -> None:
+        cfg = self.config
+        torch.set_num_threads(cfg.trainer.torch_threads)
+        self.algorithm = get_algorithm(cfg.algorithm.name)
+        self.params = cfg.algorithm.params()
+        self.names = [p.name for p in cfg.policies]
+        self.env = Simple(cfg.env.max_cycles, cfg.env.success_distance)
+        self.observe = [OBSERVATIONS[p.observation][0] for p in cfg.policies]
+        self.policies, self.optimizers, self.generators = [], [], []
+        for i, p in enumerate(cfg.policies):
+            torch.manual_seed(p.init_seed if p.init_seed is not None else cfg.trainer.seed * 1000 + i)
+            policy = ARCHITECTURES[p.architecture](OBSERVATIONS[p.observation][1], p.hidden, NUM_ACTIONS)
+            self.policies.append(policy)
+            self.optimizers.append(
+                torch.optim.AdamW(policy.parameters(), lr=p.lr, weight_decay=p.weight_decay, betas=(0.9, 0.999))
+            )
+            self.generators.append(torch.Generator().manual_seed(cfg.trainer.seed * 1000 + 100 + i))
+        self.optimizer_steps = [0] * len(self.policies)
+        self.tracker = CapabilityTracker(
+            len(self.policies),
+            window=cfg.algorithm.capability_window,
+            warmup_steps=cfg.algorithm.capability_warmup_steps,
+        )
+        self.stream = np.random.Generator(np.random.PCG64(cfg.trainer.seed))
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        remove_stale_temporaries(self.run_dir, self.notice)
+        checkpoint, restarting = _choose_checkpoint(cfg, self.run_dir, resume, self.notice)
+        state = None
+        if checkpoint is not None:
+            state = read_checkpoint_state(checkpoint, self.names)
+            self._check_settings(checkpoint)
+            self._load(checkpoint, state)
+        self.plan = ResumePlan(checkpoint, state, restarting)
+
+    def notice(self, message: str) -> None:
+        if self._logger is not None:
+            self._logger.print(message)
+        else:
+            print(f"hacrl: {message}", flush=True)
+
+    def close(self) -> None:
+        self._release()
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, Any]]:
+        from hacrl.driver.trainer import _GracefulStop
+
+        cfg = self.config
+        try:
+            prepare_run_dir(self.plan, self.run_dir, self.notice)
+            (self.run_dir / "config.yaml").write_text(control_config_to_yaml(cfg))
+            self._logger = MetricsLogger(
+                cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=self.plan.purge_step,
+                config=asdict(cfg),
+            )  # fmt: skip
+            if self.plan.checkpoint:
+                self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
+            with _GracefulStop(self.notice, lambda: self.step) as stop:
+                if self.step == 0 and cfg.eval.at_start:
+                    self._logger.log(0, self.evaluate())
+                for step in range(self.step + 1, cfg.trainer.steps + 1):
+                    if stop.signum is not None:
+                        break
+                    metrics = self.train_step()
+                    self.step = step
+                    last = step == cfg.trainer.steps
+                    if last or (cfg.eval.every and step % cfg.eval.every == 0):
+                        metrics.update(self.evaluate())
+                    self._logger.log(step, metrics)
+                    self._logger.step_done(step, metrics)
+                    self.history.append({"step": step, **metrics})
+                    if last or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                        self.save()
+                if stop.signum is not None and self.step < cfg.trainer.steps:
+                    where = f"wrote checkpoint {self.save()}" if self.step else "no step had finished"
+                    raise TrainingInterrupted(
+                        f"stopped by {signal.Signals(stop.signum).name} after step {self.step}; {where}. Continue "
+                        "with `hacrl control <config> --resume`.",
+                        stop.signum,
+                    )
+        finally:
+            if self._logger is not None:
+                self._logger.close()
+                self._logger = None
+            self.close()
+        return self.history
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, n = self.config, len(self.policies)
+        seeds = [int(s) for s in self.stream.integers(0, EVAL_SEED_BASE, size=cfg.trainer.initial_states_per_step)]
+        began = time.perf_counter()
+        sampled, generate_s = [], []
+        for j in range(n):  # 1-3: every policy plays before any update
+            start = time.perf_counter()
+            sampled.append(self.sample(j, seeds, cfg.trainer.group_size))
+            generate_s.append(time.perf_counter() - start)
+        sampling = time.perf_counter() - began
+        pool = [e for episodes in sampled for e in episodes]
+        rewards = torch.tensor([e.reward for e in pool], dtype=torch.float64)
+        self.tracker.update(step_mean_rewards(rewards, torch.tensor([e.source for e in pool]), n))  # 4
+        caps = self.tracker.capabilities()
+        shared = self.algorithm.pool_is_shared(self.params)
+        metrics: dict[str, Any] = {}
+        update_total = 0.0
+        for k in range(n):  # 5
+            foreign = sorted((e for e in pool if e.source != k), key=lambda e: e.source) if shared else []
+            start = time.perf_counter()
+            learned = self.learn(k, sampled[k] + foreign, caps)
+            update_s = time.perf_counter() - start
+            update_total += update_s
+            own = sampled[k]
+            values = {
+                **learned,
+                "reward_mean": sum(e.reward for e in own) / len(own),
+                "success_frac": sum(e.success for e in own) / len(own),
+                "capability": float(caps[k]),
+                "time/generate": generate_s[k],
+                "time/update": update_s,
+            }
+            if shared and n > 1:
+                rho = self.tracker.loss_coefficients(k)
+                for j, other in enumerate(self.names):
+                    if j != k:
+                        values[f"rho/{other}"] = float(rho[j]) if self.params.capability_coef else 1.0
+            metrics.update({agent_key(self.names[k], key): v for key, v in values.items()})
+        metrics["time/sampling"], metrics["time/update"] = sampling, update_total
+        metrics["time/step"] = sampling + update_total
+        return metrics
+
+    # -- sampling and learning -------------------------------------------------------------------------------------
+
+    def sample(self, j: int, seeds: list[int], group_size: int, *, greedy: bool = False) -> list[Episode]:
+        """Policy j plays `group_size` episodes from each initial state (group-major order); with its pre-update
+        per-step log-probs (teacher-forced) summed into each episode's `source_logp_sum`."""
+        policy, observe, temperature = self.policies[j], self.observe[j], self.config.trainer.temperature
+        runs = [s for s in seeds for _ in range(group_size)]
+        states = [self.env.reset(runs)]
+        actions = []
+        hidden = policy.initial_state(len(runs))
+        with torch.no_grad():
+            for _ in range(self.config.env.max_cycles):
+                obs = torch.from_numpy(np.stack([observe(s[None])[0] for s in states[-1]]))
+                logits, hidden = policy.step(obs, hidden)
+                if greedy:
+                    action = logits.argmax(-1)
+                else:
+                    probs = torch.softmax(logits.float() / temperature, dim=-1)
+                    action = torch.multinomial(probs, 1, generator=self.generators[j]).squeeze(-1)
+                actions.append(action.tolist())
+                states.append(self.env.step(action.tolist()))
+        trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, 6)
+        acts = np.array(actions, dtype=np.int64).T  # (runs, T)
+        episodes = []
+        for i in range(len(runs)):
+            reward, success = self.env.reward(trajectories[i])
+            episodes.append(Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success))
+        if not greedy:
+            with torch.no_grad():
+                old = self.logprobs(j, episodes)
+            for episode, row in zip(episodes, old, strict=True):
+                episode.source_logp_sum = float(row.double().sum())
+                episode.old_logp = row
+        return episodes
+
+    def observations(self, k: int, episodes: list[Episode]) -> torch.Tensor:
+        """Learner k's view of episodes (any source's): its observation of each state before an action, (N, T, D)."""
+        return torch.from_numpy(np.stack([self.observe[k](e.states[:-1]) for e in episodes]))
+
+    def logprobs(self, k: int, episodes: list[Episode]) -> torch.Tensor:
+        actions = torch.from_numpy(np.stack([e.actions for e in episodes]))
+        return step_logprobs(self.policies[k], self.observations(k, episodes), actions, self.config.trainer.temperature)
+
+    def learn(self, k: int, pool: list[Episode], caps: torch.Tensor) -> dict[str, Any]:
+        """Learner k's update on its pool (own episodes first): advantages over the pool, then one optimizer step
+        per mini-batch, each with `hacrl.core`'s loss."""
+        cfg, policy, optimizer = self.config, self.policies[k], self.optimizers[k]
+        adv = self.algorithm.advantages(
+            torch.tensor([e.reward for e in pool], dtype=torch.float64),
+            torch.tensor([e.group for e in pool]),
+            torch.tensor([e.source for e in pool]),
+            learner=k,
+            capabilities=caps,
+            params=self.params,
+        )
+        obs = self.observations(k, pool)
+        actions = torch.from_numpy(np.stack([e.actions for e in pool]))
+        steps = actions.shape[1]
+        old = torch.stack([e.old_logp if e.source == k else torch.zeros(steps) for e in pool])
+        reducer, grad_norms, skipped = MetricReducer(), [], 0
+        size = cfg.trainer.mini_batch_size
+        for m, start in enumerate(range(0, len(pool), size)):
+            rows = list(range(start, min(start + size, len(pool))))
+            optimizer.zero_grad(set_to_none=True)
+            inputs = loss_inputs(
+                step_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature),
+                old[rows], adv[rows], [pool[i] for i in rows], k, caps,
+            )  # fmt: skip
+            out = self.algorithm.loss(inputs, params=self.params, step_index=m)
+            out.loss.backward()
+            reducer.add(out.metrics)
+            reducer.end_mini_batch()
+            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.policies[k].grad_clip)
+            if torch.isfinite(norm):
+                optimizer.step()
+                self.optimizer_steps[k] += 1
+                grad_norms.append(float(norm))
+            else:
+                skipped += 1
+        optimizer.zero_grad(set_to_none=True)
+        metrics = reducer.result()
+        if grad_norms:
+            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["skipped_steps"] = skipped
+        metrics["optimizer_steps"] = len(grad_norms)
+        metrics["trained_sequences"] = len(pool)
+        metrics["advantage_abs_mean"] = float(adv.abs().mean())
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Each policy alone: one greedy episode from each held-out initial state."""
+        cfg = self.config
+        seeds = [EVAL_SEED_BASE + i for i in range(cfg.eval.initial_states)]
+        out = {}
+        for j, name in enumerate(self.names):
+            episodes = self.sample(j, seeds, 1, greedy=True)
+            out[eval_key(name, "success")] = sum(e.success for e in episodes) / len(episodes)
+            out[eval_key(name, "reward_mean")] = sum(e.reward for e in episodes) / len(episodes)
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        from safetensors.torch import save_file
+
+        def write_parts(directory: Path) -> None:
+            for j, (name, p) in enumerate(zip(self.names, self.config.policies, strict=True)):
+                part = agent_part(directory, name)
+                part.weights_dir.mkdir(parents=True, exist_ok=True)
+                state = {k: v.detach().contiguous() for k, v in self.policies[j].state_dict().items()}
+                save_file(state, str(part.weights_dir / "model.safetensors"))
+                (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
+                part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.optimizers[j].state_dict(), part.optimizer_file)
+                part.rng_file.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(
+                    {"cpu": self.generators[j].get_state(), "optimizer_steps": self.optimizer_steps[j]}, part.rng_file
+                )
+
+        state = {
+            "step": self.step,
+            "agents": self.names,
+            "capability": self.tracker.state_dict(),
+            "data": self.stream.bit_generator.state,
+            "algorithm": self.config.algorithm.name,
+            "frozen": [],
+        }
+        return save_checkpoint(
+            self.run_dir, self.step, write_parts, state, keep_last=self.config.checkpoint.keep_last,
+            config_yaml=control_config_to_yaml(self.config),
+        )  # fmt: skip
+
+    def _load(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        from safetensors.torch import load_file
+
+        for j, name in enumerate(self.names):
+            part = agent_part(checkpoint, name)
+            try:
+                self.policies[j].load_state_dict(load_file(str(part.weights_dir / "model.safetensors")))
+                self.optimizers[j].load_state_dict(torch.load(part.optimizer_file, weights_only=True))
+                rng = torch.load(part.rng_file, weights_only=True)
+                self.generators[j].set_state(rng["cpu"])
+                self.optimizer_steps[j] = int(rng.get("optimizer_steps", 0))
+            except Exception as e:  # noqa: BLE001 - named, with what to do
+                raise CheckpointError(
+                    f"{checkpoint}: cannot load policy {name!r} ({type(e).__name__}: {e}); resume from an earlier "
+                    "checkpoint (checkpoint.resume=<its directory>)"
+                ) from e
+        self.tracker.load_state_dict(state["capability"])
+        self.stream.bit_generator.state = state["data"]
+        self.step = state["step"]
+
+    def _check_settings(self, checkpoint: Path) -> None:
+        import yaml
+
+        saved = (
+            yaml.safe_load((checkpoint / "config.yaml").read_text()) if (checkpoint / "config.yaml").is_file() else {}
+        )
+        now = asdict(self.config)
+        changed = [
+            f"{key}: {old!r} -> {new!r}"
+            for key, old, new in _differences(saved or {}, now)
+            if not any(key == r or key.startswith(r) for r in RESUMABLE)
+        ]
+        if changed and self.config.checkpoint.strict_resume:
+            raise CheckpointError(
+                f"resuming from {checkpoint} would change settings of the run that wrote it: {'; '.join(changed)}. "
+                "Set them back, or start a new run in another trainer.output_dir (checkpoint.strict_resume=false "
+                "resumes anyway)."
+            )
+
+
+def loss_inputs(logp, old_logp, adv, episodes: list[Episode], learner: int, caps) -> LossInputs:
+    """The core's inputs for a mini-batch of episodes, exactly as the LLM trainer builds them for responses: per-step
+    log-probs for per-token ones, every step in the loss (an episode has no padding), the source's summed log-prob
+    and step count for a foreign row's ratio (the step count stands for the byte count too: an episode has no text)."""
+    steps = logp.shape[1]
+    return LossInputs(
+        logp=logp,
+        mask=torch.ones_like(logp, dtype=torch.bool),
+        old_logp=old_logp,
+        adv=adv.to(torch.float32),
+        source=torch.tensor([e.source for e in episodes]),
+        learner=learner,
+        capabilities=caps,
+        source_logp_sum=torch.tensor([e.source_logp_sum for e in episodes], dtype=torch.float64),
+        source_num_tokens=torch.full((len(episodes),), steps),
+        num_bytes=torch.full((len(episodes),), steps),
+    )
+
+
+def _differences(saved: Any, now: Any, prefix: str = ""):
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(set(saved) | set(now)):
+            yield from _differences(saved.get(key), now.get(key), f"{prefix}{key}.")
+    elif isinstance(saved, list) and isinstance(now, list) and len(saved) == len(now):
+        for i, (a, b) in enumerate(zip(saved, now, strict=True)):
+            yield from _differences(a, b, f"{prefix}{i}.")
+    elif saved != now:
+        yield prefix.rstrip("."), saved, now

@@ -1,0 +1,197 @@
+"""The control trainer (`hacrl control`): re-observation is exact, the core receives what the spec prescribes, a
+run resumes exactly, bad configs are refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mpe2")
+
+from hacrl.control.config import load_control_config  # noqa: E402
+from hacrl.control.env import Simple  # noqa: E402
+from hacrl.control.observations import full, polar  # noqa: E402
+from hacrl.tools.cli import main  # noqa: E402
+from tests.conftest import fails_cleanly, records, without_timings  # noqa: E402
+
+CONFIG = "configs/control.yaml"
+SMALL = ["trainer.initial_states_per_step=2", "trainer.group_size=4", "trainer.mini_batch_size=4",
+         "eval.initial_states=4", "logging.console=false", "logging.tensorboard=false"]  # fmt: skip
+
+
+def _trainer(tmp_path, *overrides):
+    from hacrl.control.trainer import ControlTrainer
+
+    config = load_control_config(CONFIG, [*SMALL, f"trainer.output_dir={tmp_path / 'run'}", *overrides])
+    return ControlTrainer(config)
+
+
+def test_the_full_observation_is_the_environments_own_at_every_step(tmp_path):
+    trainer = _trainer(tmp_path)
+    try:
+        episodes = trainer.sample(0, [11, 12], 2)
+        for i, episode in enumerate(episodes):
+            assert np.array_equal(full(episode.states), trainer.env.observed(i))  # bit for bit, every step
+    finally:
+        trainer.close()
+
+
+def test_a_learner_that_replays_a_foreign_episode_sees_exactly_its_re_observation(tmp_path):
+    """Policy 0's episodes (full view, MLP) replayed action by action in fresh environments: the states are the
+    logged ones, the polar learner's live observations are its re-observation of the logged states, and the GRU's
+    step-by-step log-probs of those actions equal its teacher-forced ones over the re-observation."""
+    trainer = _trainer(tmp_path)
+    try:
+        episodes = trainer.sample(0, [5, 6], 2)
+        learner = trainer.policies[1]
+        replay = Simple(trainer.config.env.max_cycles, trainer.config.env.success_distance)
+        seeds = [5, 5, 6, 6]
+        live_states = [np.stack(replay.reset(seeds))]
+        live_obs, live_logp, hidden = [], [], learner.initial_state(len(seeds))
+        with torch.no_grad():
+            for t in range(trainer.config.env.max_cycles):
+                obs = np.stack([polar(Simple.state(replay._env(i))[None])[0] for i in range(len(seeds))])
+                live_obs.append(obs)
+                logits, hidden = learner.step(torch.from_numpy(obs), hidden)
+                actions = torch.tensor([int(e.actions[t]) for e in episodes])
+                live_logp.append(torch.log_softmax(logits, -1).gather(-1, actions[:, None])[:, 0])
+                live_states.append(np.stack(replay.step(actions.tolist())))
+        assert np.array_equal(np.stack(live_states, axis=1), np.stack([e.states for e in episodes]))
+        re_observed = trainer.observations(1, episodes).numpy()
+        assert np.array_equal(np.stack(live_obs, axis=1), re_observed)
+        with torch.no_grad():
+            forced = trainer.logprobs(1, episodes)
+        torch.testing.assert_close(torch.stack(live_logp, dim=1), forced, rtol=1e-5, atol=1e-6)
+    finally:
+        trainer.close()
+
+
+def test_the_core_receives_what_the_spec_prescribes_for_the_same_numbers(tmp_path, monkeypatch):
+    """One HACPO step: the advantage function gets the pool's rewards, prompts and sources in pool order (own
+    episodes, then the other policy's), the tracker's capabilities; each mini-batch's loss gets the learner's per-step
+    log-probs of the actions under its own view, every step in the mask, own rows' old log-probs, the source's summed
+    log-prob and step count, m counting the mini-batches; the advantages equal `hacpo_advantages` on those numbers
+    and the loss equals `hacpo_loss` on those inputs."""
+    import hacrl.control.trainer as module
+    from hacrl.core import hacpo_advantages, hacpo_loss
+
+    trainer = _trainer(tmp_path, "trainer.mini_batch_size=8")
+    seen: list = []
+    real_adv, real_loss = trainer.algorithm.advantages, trainer.algorithm.loss
+
+    class Recording:
+        pool_is_shared = staticmethod(trainer.algorithm.pool_is_shared)
+
+        @staticmethod
+        def advantages(*args, **kwargs):
+            out = real_adv(*args, **kwargs)
+            seen.append(("adv", args, kwargs, out))
+            return out
+
+        @staticmethod
+        def loss(inputs, **kwargs):
+            out = real_loss(inputs, **kwargs)
+            seen.append(("loss", inputs, kwargs, out))
+            return out
+
+    trainer.algorithm = Recording()
+    episodes: dict[int, list] = {}
+    real_sample = trainer.sample
+
+    def sample(j, *args, **kwargs):
+        episodes[j] = real_sample(j, *args, **kwargs)
+        return episodes[j]
+
+    monkeypatch.setattr(trainer, "sample", sample)
+    try:
+        trainer.train_step()
+        caps = trainer.tracker.capabilities()
+        for k in (0, 1):
+            pool = episodes[k] + episodes[1 - k]
+            calls = [c for c in seen if c[0] == "adv"][k], [c for c in seen if c[0] == "loss"][2 * k : 2 * k + 2]
+            (_, args, kwargs, adv), losses = calls
+            rewards, groups, sources = args
+            assert rewards.tolist() == [e.reward for e in pool] and rewards.dtype == torch.float64
+            assert groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 1] * 2 and sources.tolist() == [k] * 8 + [1 - k] * 8
+            assert kwargs["learner"] == k and torch.equal(kwargs["capabilities"], caps)
+            expected_adv = hacpo_advantages(rewards, groups, sources, learner=k, capabilities=caps,
+                                            capability_baseline=True)  # fmt: skip
+            torch.testing.assert_close(adv, expected_adv, rtol=0, atol=0)
+            for m, (_, inputs, loss_kwargs, out) in enumerate(losses):
+                rows = pool[8 * m : 8 * m + 8]
+                assert loss_kwargs["step_index"] == m
+                assert inputs.mask.all() and inputs.mask.shape == (8, 25)
+                assert inputs.source.tolist() == [e.source for e in rows]
+                assert inputs.source_logp_sum.tolist() == [e.source_logp_sum for e in rows]
+                assert inputs.source_num_tokens.tolist() == [25] * 8
+                for i, e in enumerate(rows):
+                    if e.source == k:
+                        assert torch.equal(inputs.old_logp[i], e.old_logp)
+                assert torch.equal(inputs.adv, adv[8 * m : 8 * m + 8].float())
+                again = hacpo_loss(inputs, params=trainer.params, step_index=m)
+                assert torch.equal(again.loss, out.loss)
+        assert module.loss_inputs is not None
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_a_control_run_resumes_exactly_and_writes_the_llm_trainers_formats(tmp_path):
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    args = [*SMALL, "trainer.steps=3", "eval.every=2", "checkpoint.every=1"]
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={full_run}"]) == 0
+    assert main(["control", CONFIG, *args, "trainer.steps=2", f"trainer.output_dir={cut_run}"]) == 0
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={cut_run}", "--resume"]) == 0
+    assert without_timings(records(cut_run)[-1]) == without_timings(records(full_run)[-1])
+    last = records(full_run)[-1]
+    assert 0 <= last["eval/gru-polar/success"] <= 1 and "mlp-full/rho/gru-polar" in last
+    from hacrl.driver.metrics import unknown_keys
+    from hacrl.tools.plot import plot_run
+
+    assert all(unknown_keys(r) == [] for r in records(full_run))  # every key is a registered metric
+    assert plot_run(full_run)[0].read_bytes()[:4] == b"\x89PNG"
+    checkpoint = full_run / "checkpoints" / "step_000003"
+    from hacrl.checkpoint import checkpoint_problems
+
+    assert checkpoint_problems(checkpoint) == []
+    assert json.loads((checkpoint / "agents" / "gru-polar" / "config.json").read_text())["architecture"] == "gru"
+    from safetensors.torch import load_file
+
+    for name in ("mlp-full", "gru-polar"):
+        a = load_file(full_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
+        b = load_file(cut_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
+        assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.mini_batch_size=3"], "trainer.mini_batch_size=3 must divide"),
+        (["policies.1.name=mlp-full"], "policy names must be unique"),
+        (["algorithm.name=nope"], "is not a registered algorithm"),
+        (["policies.0.architecture=transformer"], "policies[0].architecture: Invalid value 'transformer'"),
+        (["trainer.steps=2", "trainer.seed=1", "env.max_cycles=0"], "env.max_cycles >= 1"),
+    ],
+)
+def test_bad_control_settings_are_refused_naming_the_key(overrides, message, tmp_path, capsys):
+    fails_cleanly(capsys, ["control", CONFIG, *SMALL, f"trainer.output_dir={tmp_path}", *overrides], message)
+
+
+def test_resume_refuses_a_changed_setting(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["control", CONFIG, *SMALL, "trainer.steps=1", "eval.at_start=false", f"trainer.output_dir={run}"]) == 0
+    fails_cleanly(capsys, ["control", CONFIG, *SMALL, "trainer.steps=2", f"trainer.output_dir={run}",
+                           "policies.0.lr=0.1", "--resume"], "policies.0.lr: 0.003 -> 0.1")  # fmt: skip
+
+
+def test_without_the_extra_the_message_names_it(monkeypatch):
+    import sys
+
+    from hacrl.control.env import _require_mpe2
+
+    monkeypatch.setitem(sys.modules, "mpe2", None)
+    with pytest.raises(ImportError, match=r'pip install "hacrl\[control\]"'):
+        _require_mpe2()
