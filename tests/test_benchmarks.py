@@ -766,3 +766,15 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     assert entry["llama-char"]["kept_share_first_last"][0] == [0.8, 0.2]
     assert entry["llama-char"]["steps_to_all_final"] == {0: 5, 1: 5, 2: 5}
     assert "| `correct` | +2.1 [" in (tmp_path / "evidence.md").read_text()
+
+
+def test_control_benchmark_compares_at_equal_environment_steps():
+    """benchmarks/control.py: GSPOx2 (twice the episodes per step) is read at the step where it has used as many
+    environment steps as the others at their last; sample efficiency in environment steps."""
+    spec = importlib.util.spec_from_file_location("control_benchmark", ROOT / "benchmarks" / "control.py")
+    control = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(control)
+    x2 = {"curve": [[0, 0.0], [75, 0.4], [150, 0.6]], "env_steps_per_step": 3200}
+    one = {"curve": [[0, 0.0], [75, 0.2], [150, 0.5]], "env_steps_per_step": 1600}
+    assert control.success_at(x2, 150 * 1600) == 0.4 and control.success_at(one, 150 * 1600) == 0.5
+    assert control.env_steps_to(one, 0.5) == 240_000 and control.env_steps_to(one, 0.6) is None
