@@ -11,18 +11,20 @@ from tests.conftest import write_config
 PROMPTS = [[{"role": "user", "content": f"{a} + {b} ="}] for a, b in ((1, 2), (3, 4), (5, 1))]
 
 
-def _specs(tiny_agents, tmp_path, **trainer):
+def _specs(tiny_agents, tmp_path, sharing=None, **trainer):
     from hacrl.config import load_config
     from hacrl.messages import WorkerSpec
 
     trainer = {"prompts_per_step": 3, "mini_batch_size": 6, "micro_batch_size": 2, **trainer}
     cfg = load_config(
-        write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer=trainer)
-    )
+        write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer=trainer,
+                     sharing=sharing or {})
+    )  # fmt: skip
     return [
-        WorkerSpec(i, a, cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1, num_agents=2)
+        WorkerSpec(i, a, cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1, num_agents=2, sharing=cfg.sharing,
+                   agent_names=("llama", "qwen"))
         for i, a in enumerate(cfg.agents)
-    ]
+    ]  # fmt: skip
 
 
 def _learn_on_rank(rank, world, spec, rollout, call, init, out):
@@ -41,8 +43,11 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("ranks", "dtype"), [(1, "float32"), (2, "float32"), (2, "bfloat16")])
-def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype, tiny_agents, tmp_path):
+@pytest.mark.parametrize(
+    ("ranks", "dtype", "policy"),
+    [(1, "float32", "all"), (2, "float32", "all"), (2, "bfloat16", "all"), (2, "float32", "top_k")],
+)
+def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype, policy, tiny_agents, tmp_path):
     """HACPO, learner qwen (BPE) with llama's (char) responses as foreign rows: 24 rows in 4 mini-batches of 6,
     split 3 + 3 over the ranks in micro-batches of 2 (so each rank runs one partly filled micro-batch); also as
     a 1-rank group (`devices: [cpu]`: FSDP2 on one device, the path of one GPU with CPU offload). The
@@ -62,7 +67,7 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype,
     from hacrl.driver.backends.ranks import free_port
     from hacrl.messages import LearnCall, SampleCall
 
-    llama_spec, qwen_spec = _specs(tiny_agents, tmp_path)
+    llama_spec, qwen_spec = _specs(tiny_agents, tmp_path, sharing={"policy": policy, "k": 2})
     qwen_spec = replace(qwen_spec, agent=replace(qwen_spec.agent, dtype=dtype))
     llama, qwen = AgentWorker(llama_spec), AgentWorker(qwen_spec)
     call = SampleCall(1, PROMPTS, 4)
@@ -99,7 +104,9 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype,
         diff = float((got["state"][name] - p.detach()).abs().max())
         assert diff <= weights, f"{name}: the {ranks}-rank update differs by {diff:.2e} (lr {lr:g})"
         assert torch.equal(got["copy"][name], got["state"][name].to(got["copy"][name].dtype)), name
-    assert one.metrics["optimizer_steps"] == got["metrics"]["optimizer_steps"] == 4
+    # all: 24 rows in 4 mini-batches; top_k (k = 2 of llama's 4 rows per prompt, relevance from each rank's
+    # gathered copy): 12 own + 6 foreign rows in 3
+    assert one.metrics["optimizer_steps"] == got["metrics"]["optimizer_steps"] == (4 if policy == "all" else 3)
     assert set(got["metrics"]) == set(one.metrics)
-    for key in sorted(one.metrics):
+    for key in sorted(k for k in one.metrics if not k.startswith("time/")):
         assert got["metrics"][key] == pytest.approx(one.metrics[key], rel=metrics, abs=1e-7), key
