@@ -68,3 +68,19 @@ def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_pa
 )
 def test_bad_sharing_settings_are_refused_naming_the_key(overrides, message, tiny_agents, tmp_path, capsys):
     fails_cleanly(capsys, ["train", str(pair_config(tiny_agents, tmp_path)), *overrides], message)
+
+
+def test_a_checkpoint_from_before_sharing_existed_resumes_as_all_and_refuses_another_policy():
+    """A checkpoint's config.yaml without a `sharing` group was written by a version that shared everything: resuming
+    it with `all` changes nothing, with another policy would change the numbers and is refused."""
+    from dataclasses import asdict, replace
+
+    from hacrl.config import SharingConfig, TrainConfig
+    from hacrl.driver.resume import resume_differences
+
+    now = TrainConfig()
+    saved = asdict(now)
+    del saved["sharing"]
+    assert resume_differences(saved, now) == ([], [])
+    refused, _ = resume_differences(saved, replace(now, sharing=SharingConfig(policy="top_k")))
+    assert refused == ["sharing.policy: 'all' in the checkpoint, 'top_k' now"]

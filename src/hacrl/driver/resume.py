@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.checkpoint import agent_weights_dir, latest_checkpoint, read_checkpoint_state, resume_point
-from hacrl.config import RENAMED, AgentConfig, TrainConfig
+from hacrl.config import GROUPS, RENAMED, AgentConfig, TrainConfig
 from hacrl.config.docs import default_of
 from hacrl.driver.rundir import last_logged_step, trim_metrics
 from hacrl.errors import CheckpointError, RunDirError, warn
@@ -195,7 +195,10 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
     change the training numbers, and for each changed key whose `resume_policy` is `not_exact`; `safe` keys are
     free. A saved key of an earlier version is read under its new name (`RENAMED`). Keys that exist on one side
     only are ignored (a config field added or removed by another hacrl version), except inside dict-valued settings
-    such as `data.task_options`."""
+    such as `data.task_options`. A whole config group that a checkpoint lacks (written before the group existed,
+    like `sharing`) is compared as its defaults: what that version did."""
+    defaults = TrainConfig()
+    saved = {**{g: asdict(getattr(defaults, g)) for g in GROUPS[1:] if g not in saved}, **saved}
     old = {RENAMED.get(k, k): v for k, v in _flatten(saved).items()}
     new = _flatten(asdict(current))
     refused, not_exact = [], []
