@@ -165,8 +165,8 @@ def markdown(result: dict, budget: int | None) -> str:
         "# Control round 1: HACPO with heterogeneous control policies (mpe2 simple_v3)",
         "",
         f"Pre-registration: `benchmarks/results/analysis.md`, control round 1. Runs: {result['runs']}. Greedy success "
-        f"on 200 held-out initial states, in points, at {budget or 0:,} environment steps per policy; paired differences "
-        "per seed: mean [95 % t interval] (n). Verdicts for the pre-registered primary (gru-polar) only.",
+        f"on 200 held-out initial states, in points, at {budget or 0:,} environment steps per policy; paired "
+        "differences per seed: mean [95 % t interval] (n). Verdicts for the pre-registered primary (gru-polar) only.",
         "",
         "| difference | policy | mean [95 % CI] | per seed | verdict |",
         "|---|---|---|---|---|",
