@@ -6,10 +6,11 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
+CONTROL := $(VENV)/.installed-control
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: setup setup-dev test test-fast demo lint format clean
+.PHONY: setup setup-dev test test-fast demo control lint format clean
 
 # `make demo` needs hacrl and its runtime dependencies only; `make test` adds the dev extra (pytest, ruff,
 # hypothesis, Ray for the backend tests).
@@ -49,6 +50,15 @@ test-fast: $(DEV)
 
 demo: $(STAMP)
 	$(PY) -m hacrl demo configs/demo.yaml
+
+# `hacrl control` (control policies on the particle environments) needs the `control` extra (mpe2, pettingzoo).
+$(CONTROL): $(STAMP)
+	@echo "installing the control extra (mpe2, pettingzoo, gymnasium) ..."
+	$(INSTALL) -e ".[control]" 2>/dev/null || $(FALLBACK) -e ".[control]" | { grep -E "^(Collecting|Successfully)" || true; }
+	@touch $(CONTROL)
+
+control: $(CONTROL)
+	$(PY) -m hacrl control configs/control.yaml
 
 lint: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
