@@ -132,8 +132,6 @@ def validate(config: ControlConfig) -> None:
     algo, t = config.algorithm, config.trainer
     if get_algorithm(algo.name).pool_is_shared(algo) and len(config.policies) < 2:
         raise ConfigError(f"algorithm.name={algo.name!r} shares episodes, so it needs at least 2 policies")
-    if algo.name == "grpo":
-        pass  # token-level ratios over steps: allowed, own episodes only
     if t.steps < 0 or t.initial_states_per_step < 1 or t.group_size < 1 or not t.temperature > 0:
         raise ConfigError("trainer.steps >= 0, initial_states_per_step >= 1, group_size >= 1, temperature > 0")
     per_policy = t.initial_states_per_step * t.group_size
