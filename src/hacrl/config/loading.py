@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hacrl.config.schema import GROUPS, TrainConfig
+from hacrl.config.schema import TrainConfig
 from hacrl.config.validation import validate
 from hacrl.errors import ConfigError
 
@@ -21,29 +21,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg = OmegaConf.structured(TrainConfig)
     try:
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups {list(GROUPS)}")
-            data = loaded.get("data")
-            _refuse_renamed([f"data.{k}" for k in data] if isinstance(data, dict) else [], f"config file {path}")
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
-        for item in overrides:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
-            _refuse_renamed([key], f"override {item!r}")
-            _check_list_index(cfg, key)
-            parsed = _load_yaml(value, f"override {item!r}")
-            # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
-            target = OmegaConf.select(cfg, key, default=None)
-            replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
-            OmegaConf.update(cfg, key, parsed, merge=not replace)
+        cfg = merge_sources(TrainConfig, path, overrides)
         for i in range(len(cfg.agents)):
             for key in ("name", "model"):
                 if OmegaConf.is_missing(cfg.agents[i], key):
@@ -57,6 +36,37 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(str(e)) from None
     validate(config)
     return config
+
+
+def merge_sources(root: type, path: str | Path | None, overrides: Sequence[str]):
+    """The OmegaConf tree of dataclass `root`: its defaults < the YAML file < `dotted.key=value` overrides, with the
+    guards of `_load_yaml`, renamed keys refused and list indexes checked (shared by `load_config` and the control
+    trainer's loader). Raises ConfigError or OmegaConf's errors (the callers name them)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(root)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups")
+        data = loaded.get("data")
+        _refuse_renamed([f"data.{k}" for k in data] if isinstance(data, dict) else [], f"config file {path}")
+        cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
+        _refuse_renamed([key], f"override {item!r}")
+        _check_list_index(cfg, key)
+        parsed = _load_yaml(value, f"override {item!r}")
+        # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
+        target = OmegaConf.select(cfg, key, default=None)
+        replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
+        OmegaConf.update(cfg, key, parsed, merge=not replace)
+    return cfg
 
 
 RENAMED = {

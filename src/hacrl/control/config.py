@@ -85,24 +85,10 @@ def load_control_config(path: str | Path | None = None, overrides: Sequence[str]
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from hacrl.config.loading import _check_list_index, _load_yaml, _omegaconf_message
+    from hacrl.config.loading import _omegaconf_message, merge_sources
 
-    cfg = OmegaConf.structured(ControlConfig)
     try:
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups")
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(loaded))
-        for item in overrides:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
-            _check_list_index(cfg, key)
-            OmegaConf.update(cfg, key, _load_yaml(value, f"override {item!r}"), merge=True)
+        cfg = merge_sources(ControlConfig, path, overrides)
         for i in range(len(cfg.policies)):
             if OmegaConf.is_missing(cfg.policies[i], "name"):
                 raise ConfigError(f"policies.{i}.name is required")
