@@ -166,6 +166,47 @@ def test_a_control_run_resumes_exactly_and_writes_the_llm_trainers_formats(tmp_p
         assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+def test_sigterm_finishes_the_step_checkpoints_and_the_resumed_run_ends_where_an_uninterrupted_one_does(
+    tmp_path, capsys, monkeypatch
+):
+    """The LLM trainer's graceful stop (`hacrl.driver.runloop`, one loop for both trainers): SIGTERM during step 2
+    of 3 with no scheduled checkpoint before the end: step 2 finishes, a checkpoint of it is written, the exit status
+    is 128 + 15 and the message says how to continue with `hacrl control`; the resumed run's last record and
+    weights equal an uninterrupted run's."""
+    import os
+    import signal
+
+    from hacrl.control.trainer import ControlTrainer
+
+    full_run, cut_run = tmp_path / "full", tmp_path / "cut"
+    args = [*SMALL, "trainer.steps=3", "eval.every=0", "checkpoint.every=0"]
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={full_run}"]) == 0
+    real_step = ControlTrainer.train_step
+
+    def step_then_sigterm(self):
+        metrics = real_step(self)
+        if self.step == 1:  # the second step's work is done (self.step counts finished steps)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(ControlTrainer, "train_step", step_then_sigterm)
+    capsys.readouterr()
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={cut_run}"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM after step 2 of 3; wrote checkpoint" in err
+    assert "`hacrl control <config> --resume`" in err
+    assert sorted(p.name for p in (cut_run / "checkpoints").iterdir()) == ["step_000002"]
+    monkeypatch.setattr(ControlTrainer, "train_step", real_step)
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={cut_run}", "--resume"]) == 0
+    assert without_timings(records(cut_run)[-1]) == without_timings(records(full_run)[-1])
+    from safetensors.torch import load_file
+
+    for name in ("mlp-full", "gru-polar"):
+        a = load_file(full_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
+        b = load_file(cut_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
+        assert all(torch.equal(a[key], b[key]) for key in a)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -18,9 +18,7 @@ resume is exact. Metrics: the same keys, sinks and `hacrl plot` as the LLM train
 from __future__ import annotations
 
 import json
-import signal
 import time
-import weakref
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,40 +27,26 @@ import numpy as np
 import torch
 
 from hacrl.checkpoint import agent_part, read_checkpoint_state, remove_stale_temporaries, save_checkpoint
-from hacrl.control.config import RESUMABLE, ControlConfig, control_config_to_yaml
+from hacrl.control.config import RESUMABLE, control_config_to_yaml
 from hacrl.control.env import NUM_ACTIONS, Episode, Simple
 from hacrl.control.observations import OBSERVATIONS
 from hacrl.control.policies import ARCHITECTURES, step_logprobs
 from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
-from hacrl.driver.logger import MetricsLogger
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.resume import ResumePlan, _choose_checkpoint, prepare_run_dir
-from hacrl.driver.rundir import RunLock, claim_run_dir
-from hacrl.errors import CheckpointError, TrainingInterrupted
+from hacrl.driver.resume import ResumePlan, _choose_checkpoint
+from hacrl.driver.runloop import RunLoop
+from hacrl.errors import CheckpointError
 
 EVAL_SEED_BASE = 2**30
 """Held-out initial states are seeds EVAL_SEED_BASE + i; training draws seeds below it."""
 
 
-class ControlTrainer:
-    def __init__(self, config: ControlConfig, *, resume: str | None = None) -> None:
-        self.config = config
-        self.run_dir = Path(config.trainer.output_dir)
-        self._logger: MetricsLogger | None = None
-        claim = claim_run_dir(self.run_dir)
-        try:
-            self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
-        except BaseException:
-            claim.undo()
-            raise
-        self._release = weakref.finalize(self, self.lock.release)
-        try:
-            self._setup(resume or config.checkpoint.resume)
-        except BaseException:
-            self._release()
-            claim.undo()
-            raise
+class ControlTrainer(RunLoop):
+    """One control run: its policies, their optimizers and samplers; the run around the steps (directory, logger,
+    schedule, graceful stop) is `RunLoop`'s, as for the LLM trainer."""
+
+    command = "hacrl control"
 
     def _setup(self, resume: str) -> None:
         cfg = self.config
@@ -99,59 +83,10 @@ class ControlTrainer:
             self._load(checkpoint, state)
         self.plan = ResumePlan(checkpoint, state, restarting)
 
-    def notice(self, message: str) -> None:
-        if self._logger is not None:
-            self._logger.print(message)
-        else:
-            print(f"hacrl: {message}", flush=True)
+    def _write_config(self, path: Path) -> None:
+        path.write_text(control_config_to_yaml(self.config))
 
-    def close(self) -> None:
-        self._release()
-
-    # -- the loop ------------------------------------------------------------------------------------------------
-
-    def train(self) -> list[dict[str, Any]]:
-        from hacrl.driver.trainer import _GracefulStop
-
-        cfg = self.config
-        try:
-            prepare_run_dir(self.plan, self.run_dir, self.notice)
-            (self.run_dir / "config.yaml").write_text(control_config_to_yaml(cfg))
-            self._logger = MetricsLogger(
-                cfg.logging, self.run_dir, cfg.trainer.steps, self.names, purge_step=self.plan.purge_step,
-                config=asdict(cfg),
-            )  # fmt: skip
-            if self.plan.checkpoint:
-                self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
-            with _GracefulStop(self.notice, lambda: self.step) as stop:
-                if self.step == 0 and cfg.eval.at_start:
-                    self._logger.log(0, self.evaluate())
-                for step in range(self.step + 1, cfg.trainer.steps + 1):
-                    if stop.signum is not None:
-                        break
-                    metrics = self.train_step()
-                    self.step = step
-                    last = step == cfg.trainer.steps
-                    if last or (cfg.eval.every and step % cfg.eval.every == 0):
-                        metrics.update(self.evaluate())
-                    self._logger.log(step, metrics)
-                    self._logger.step_done(step, metrics)
-                    self.history.append({"step": step, **metrics})
-                    if last or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                        self.save()
-                if stop.signum is not None and self.step < cfg.trainer.steps:
-                    where = f"wrote checkpoint {self.save()}" if self.step else "no step had finished"
-                    raise TrainingInterrupted(
-                        f"stopped by {signal.Signals(stop.signum).name} after step {self.step}; {where}. Continue "
-                        "with `hacrl control <config> --resume`.",
-                        stop.signum,
-                    )
-        finally:
-            if self._logger is not None:
-                self._logger.close()
-                self._logger = None
-            self.close()
-        return self.history
+    # -- one step --------------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
         cfg, n = self.config, len(self.policies)

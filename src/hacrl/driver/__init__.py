@@ -1,4 +1,6 @@
-"""What the driver runs: the training loop (`trainer`) and where the workers live (`backends`), what a run does
-with its directory (`resume`, `rundir`), scoring in time-limited processes (`scoring`), evaluation, the metrics
-registry and logging (`metrics`, `logger`). It talks to agents only through `hacrl.messages`.
+"""What the driver runs: the training step (`trainer`), the run around the steps that `hacrl control` shares
+(`runloop`: directory lock, logger, evaluation and checkpoint schedule, graceful stop), where the workers live
+(`backends`), what a run does with its directory (`resume`, `rundir`), scoring in time-limited processes
+(`scoring`), evaluation, the metrics registry and logging (`metrics`, `logger`). It talks to agents only through
+`hacrl.messages`.
 """

@@ -12,20 +12,17 @@ or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities 
        worker computes its advantages and takes its mini-batch updates (concurrently on Ray)
     6. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
 
-Around the loop (docs/reliability.md, "Failure and safety"): the run directory is locked for the trainer's lifetime; a
-resume takes the newest checkpoint that passes its checks and refuses settings that would change the numbers;
-SIGTERM or Ctrl-C finish the current step, write a checkpoint and raise `TrainingInterrupted`.
+Around the loop (`hacrl.driver.runloop.RunLoop`, shared with `hacrl control`; docs/reliability.md, "Failure and
+safety"): the run directory is locked for the trainer's lifetime; a resume takes the newest checkpoint that passes
+its checks and refuses settings that would change the numbers; SIGTERM or Ctrl-C finish the current step, write a
+checkpoint and raise `TrainingInterrupted`.
 """
 
 from __future__ import annotations
 
-import signal
-import sys
-import threading
 import time
-import weakref
 from collections import defaultdict
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,55 +30,35 @@ import torch
 
 from hacrl import faults, seeds
 from hacrl.agent.exchange import foreign_trajectories
-from hacrl.checkpoint import (
-    latest_checkpoint,
-    remove_stale_temporaries,
-    save_checkpoint,
-)
+from hacrl.checkpoint import remove_stale_temporaries, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
-from hacrl.driver.logger import MetricsLogger, check_trackers
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.resume import plan_resume, prepare_run_dir
-from hacrl.driver.rundir import RunLock, claim_run_dir
+from hacrl.driver.resume import plan_resume
+from hacrl.driver.runloop import RunLoop
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
-from hacrl.errors import TrainingInterrupted
 from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
 
 
-class Trainer:
+class Trainer(RunLoop):
     """The driver of one run: owns its run directory (locked until `close`, which `train` calls) and the agent
-    workers trained in it."""
+    workers trained in it. The run around the steps (directory, logger, schedule, graceful stop) is `RunLoop`'s."""
+
+    command = "hacrl train"
 
     def __init__(self, config: TrainConfig, *, resume: str | None = None) -> None:
-        self.config = config
-        self.run_dir = Path(config.trainer.output_dir)
-        self._logger: MetricsLogger | None = None
         self.workers: Workers | None = None
-        check_trackers(config.logging)  # W&B online without credentials: refused before the directory is claimed
-        claim = claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
-        try:
-            self.lock = RunLock(self.run_dir, notice=self.notice).acquire()
-        except BaseException:
-            claim.undo()
-            raise
-        self._release = weakref.finalize(self, self.lock.release)  # also when a Trainer is dropped without close()
-        try:
-            self._setup(resume or config.checkpoint.resume)
-        except BaseException:
-            self.close()
-            claim.undo()  # a refused start leaves nothing behind (the mark of a new claim, a directory it created)
-            raise
+        super().__init__(config, resume=resume)
 
     def _setup(self, resume: str) -> None:
         config = self.config
         self.algorithm = get_algorithm(config.algorithm.name)
         self.params = config.algorithm.params()
         remove_stale_temporaries(self.run_dir, self.notice)
-        self.resume = plan = plan_resume(config, self.run_dir, resume, self.notice)
+        self.plan = plan = plan_resume(config, self.run_dir, resume, self.notice)
         names = [a.name for a in config.agents]
         self.frozen = [a.frozen for a in config.agents]
         if config.runtime.backend == "local" and plan.checkpoint is None:
@@ -131,81 +108,21 @@ class Trainer:
             self.tracker.load_state_dict(plan.state["capability"])
             self.stream.load_state_dict(plan.state["data"])
 
-    def notice(self, message: str) -> None:
-        """Something the user should see now (a fallback, a takeover, a stop): the console, or stderr."""
-        if self._logger is not None:
-            self._logger.print(message)
-        else:
-            print(f"hacrl: {message}", file=sys.stderr, flush=True)
-
     def close(self) -> None:
-        """Stop the workers and release the run directory (idempotent)."""
+        """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in
+        a process, `hacrl.driver.scoring.shared_scorer`, and stop at its exit)."""
         if self.workers is not None:
             self.workers.close()
             self.workers = None
-        self._release()
+        super().close()
 
-    # -- the loop ------------------------------------------------------------------------------------------------
+    def _write_config(self, path: Path) -> None:
+        save_config(self.config, path)
 
-    def train(self) -> list[dict[str, Any]]:
-        cfg = self.config
-        try:
-            prepare_run_dir(self.resume, self.run_dir, self.notice)
-            save_config(cfg, self.run_dir / "config.yaml")
-            self._logger = MetricsLogger(
-                cfg.logging,
-                self.run_dir,
-                cfg.trainer.steps,
-                self.names,
-                purge_step=self.resume.purge_step,
-                config=asdict(cfg),
-            )
-            if self.resume.checkpoint:
-                self._logger.print(f"resumed from {self.resume.checkpoint} at step {self.step}")
-            with _GracefulStop(self.notice, lambda: self.step) as stop:
-                self._loop(stop)
-        finally:
-            if self._logger is not None:
-                self._logger.close()
-                self._logger = None
-            self.close()
-        return self.history
+    def _finished(self) -> str | None:
+        return self.sharing_summary() if self.config.sharing.policy != "all" else None
 
-    def _loop(self, stop: _GracefulStop) -> None:
-        cfg = self.config
-        last_saved = self.step if self.resume.checkpoint else None
-        if self.step == 0 and cfg.eval.at_start:
-            self._logger.log(0, self.evaluate())
-        for step in range(self.step + 1, cfg.trainer.steps + 1):
-            if stop.signum is not None:
-                break
-            metrics = self.train_step()
-            self.step = step
-            if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
-                metrics.update(self.evaluate())
-            if step == cfg.trainer.steps:
-                metrics.update(self.evaluate())
-            self._logger.log(step, metrics)
-            self._logger.step_done(step, metrics)
-            self.history.append({"step": step, **metrics})
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.trainer.steps:
-                self.save()
-                last_saved = step
-        if self.step == cfg.trainer.steps and cfg.sharing.policy != "all":
-            self._logger.print(self.sharing_summary())
-        if stop.signum is not None and self.step < cfg.trainer.steps:
-            name = signal.Signals(stop.signum).name
-            if self.step > 0 and last_saved != self.step:
-                where = f"wrote checkpoint {self.save()}"
-            elif last_saved is not None:
-                where = f"its latest checkpoint is {latest_checkpoint(self.run_dir)}"
-            else:
-                where = "no step had finished, so there is nothing to save"
-            raise TrainingInterrupted(
-                f"stopped by {name} after step {self.step} of {cfg.trainer.steps}; {where}. Continue with "
-                f"`hacrl train <config> --resume` (trainer.output_dir={str(self.run_dir)!r}).",
-                stop.signum,
-            )
+    # -- one step --------------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
         cfg, n, step = self.config, len(self.names), self.step + 1
@@ -387,45 +304,6 @@ class Trainer:
             keep_last=self.config.checkpoint.keep_last,
             config_yaml=config_to_yaml(self.config),
         )
-
-
-class _GracefulStop:
-    """SIGTERM / SIGINT while training: note it, let the loop finish its step and checkpoint. A second signal of
-    either kind stops at once, without a checkpoint and without a traceback (`TrainingInterrupted`: one message,
-    exit 128 + signal). Installed only in the main thread (signals cannot be caught elsewhere)."""
-
-    def __init__(self, notice, current_step) -> None:
-        self.signum: int | None = None
-        self._notice = notice
-        self._current_step = current_step
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None:
-            for sig, handler in self._previous.items():  # a third signal gets the default behaviour
-                signal.signal(sig, handler)
-            raise TrainingInterrupted(
-                f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
-                "without a checkpoint; the newest checkpoint in the run directory is intact: continue with "
-                "`hacrl train <config> --resume`",
-                signum,
-            )
-        self.signum = signum
-        again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"
-        self._notice(
-            f"{signal.Signals(signum).name} received: finishing step {self._current_step() + 1}, then writing a "
-            f"checkpoint and stopping{again}"
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class _Timer:
