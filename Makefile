@@ -41,7 +41,7 @@ $(DEV): $(STAMP)
 
 test: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark).
 test-fast: $(DEV)

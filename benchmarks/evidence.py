@@ -134,8 +134,20 @@ def delta_rule(p10_by_learner: dict[str, float]) -> float:
 
 def machine() -> dict:
     """Where a run ran: differences are only ever taken within a seed, and a seed's row runs on one machine (or, when
-    that machine is gone, on one that `Grid.replay` found to reproduce it bit for bit)."""
+    that machine is gone, on one that `Grid.replay` found to reproduce it bit for bit). The library versions are
+    recorded because a warm-start's 600-odd optimizer steps amplify any change in their arithmetic: round 4 found
+    round 2's demo warm-starts not reproduced by the same code (analysis.md, round 4's status), and round 2 had
+    recorded only torch's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
+
+    libraries = {}
+    for name in ("transformers", "tokenizers", "numpy", "safetensors", "reasoning-gym"):
+        try:
+            libraries[name] = version(name)
+        except PackageNotFoundError:
+            libraries[name] = None
 
     cpu = ""
     try:
@@ -152,6 +164,8 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "libraries": libraries,
         "boot_id": _boot_id(),  # node and CPU name are the same on every machine of this kind; the boot is not
     }
 
