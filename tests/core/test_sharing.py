@@ -91,6 +91,7 @@ def test_own_rows_are_always_kept_and_a_learner_alone_keeps_everything():
         ({"policy": "top_k", "relevance": torch.tensor([float("nan")] * 18)}, "relevance contains 12 non-finite"),
         ({"policy": "top_k", "relevance": torch.zeros(3)}, "relevance has 3 entries"),
         ({"policy": "all", "learner": 3}, "learner=3 is not a valid agent id"),
+        ({"policy": "correct", "num_agents": 2}, "source contains unknown agent id 2; valid ids are 0..1"),
     ],
 )
 def test_bad_inputs_are_named(kwargs, message):

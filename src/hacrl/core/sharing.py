@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hacrl.core._checks import check_1d, check_finite, check_index, check_integer
+from hacrl.core._checks import check_1d, check_finite, check_ids, check_index, check_integer
 
 POLICIES = ("all", "correct", "learner_fails", "top_k", "adaptive")
 
@@ -73,6 +73,7 @@ def select_foreign(
     check_integer("group_ids", group_ids)
     check_integer("source", source)
     check_index("learner", learner, num_agents, "agent")
+    check_ids("source", source, num_agents, "agent")
     check_finite("rewards", rewards)
     if policy not in POLICIES:
         raise ValueError(f"sharing policy must be one of {POLICIES}, got {policy!r}")
