@@ -86,6 +86,15 @@ def _steps_to(agent: dict, target: float) -> int | None:
     return next((step for step, accuracy in agent["curve"] if accuracy >= target - 1e-12), None)
 
 
+def _rollouts_to(run: dict, agent: str, target: float) -> int | None:
+    """Rollouts the agent had generated when its evaluated accuracy first reached `target` (None: never). A policy
+    changes what a learner trains on, never what it samples, so the rollouts per step are the run's total over its
+    steps."""
+    step = _steps_to(run["agents"][agent], target)
+    per_step = run["agents"][agent].get("rollouts_generated", 0) / max(1, run.get("steps") or 1)
+    return None if step is None else round(step * per_step)
+
+
 def aggregate(out: Path, ev) -> dict:
     """Every round-4 summary under `out` into evidence.json / evidence.md: the primary and secondaries as
     pre-registered."""
@@ -133,6 +142,10 @@ def aggregate(out: Path, ev) -> dict:
                     "verdict": verdict,
                     "update_seconds_ratio": ev.paired_ci([r - 1 for r in ratios]) if ratios else {},
                     "steps_to_all_final": {s: _steps_to(by_seed[s]["agents"][agent], target[s]) for s in seeds},
+                    "rollouts_to_all_final": {  # pre-registered secondary; `all`'s own first reach beside it
+                        s: [_rollouts_to(by_seed[s], agent, target[s]), _rollouts_to(base[s], agent, target[s])]
+                        for s in seeds
+                    },
                     "kept_share_first_last": {
                         s: [
                             _kept_share(by_seed[s]["agents"][agent], 0.1, False),
@@ -199,6 +212,19 @@ def markdown(result: dict) -> str:
                     for s, (f, last) in p[a]["kept_share_first_last"].items()
                 )
                 lines.append(f"- `{policy}` {a}: {shares}")
+        lines += [
+            "",
+            "Rollouts to `all`'s final accuracy (the agent's rollouts generated until its evaluated accuracy "
+            "first reaches that seed's `all` final; `all`'s own first reach in brackets; - never), per seed:",
+            "",
+        ]
+        for policy, p in entry["policies"].items():
+            for a in agents:
+                reach = ", ".join(
+                    f"s{s}: {'-' if mine is None else f'{mine:,}'} ({'-' if theirs is None else f'{theirs:,}'})"
+                    for s, (mine, theirs) in p[a]["rollouts_to_all_final"].items()
+                )
+                lines.append(f"- `{policy}` {a}: {reach}")
         lines += ["", "Sensitivity (mean of the last three evaluations), policy - `all`:", ""]
         for policy, p in entry["policies"].items():
             lines.append(f"- `{policy}`: " + "; ".join(f"{a} {_fmt(p[a]['late_mean_diff'])}" for a in agents))

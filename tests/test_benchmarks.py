@@ -734,7 +734,7 @@ def test_round3_primary_sensitivity_uses_the_mean_of_the_last_three_evaluations(
 def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     """The sharing-policy grid's aggregate (benchmarks/sharing.py) on fabricated summaries: paired differences,
     the pre-registered verdict for the weaker agent, the kept share over the first and last 10 % of steps, the
-    update-seconds ratio from quiet runs only."""
+    update-seconds ratio from quiet runs only, rollouts to `all`'s final accuracy (by hand: 12 rollouts a step)."""
     spec = importlib.util.spec_from_file_location("sharing_benchmark", ROOT / "benchmarks" / "sharing.py")
     sharing = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sharing)
@@ -744,12 +744,13 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
             offered = [[s, 10] for s in range(1, 11)]
             return {
                 "final_accuracy": final,
+                "rollouts_generated": 120,
                 "curve": [[0, 0.1], [5, final - 0.01], [10, final]],
                 "diagnostic_curves": {"time/update": [[s, update] for s in range(1, 11)], "shared_offered": offered,
                                       "shared_kept": [[s, k if s == 1 else 2] for s in range(1, 11)]},
             }  # fmt: skip
 
-        summary = {"bed": "demo", "method": method, "seed": seed, "quiet": quiet,
+        summary = {"bed": "demo", "method": method, "seed": seed, "quiet": quiet, "steps": 10,
                    "agents": {"llama-char": agent(llama, kept), "qwen-bpe": agent(qwen, kept)}}  # fmt: skip
         path = tmp_path / "summaries" / "demo" / f"{method}-s{seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -765,7 +766,12 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     assert entry["llama-char"]["update_seconds_ratio"]["diffs"] == [-0.5, -0.5]  # seed 2 was not quiet
     assert entry["llama-char"]["kept_share_first_last"][0] == [0.8, 0.2]
     assert entry["llama-char"]["steps_to_all_final"] == {0: 5, 1: 5, 2: 5}
-    assert "| `correct` | +2.1 [" in (tmp_path / "evidence.md").read_text()
+    # correct's Llama is 1.99 points above all's final at step 5 (60 rollouts); all reaches its own at step 10 (120);
+    # the Qwen2's curves are equal, so both first reach all's final at step 10
+    assert entry["llama-char"]["rollouts_to_all_final"] == {0: [60, 120], 1: [60, 120], 2: [60, 120]}
+    assert entry["qwen-bpe"]["rollouts_to_all_final"][0] == [120, 120]
+    text = (tmp_path / "evidence.md").read_text()
+    assert "| `correct` | +2.1 [" in text and "- `correct` llama-char: s0: 60 (120), s1: 60 (120), s2: 60 (120)" in text
 
 
 def test_control_benchmark_compares_at_equal_environment_steps():
