@@ -212,6 +212,13 @@ def markdown(result: dict) -> str:
                     for s, (f, last) in p[a]["kept_share_first_last"].items()
                 )
                 lines.append(f"- `{policy}` {a}: {shares}")
+        if "adaptive" in entry["policies"]:
+            shares = entry["policies"]["adaptive"][weaker]["kept_share_first_last"].values()
+            known = [(f, last) for f, last in shares if f is not None and last is not None]
+            fell = sum(last < f for f, last in known)
+            lines += ["", f"`adaptive`'s prediction (c), pre-registered: the weaker agent's kept share falls from the "
+                          f"first to the last 10 % of steps in at least 4 of 5 seeds: it fell in {fell} of "
+                          f"{len(known)}."]  # fmt: skip
         lines += [
             "",
             "Rollouts to `all`'s final accuracy (the agent's rollouts generated until its evaluated accuracy "

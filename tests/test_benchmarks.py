@@ -759,6 +759,7 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     for seed, (a, b) in enumerate([(0.30, 0.40), (0.32, 0.41), (0.28, 0.39)]):
         run("all", seed, a, b, update=2.0, kept=10)
         run("correct", seed, a + 0.02 + 0.001 * seed, b, update=1.0, kept=8, quiet=seed != 2)
+        run("adaptive", seed, a, b, update=2.0, kept=1 if seed == 0 else 6)  # the share falls (0.6 -> 0.2) but in s0
     result = sharing.aggregate(tmp_path, sharing._evidence())
     entry = result["beds"]["demo"]["policies"]["correct"]
     assert entry["llama-char"]["per_seed"] == [2.0, 2.1, 2.2] and entry["llama-char"]["verdict"] == "beats"
@@ -772,6 +773,7 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     assert entry["qwen-bpe"]["rollouts_to_all_final"][0] == [120, 120]
     text = (tmp_path / "evidence.md").read_text()
     assert "| `correct` | +2.1 [" in text and "- `correct` llama-char: s0: 60 (120), s1: 60 (120), s2: 60 (120)" in text
+    assert "in at least 4 of 5 seeds: it fell in 2 of 3." in text
 
 
 def test_control_benchmark_compares_at_equal_environment_steps():
