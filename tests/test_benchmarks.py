@@ -776,6 +776,43 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     assert "in at least 4 of 5 seeds: it fell in 2 of 3." in text
 
 
+def test_round4_reruns_a_busy_run_and_keeps_the_rerun_only_if_it_repeats(tmp_path):
+    """`sharing.py --rerun-busy`: a run that shared the machine is rerun; a rerun with the same evaluations replaces
+    it (its seconds now count), one with other evaluations leaves the first summary and says so; quiet runs and
+    missing ones are not touched; every rerun is recorded."""
+    spec = importlib.util.spec_from_file_location("sharing_benchmark", ROOT / "benchmarks" / "sharing.py")
+    sharing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sharing)
+    ev = sharing._evidence()
+
+    def summary(curve, seconds, quiet):
+        agent = {"final_accuracy": curve[-1][1], "curve": curve}
+        return {"seconds": seconds, "quiet": quiet, "others_cpu_seconds": 0.0 if quiet else 90.0,
+                "agents": {"llama-char": agent, "qwen-bpe": agent}}  # fmt: skip
+
+    class Grid:
+        out = tmp_path
+        ran = []
+
+        def summary_path(self, bed, method, seed):
+            return tmp_path / "summaries" / bed / f"{method}-s{seed}.json"
+
+        def run(self, bed, method, seed):
+            self.ran.append((method, seed))
+            curve = [[0, 0.2], [10, 0.3]] if method == "all" else [[0, 0.2], [10, 0.31]]
+            return summary(curve, 400.0, True)
+
+    grid = Grid()
+    for method, seed, quiet in [("all", 0, False), ("correct", 0, False), ("top_k", 0, True)]:
+        ev._write_json(grid.summary_path("demo", method, seed), summary([[0, 0.2], [10, 0.3]], 500.0, quiet))
+    done = sharing.rerun_busy(grid, ev, ["demo"], [0, 1], ["all", "correct", "top_k", "adaptive"])
+    assert grid.ran == [("all", 0), ("correct", 0)]
+    assert [r["identical"] for r in done] == [True, False]
+    assert json.loads(grid.summary_path("demo", "all", 0).read_text())["seconds"] == 400.0  # replaced
+    assert json.loads(grid.summary_path("demo", "correct", 0).read_text())["seconds"] == 500.0  # kept
+    assert len(json.loads((tmp_path / "reruns.json").read_text())) == 2
+
+
 def test_control_benchmark_compares_at_equal_environment_steps():
     """benchmarks/control.py: GSPOx2 (twice the episodes per step) is read at the step where it has used as many
     environment steps as the others at their last; sample efficiency in environment steps."""
