@@ -206,6 +206,13 @@ CASES: list[tuple[str, str, str, int]] = [
     ("choice", "A", box("B"), 0),
     ("choice", "B", "So the correct option is B.\nAnswer: B", 1),
     ("choice", "B", "So the correct option is B.\nAnswer: (D)", 0),
+    ("choice", "B", "Comparing the options, the answer is (B).", 1),  # lm-eval's MMLU-Pro form, no colon
+    ("choice", r"\text{(B)}", "The answer is (B)", 1),
+    ("choice", r"\text{(B)}", r"so the answer is $\text{(B)}$", 1),
+    ("choice", r"\text{(B)}", "The answer is (C).", 0),
+    ("choice", "B", "A is wrong and C is wrong, so the answer is B.", 1),
+    ("choice", "B", "B looks right at first, but the answer is (D).", 0),
+    ("choice", "B", "(A) is wrong; the answer is (B).", 1),
     # ------------------------------------------------------------------------------------------------ thousands
     ("thousands", r"10,\!000", box("10000"), 1),
     ("thousands", r"10,\!000", box("10,000"), 1),

@@ -26,8 +26,8 @@ Three things math-verify gets wrong on the paper's data are handled here, each w
 `normalize` rewrites forms it misreads (`10\\,000` read as 10 * 0, `3e8` read as 3 * Euler's e * 8,
 `\\varnothing`), `_close_numbers` rejects numbers that only agree after rounding to 6 decimals (1.2e-7 and 1.3e-7
 both round to 0; Minerva's answers are that small), and choice letters (`\\text{(C)}` against
-`\\textbf{(C)}\\ 12`) and plain words (`\\text{Evelyn}` against `Evelyn`, which LaTeX reads as the product
-E*v*e*l*y*n) are compared as text.
+`\\textbf{(C)}\\ 12`, or a last line "The answer is (C)." as multiple-choice prompts ask for it) and plain
+words (`\\text{Evelyn}` against `Evelyn`, which LaTeX reads as the product E*v*e*l*y*n) are compared as text.
 
 The verifier reads an answer that the caller bounded; its regexes are linear, and each math-verify call has its
 time limit (`seconds`).
@@ -347,7 +347,7 @@ def is_equivalent(gold: str, gold_parsed: list[Any], answer: str, answer_parsed:
 
     choice = _choice(gold)
     if choice is not None:  # `\text{(C)}`, `(C)`, `C`: the answer names the same choice, whatever follows it
-        return _choice(answer, prefix=True) == choice
+        return (_stated_choice(answer) or _choice(answer, prefix=True)) == choice  # a statement first
     if gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=seconds):
         return _close_numbers(gold, gold_parsed, answer, answer_parsed, seconds)
     plain = _as_text(gold)
@@ -387,6 +387,31 @@ def _choice(answer: str, *, prefix: bool = False) -> str | None:
         return m.group(1) if m else None
     m = _CHOICE_PREFIX.match(text)
     return (m.group(1) or m.group(2)) if m else None
+
+
+_ANSWER_WORD = re.compile("answer", re.IGNORECASE)
+
+
+def _stated_choice(answer: str) -> str | None:
+    """The choice letter of the last "answer is (C)" (or "answer: C", "answer = $\\text{(C)}$") in an answer that
+    is a whole sentence: a last line such as "The answer is (B)." (no colon, so `final_answer` keeps the line), the
+    way multiple-choice prompts ask for it. Linear: each "answer" is followed by at most 64 characters.
+
+    >>> _stated_choice("The answer is (B)."), _stated_choice("so the answer is $\\\\text{(D)}$"), _stated_choice("Bob")
+    ('B', 'D', None)
+    """
+    found = None
+    for m in _ANSWER_WORD.finditer(answer):
+        pos = _SPACES.match(answer, m.end()).end()
+        is_word = _IS.match(answer, pos)
+        if is_word is not None:
+            pos = _SPACES.match(answer, is_word.end()).end()
+        if pos < len(answer) and answer[pos] in ":=":
+            pos += 1
+        letter = _choice(answer[pos : pos + 64], prefix=True)
+        if letter is not None:
+            found = letter
+    return found
 
 
 _PERCENT = re.compile(r"%|percent|pct", re.IGNORECASE)
