@@ -213,6 +213,9 @@ CASES: list[tuple[str, str, str, int]] = [
     ("choice", "B", "A is wrong and C is wrong, so the answer is B.", 1),
     ("choice", "B", "B looks right at first, but the answer is (D).", 0),
     ("choice", "B", "(A) is wrong; the answer is (B).", 1),
+    ("choice", "B", "**Answer:** B", 1),  # markdown emphasis around a letter
+    ("choice", "C", "The correct answer is **(C)**.", 1),
+    ("choice", "C", "The correct answer is **(D)**.", 0),
     # ------------------------------------------------------------------------------------------------ thousands
     ("thousands", r"10,\!000", box("10000"), 1),
     ("thousands", r"10,\!000", box("10,000"), 1),

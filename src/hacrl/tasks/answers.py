@@ -381,7 +381,7 @@ def _choice(answer: str, *, prefix: bool = False) -> str | None:
     >>> _choice("Cats", prefix=True), _choice("12"), _choice("(C) 12")
     (None, None, None)
     """
-    text = _as_text(answer)
+    text = _as_text(answer).replace("*", "")  # markdown emphasis: `**(C)**`, `**Answer:** C`
     if not prefix:
         m = _CHOICE.fullmatch(text)
         return m.group(1) if m else None
