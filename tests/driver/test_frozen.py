@@ -64,6 +64,27 @@ def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_ident
 
 
 @pytest.mark.slow
+def test_a_frozen_teacher_under_a_sharing_policy_gives_only_the_rows_the_policy_keeps(tiny_agents, tmp_path, capsys):
+    """Success-gated transfer from a frozen peer (`sharing.policy=correct`): each learner is offered the frozen
+    peer's 8 rows a step and keeps exactly those at or above min_reward; the frozen peer learns nothing, so it has
+    no sharing metrics and no line in the run's sharing summary."""
+    run = tmp_path / "run"
+    cfg = _three(tiny_agents, tmp_path, run, trainer={"steps": 2}, sharing={"policy": "correct", "min_reward": 0.5})
+    assert main(["train", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    kept = 0
+    for r in records(run):
+        for learner in ("llama", "qwen"):
+            assert r[f"{learner}/shared/tiny/offered"] == 8
+            kept += r[f"{learner}/shared/tiny/kept"]
+            if r[f"{learner}/shared/tiny/kept"]:
+                assert r[f"{learner}/shared/tiny/kept_reward_mean"] >= 0.5
+        assert "tiny/shared_offered" not in r
+    assert "sharing.policy=correct:" in out and "  llama: kept" in out and "  tiny: kept" not in out
+    assert 0 <= kept < 2 * 2 * 8
+
+
+@pytest.mark.slow
 def test_a_run_with_a_frozen_peer_resumes_exactly(tiny_agents, tmp_path):
     assert_resumes_exactly(lambda run: _three(tiny_agents, tmp_path, run, trainer={"steps": 2}), tmp_path, 2)
 
