@@ -193,8 +193,9 @@ def markdown(result: dict) -> str:
         repro = entry["all_reproduces"]
         if repro:
             same = [s for s, ok in repro.items() if ok]
+            why = " (why not: analysis.md, round 4's status)" if len(same) < len(repro) else ""
             lines.append(f"`all` reproduces the committed {EARLIER[bed]} run's every evaluation in seeds {same} of "
-                         f"{sorted(repro)}.")  # fmt: skip
+                         f"{sorted(repro)}{why}.")  # fmt: skip
             lines.append("")
         agents = sorted(a for a in next(iter(entry["policies"].values()), {}) if a not in ("seeds",))
         lines.append("| policy | " + " | ".join(f"{a} (final)" for a in agents) + " | primary verdict | "
