@@ -454,45 +454,54 @@ def test_chunked_logprobs_equal_the_full_computation_in_value_and_gradient(name,
 
 
 MEMORY_PROBE = """
-import json, resource, sys, torch
+import json, os, resource, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
-torch.manual_seed(0); torch.set_num_threads(1)
-vocab, positions, chunk = 150_000, int(sys.argv[1]), {"full": None, "auto": "auto"}.get(sys.argv[2], sys.argv[2])
-chunk = int(chunk) if chunk not in (None, "auto") else chunk
-model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
-rows = 4
-prompts = [[5] * 4 for _ in range(rows)]
-responses = [[7] * (positions - 4) for _ in range(rows)]
-batch = TokenBatch.build(prompts, responses, 0, torch.device("cpu"))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-logp = token_logprobs(model, batch, 1.0, chunk_size=chunk)
-logp[batch.response_mask].sum().backward()
-print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+
+def peak_kib(positions, chunk):  # in a forked child: its own address space, its peak from the parent's RSS up
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=150_000, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         tie_word_embeddings=True))
+    rows = 4
+    batch = TokenBatch.build([[5] * 4] * rows, [[7] * (positions - 4)] * rows, 0, torch.device("cpu"))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    logp = token_logprobs(model, batch, 1.0, chunk_size=chunk)
+    logp[batch.response_mask].sum().backward()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+
+peaks = []
+for arg in sys.argv[1:]:  # one interpreter start (transformers takes ~10 s to import), one fork per measurement
+    positions, chunk = arg.split(":")
+    chunk = None if chunk == "full" else chunk if chunk == "auto" else int(chunk)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(write, json.dumps(peak_kib(int(positions), chunk)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        peaks.append(json.loads(pipe.read()) / 1024)
+    assert os.waitpid(pid, 0)[1] == 0
+print(json.dumps(peaks))
 """
-
-
-def _peak_mib(positions: int, chunk: str) -> float:
-    out = subprocess.run(
-        [sys.executable, "-c", MEMORY_PROBE, str(positions), chunk], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_kib"] / 1024
 
 
 @pytest.mark.slow
 def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions():
     """A 150k vocabulary: the full path's peak grows by rows x positions x vocabulary x 4 bytes (and as much again
-    for the gradient); the chunked path's stays within a few chunks' logits."""
-    full_small, full_large = _peak_mib(32, "full"), _peak_mib(320, "full")
-    lean_small, lean_large = _peak_mib(32, "64"), _peak_mib(320, "64")
+    for the gradient); the chunked path's stays within a few chunks' logits. Peaks in MiB, each measured in a fresh
+    fork of one probe process (the parent only imports: no allocator or thread pool carries over)."""
+    probes = ["32:full", "320:full", "32:64", "320:64", "640:auto"]
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, *probes], capture_output=True, text=True, check=True)
+    full_small, full_large, lean_small, lean_large, auto_larger = json.loads(out.stdout.strip().splitlines()[-1])
     logits_growth = 4 * (320 - 32) * 150_000 * 4 / 2**20  # MiB of float32 logits added by the longer rows: 659
     assert full_large - full_small > 2 * logits_growth, (full_small, full_large)  # logits, their grad, ...: ~4x
     assert lean_large - lean_small < 0.15 * logits_growth, (lean_small, lean_large)  # flat, up to allocator noise
     assert lean_large < full_large / 5
-    # the default, `auto`: chunked at this size (chunks of 447 positions), so 3x the positions (2.2 GiB of float32
-    # logits on the full path) stay below half of the full path's peak at 320
-    auto_larger = _peak_mib(960, "auto")
+    # the default, `auto`: chunked at this size, so twice the positions (1.4 GiB of float32 logits on the full path)
+    # stay below half of the full path's peak at 320
     assert auto_larger < full_large / 2, (auto_larger, full_large)
 
 
