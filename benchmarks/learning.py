@@ -63,7 +63,9 @@ def beds():
     return module
 
 
-def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], recipe_name: str) -> dict:
+def run_one(
+    method: str, seed: int, *, out: Path, base: Path, extra: list[str], recipe_name: str, smoke: bool = False
+) -> dict:
     """Train one (method, seed) through the real trainer and return its summary."""
     from hacrl.config import load_config
     from hacrl.driver.trainer import Trainer
@@ -97,7 +99,7 @@ def run_one(method: str, seed: int, *, out: Path, base: Path, extra: list[str], 
             "checkpoint.keep_last=1",
         ],
     )
-    bootstrap(agents_dir, recipe)
+    bootstrap(agents_dir, recipe, parallel=1 if smoke else None)  # smoke: in-process (a spawn costs an import)
     print(f"== {method} seed {seed}: {config.trainer.steps} steps", flush=True)
     start = time.perf_counter()
     Trainer(config).train()
@@ -391,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                 if target.exists():
                     print(f"== {method} seed {seed}: cached in {target}", flush=True)
                     continue
-                summary = run_one(method, seed, out=out, base=Path(args.config), extra=extra, recipe_name=recipe)
+                summary = run_one(
+                    method, seed, out=out, base=Path(args.config), extra=extra, recipe_name=recipe, smoke=args.smoke
+                )
                 tmp = target.with_suffix(".tmp")
                 tmp.write_text(json.dumps(summary, indent=1))
                 tmp.replace(target)  # a summary exists only for a finished run
