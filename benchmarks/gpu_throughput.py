@@ -7,8 +7,8 @@
 
 Models are built from the configs below (the public shapes of Qwen3 and Llama-3.2) with random weights; the real
 tokenizers come from `../shared/data/tokenizers/` when present (on the CPU only with `--paper-vocab`: by default the
-dry run uses 4,096-id vocabularies and a character tokenizer, the same code at a fifth of the time). Random weights never emit EOS, so every response
-runs to the length limit: the worst case for sampling. Parts (in this order):
+dry run uses 4,096-id vocabularies and a character tokenizer, the same code in half the time). Random weights
+never emit EOS, so every response runs to the length limit: the worst case for sampling. Parts (in this order):
 
 - kernel: the decode-attention kernel alone at the sampler's shapes, for each launch setting of a small sweep
   (checked against the reference, then timed): GB/s of keys and values read; the fastest overall is used for the
