@@ -64,11 +64,28 @@ def test_learning_benchmark_smoke(tmp_path, capsys):
     assert capsys.readouterr().out.count("cached in") == len(methods)
 
 
+def test_gpu_throughput_rebuilds_a_cached_model_built_at_another_vocabulary(tmp_path):
+    """`--models DIR` reuses what an earlier run built there, but not across `--paper-vocab` and the default: a
+    model of the other vocabulary is rebuilt, one of the same is kept as it is."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shape = {**bench.TINY["llama-3.2-1b"], "vocab": 256, "char": 1}
+    built = bench.build_agent("m", shape, tmp_path, torch.float32, "cpu")
+    stamp = (built / "config.json").stat().st_mtime_ns
+    assert bench.build_agent("m", shape, tmp_path, torch.float32, "cpu") == built
+    assert (built / "config.json").stat().st_mtime_ns == stamp  # the same vocabulary: reused
+    bench.build_agent("m", {**shape, "vocab": 512}, tmp_path, torch.float32, "cpu")
+    assert json.loads((built / "config.json").read_text())["vocab_size"] == 512
+
+
 @pytest.mark.slow
 def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
-    """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (model shapes with the paper's
-    vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
-    responses with auto rows, the paper-shape step, the precision part) with tiny layers on the CPU."""
+    """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (the model shapes with tiny layers and
+    4,096-id vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
+    responses with auto rows, the paper-shape step, the precision part) on the CPU."""
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

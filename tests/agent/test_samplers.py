@@ -476,14 +476,22 @@ for arg in sys.argv[1:]:  # one interpreter start (transformers takes ~10 s to i
     chunk = None if chunk == "full" else chunk if chunk == "auto" else int(chunk)
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        os.write(write, json.dumps(peak_kib(int(positions), chunk)).encode())
-        os._exit(0)
+    if pid == 0:  # the child never returns into this loop, whatever happens in it
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, json.dumps(peak_kib(int(positions), chunk)).encode())
+            status = 0
+        except BaseException:
+            import traceback; traceback.print_exc()
+        finally:
+            os._exit(status)
     os.close(write)
     with os.fdopen(read) as pipe:
-        peaks.append(json.loads(pipe.read()) / 1024)
-    assert os.waitpid(pid, 0)[1] == 0
+        reply = pipe.read()
+    if os.waitpid(pid, 0)[1] != 0:
+        sys.exit(f"the probe {arg} failed (its traceback is above)")
+    peaks.append(json.loads(reply) / 1024)
 print(json.dumps(peaks))
 """
 
@@ -494,7 +502,8 @@ def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions()
     for the gradient); the chunked path's stays within a few chunks' logits. Peaks in MiB, each measured in a fresh
     fork of one probe process (the parent only imports: no allocator or thread pool carries over)."""
     probes = ["32:full", "320:full", "32:64", "320:64", "640:auto"]
-    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, *probes], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, *probes], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
     full_small, full_large, lean_small, lean_large, auto_larger = json.loads(out.stdout.strip().splitlines()[-1])
     logits_growth = 4 * (320 - 32) * 150_000 * 4 / 2**20  # MiB of float32 logits added by the longer rows: 659
     assert full_large - full_small > 2 * logits_growth, (full_small, full_large)  # logits, their grad, ...: ~4x
