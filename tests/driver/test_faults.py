@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from hacrl import faults
 from hacrl.tools.cli import main
+from tests import forked
 from tests.conftest import records, same_numbers, same_weights, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +27,8 @@ hacrl runs on the same machine (a benchmark beside the suite) are never taken fo
 
 
 def _hacrl(args: list[str], faults_plan: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "HACRL_FAULTS": faults_plan, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT), MARK[0]: MARK[1]}
-    return subprocess.run(
-        [sys.executable, "-m", "hacrl", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    """`python -m hacrl ARGS` in a process of its own (forked from one that imported torch once: `tests.forked`)."""
+    return forked.hacrl(args, {"HACRL_FAULTS": faults_plan, "OMP_NUM_THREADS": "2", MARK[0]: MARK[1]}, cwd=ROOT)
 
 
 def _orphaned_scorers() -> list[int]:
