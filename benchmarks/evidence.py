@@ -149,18 +149,20 @@ def machine() -> dict:
         except PackageNotFoundError:
             libraries[name] = None
 
-    cpu = ""
+    fields = {}
     try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
     return {
         "node": platform.node(),
-        "cpu": cpu or platform.processor(),
+        "cpu": fields.get("model name") or platform.processor(),
+        # "AMD EPYC" names several generations: the family / model / stepping and the SIMD level torch dispatches
+        # its CPU kernels to tell them apart (an AVX2 and an AVX-512 machine round differently)
+        "cpu_id": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
