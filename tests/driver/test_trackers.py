@@ -4,16 +4,14 @@ metric of every step and the resolved config reach them; a missing extra is a cl
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hacrl.config import ConfigError, load_config
 from hacrl.tools.cli import main
+from tests import forked
 from tests.conftest import records, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,9 +56,7 @@ def test_trackio_receives_every_metric_in_its_local_store(tiny_agents, tmp_path)
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run,
                        logging={"console": False, "trackio": {"project": "hacrl-test"}})  # fmt: skip
-    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "hacrl", "train", str(cfg)], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    done = forked.hacrl(["train", str(cfg)], {"TRACKIO_DIR": str(tmp_path / "trackio")}, cwd=ROOT)  # its own process
     assert done.returncode == 0, done.stderr[-2000:]
     db = sqlite3.connect(tmp_path / "trackio" / "hacrl-test.db")
     rows = db.execute("select step, metrics from metrics where run_name = 'run' order by step").fetchall()
