@@ -13,8 +13,10 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PRELOAD = [
@@ -69,10 +71,9 @@ def hacrl(
 ) -> subprocess.CompletedProcess:
     """`python -m hacrl ARGS` in `cwd` with `env` added to the environment, in a forked process; its returncode is
     negative for a signal, as subprocess's is, and the run is killed after `timeout` seconds."""
-    out = Path(os.environ.get("TMPDIR", "/tmp"))
     context = _forkserver()
-    name = f"hacrl-forked-{os.getpid()}-{os.urandom(4).hex()}"
-    stdout, stderr = out / f"{name}.out", out / f"{name}.err"
+    out = Path(tempfile.mkdtemp(prefix="hacrl-forked-"))
+    stdout, stderr = out / "stdout", out / "stderr"
     process = context.Process(
         target=_child, args=(list(args), dict(env or {}), str(cwd or Path.cwd()), str(stdout), str(stderr))
     )
@@ -85,8 +86,7 @@ def hacrl(
             raise subprocess.TimeoutExpired(["hacrl", *args], timeout, _read(stdout), _read(stderr))
         return subprocess.CompletedProcess(["hacrl", *args], process.exitcode, _read(stdout), _read(stderr))
     finally:
-        stdout.unlink(missing_ok=True)
-        stderr.unlink(missing_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _read(path: Path) -> str:

@@ -189,6 +189,10 @@ def test_evidence_benchmark_smoke(tmp_path):
             k: v for k, v in summary.items() if k != "agents"
         }
     assert hacpo["machine"]["cores"] >= 1
+    import torch  # the CPU told apart beyond its name (the same "AMD EPYC" rounds differently by generation)
+
+    assert hacpo["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert Path("/proc/cpuinfo").is_file() <= (hacpo["machine"]["cpu_id"].count("?") == 0)
     qwen = hacpo["agents"]["qwen-bpe"]
     assert set(qwen["skill_curves"]) == {"+", "-"} and [s for s, _ in qwen["skill_curves"]["-"]] == [0, 1, 2]
     result = json.loads((tmp_path / "evidence.json").read_text())

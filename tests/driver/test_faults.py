@@ -91,6 +91,23 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tiny_agents, tm
 
 
 @pytest.mark.slow
+def test_a_forked_run_past_its_time_limit_is_killed_and_reported(tiny_agents, tmp_path):
+    """`tests.forked.hacrl` (the fault tests' processes) behaves as subprocess.run does at its timeout: the run is
+    killed, TimeoutExpired carries what it wrote, and the next run takes its run directory over."""
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    with pytest.raises(subprocess.TimeoutExpired) as stopped:
+        forked.hacrl(["train", str(cfg)], {"HACRL_FAULTS": "", MARK[0]: MARK[1]}, cwd=ROOT, timeout=0.5)
+    assert stopped.value.timeout == 0.5 and isinstance(stopped.value.stderr, str)
+    deadline = time.monotonic() + 10
+    while _orphaned_scorers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _orphaned_scorers() == []
+    done = _hacrl(["train", str(cfg), "--resume"])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_sigterm_mid_step_finishes_the_step_checkpoints_and_resumes_exactly(tiny_agents, tmp_path, reference):
     run = tmp_path / "run"
     cfg = write_config(
