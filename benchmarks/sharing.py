@@ -165,9 +165,100 @@ def aggregate(out: Path, ev) -> dict:
                 }
             bed_out["policies"][policy] = entry
         result["beds"][bed] = bed_out
+    result["answer"] = readme_answer(result)
     (out / "evidence.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "evidence.md").write_text(markdown(result))
     return result
+
+
+SEEDS = 5
+"""Seeds per policy and bed that the pre-registered rule needs before it gives an answer."""
+SAVING = -0.20
+"""The pre-registered saving for a cheaper equal: update seconds per step at least 20 % below `all`'s."""
+
+
+def _reading(ci: dict) -> str | None:
+    """A paired interval as the pre-registration reads it: above 0 beats, below 0 loses, else level."""
+    if not ci or ci.get("lo") is None or ci.get("hi") is None:
+        return None
+    return "beats" if ci["lo"] > 0 else "loses" if ci["hi"] < 0 else "level"
+
+
+def readme_answer(result: dict) -> dict:
+    """The README's answer to "what should my agents share?" by the rule pre-registered in analysis.md (round 4):
+    recommend a policy over `all` only if it beats `all` on one bed (the primary: the bed's weaker agent) and loses
+    on neither bed for neither agent; else, if a policy is level with `all` for both agents on both beds and saves at
+    least 20 % of update seconds (the mean of `policy / all - 1`) for both agents on both beds, recommend it as the
+    cheaper equal; else keep `all`. No answer until every policy has `SEEDS` seeds on both beds."""
+    beds = result.get("beds", {})
+    policies = sorted({p for entry in beds.values() for p in entry["policies"]})
+    missing = [
+        f"{bed}/{policy} ({len(beds.get(bed, {}).get('policies', {}).get(policy, {}).get('seeds', []))} seeds)"
+        for bed in BEDS
+        for policy in policies or list(POLICIES)
+        if policy != "all" and len(beds.get(bed, {}).get("policies", {}).get(policy, {}).get("seeds", [])) < SEEDS
+    ]
+    if missing or not policies:
+        return {"status": "incomplete", "missing": missing, "better": [], "cheaper_equal": [], "per_policy": {}}
+    per_policy: dict = {}
+    for policy in policies:
+        readings, savings = {}, {}
+        for bed, entry in beds.items():
+            p = entry["policies"][policy]
+            for agent in (a for a in p if a != "seeds"):
+                readings[f"{bed}/{agent}"] = _reading(p[agent]["diff"])
+                savings[f"{bed}/{agent}"] = p[agent]["update_seconds_ratio"].get("mean")
+        beats = [bed for bed, entry in beds.items() if readings[f"{bed}/{entry['weaker']}"] == "beats"]
+        loses = [key for key, r in readings.items() if r == "loses"]
+        level_everywhere = all(r == "level" for r in readings.values())
+        saves = all(v is not None and v <= SAVING for v in savings.values())
+        per_policy[policy] = {"readings": readings, "update_seconds_ratio": savings, "beats_on": beats,
+                              "loses_on": loses, "better": bool(beats) and not loses,
+                              "cheaper_equal": level_everywhere and saves}  # fmt: skip
+    better = [p for p, v in per_policy.items() if v["better"]]
+    cheaper = sorted(
+        (p for p, v in per_policy.items() if v["cheaper_equal"]),
+        key=lambda p: statistics.mean(per_policy[p]["update_seconds_ratio"].values()),
+    )
+    status = "better" if better else "cheaper_equal" if cheaper else "keep_all"
+    primary = [f"{bed}/{entry['weaker']}" for bed, entry in beds.items()]
+    return {"status": status, "missing": [], "better": better, "cheaper_equal": cheaper, "primary": primary,
+            "per_policy": per_policy}  # fmt: skip
+
+
+def answer_lines(answer: dict) -> list[str]:
+    """The rule's outcome as evidence.md says it."""
+    lines = ["", "## The README's answer, by the pre-registered rule", ""]
+    if answer["status"] == "incomplete":
+        return lines + [f"Not yet: the rule needs {SEEDS} seeds of every policy on both beds; short: "
+                        + ", ".join(answer["missing"]) + "."]  # fmt: skip
+    if answer["better"]:
+        lines.append("Recommended over `all`: " + ", ".join(f"`{p}`" for p in answer["better"])
+                     + " (beats `all` on a bed for its weaker agent, loses nowhere).")  # fmt: skip
+    elif answer["cheaper_equal"]:
+        lines.append("No policy beats `all`. Level with `all` for both agents on both beds and at least 20 % fewer "
+                     "update seconds on both, the cheaper equals (largest saving first): "
+                     + ", ".join(f"`{p}`" for p in answer["cheaper_equal"]) + ".")  # fmt: skip
+    else:
+        lines.append("Keep `all`: no policy beats it, and none is a level, 20 %-cheaper equal on both beds.")
+    columns = list(next(iter(answer["per_policy"].values()))["readings"])
+    header = " | ".join(c + (" *" if c in answer["primary"] else "") for c in columns)
+    lines += ["", "Per bed and agent (primary: the bed's weaker agent, marked *): the interval's reading and the "
+              "update seconds against `all`:", "",
+              f"| policy | {header} | outcome |", "|---" * (2 + len(columns)) + "|"]  # fmt: skip
+    for policy, v in answer["per_policy"].items():
+        cells = [f"{r or '-'}, {100 * s:+.1f} % s" if s is not None else f"{r or '-'}"
+                 for r, s in zip(v["readings"].values(), v["update_seconds_ratio"].values(), strict=True)]  # fmt: skip
+        outcome = "better" if v["better"] else "cheaper equal" if v["cheaper_equal"] else "-"
+        lines.append(f"| `{policy}` | " + " | ".join(cells) + f" | {outcome} |")
+    for policy, v in answer["per_policy"].items():
+        secondary = [c for c, r in v["readings"].items() if r == "beats" and c not in answer["primary"]]
+        if secondary and not v["better"]:
+            lines.append(
+                f"\n`{policy}` beats `all` for the stronger agent ({', '.join(secondary)}): a secondary, "
+                "which the rule does not read as a win (and, not level there, not as an equal either)."
+            )
+    return lines
 
 
 def _fmt(ci: dict, scale: float = 1.0, unit: str = "") -> str:
@@ -237,6 +328,8 @@ def markdown(result: dict) -> str:
         lines += ["", "Sensitivity (mean of the last three evaluations), policy - `all`:", ""]
         for policy, p in entry["policies"].items():
             lines.append(f"- `{policy}`: " + "; ".join(f"{a} {_fmt(p[a]['late_mean_diff'])}" for a in agents))
+    if "answer" in result:
+        lines += answer_lines(result["answer"])
     return "\n".join(lines) + "\n"
 
 

@@ -797,6 +797,69 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     assert "in at least 4 of 5 seeds: it fell in 2 of 3." in text
 
 
+def test_round4_readme_answer_applies_the_pre_registered_rule():
+    """The rule of analysis.md (round 4), on hand-made aggregates: no answer before 5 seeds of every policy on both
+    beds; a policy that beats `all` for a bed's weaker agent and loses nowhere is recommended; one that beats on one
+    bed but loses for the stronger agent on the other is not; level everywhere with >= 20 % fewer update seconds for
+    both agents on both beds is a cheaper equal (largest saving first; 19.9 % is not enough); else keep `all`."""
+    spec = importlib.util.spec_from_file_location("sharing_benchmark", ROOT / "benchmarks" / "sharing.py")
+    sharing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sharing)
+
+    def cell(lo, hi, saving):
+        return {"diff": {"n": 5, "mean": (lo + hi) / 2, "lo": lo, "hi": hi}, "update_seconds_ratio": {"mean": saving}}
+
+    level, up, down = (-1.0, 1.0), (0.2, 2.0), (-2.0, -0.1)
+
+    def result(table, seeds=5):
+        """table: policy -> bed -> (llama interval, qwen interval, saving for both agents)."""
+        beds = {}
+        for policy, by_bed in table.items():
+            for bed, (llama, qwen, saving) in by_bed.items():
+                entry = beds.setdefault(bed, {"weaker": sharing.WEAKER[bed], "policies": {}})
+                entry["policies"][policy] = {"seeds": list(range(seeds)), "llama-char": cell(*llama, saving),
+                                             "qwen-bpe": cell(*qwen, saving)}  # fmt: skip
+        return {"beds": beds}
+
+    # demo's weaker agent is the Llama, gap's the Qwen2
+    table = {
+        "correct": {"demo": (up, level, -0.10), "gap": (level, level, -0.10)},  # beats on demo: better
+        "learner_fails": {"demo": (level, level, -0.30), "gap": (level, level, -0.25)},  # cheaper equal
+        "top_k": {"demo": (level, level, -0.40), "gap": (level, level, -0.199)},  # 19.9 % on gap: not enough
+        "adaptive": {"demo": (level, level, -0.40), "gap": (level, up, -0.40)},  # beats on gap: better too
+    }
+    answer = sharing.readme_answer(result(table))
+    assert answer["status"] == "better" and answer["better"] == ["adaptive", "correct"]
+    assert answer["cheaper_equal"] == ["learner_fails"]
+    assert answer["per_policy"]["adaptive"]["beats_on"] == ["gap"]
+    assert not answer["per_policy"]["top_k"]["cheaper_equal"]
+    assert "Recommended over `all`: `adaptive`, `correct`" in "\n".join(sharing.answer_lines(answer))
+
+    # a win on demo for the Llama, a loss on gap for the Llama (the stronger agent there): not better, not equal
+    table["correct"]["gap"] = (down, level, -0.50)
+    table["adaptive"]["gap"] = (level, level, -0.45)  # now a cheaper equal with the larger saving
+    answer = sharing.readme_answer(result(table))
+    assert answer["status"] == "cheaper_equal" and answer["better"] == []
+    assert answer["per_policy"]["correct"]["loses_on"] == ["gap/llama-char"]
+    assert answer["cheaper_equal"] == ["adaptive", "learner_fails"]  # mean savings -42.5 % before -27.5 %
+
+    # the stronger agent's win is a secondary: it makes the policy neither better nor level
+    table = {p: {"demo": (level, level, -0.5), "gap": (level, level, -0.1)} for p in ("correct", "top_k")}
+    table["correct"]["gap"] = (up, level, -0.5)
+    answer = sharing.readme_answer(result(table))
+    assert answer["status"] == "keep_all" and answer["per_policy"]["correct"]["readings"]["gap/llama-char"] == "beats"
+    text = "\n".join(sharing.answer_lines(answer))
+    assert "Keep `all`" in text and "`correct` beats `all` for the stronger agent (gap/llama-char)" in text
+    assert "| demo/llama-char * | demo/qwen-bpe | gap/llama-char | gap/qwen-bpe * |" in text
+
+    # four seeds of one policy on one bed: no answer yet, and the shortfall is named
+    short = result(table)
+    short["beds"]["gap"]["policies"]["top_k"]["seeds"] = [0, 1, 2, 3]
+    answer = sharing.readme_answer(short)
+    assert answer["status"] == "incomplete" and answer["missing"] == ["gap/top_k (4 seeds)"]
+    assert "short: gap/top_k (4 seeds)." in "\n".join(sharing.answer_lines(answer))
+
+
 def test_round4_reruns_a_busy_run_and_keeps_the_rerun_only_if_it_repeats(tmp_path):
     """`sharing.py --rerun-busy`: a run that shared the machine is rerun; a rerun with the same evaluations replaces
     it (its seconds now count), one with other evaluations leaves the first summary and says so; quiet runs and
