@@ -191,14 +191,14 @@ def readme_answer(result: dict) -> dict:
     least 20 % of update seconds (the mean of `policy / all - 1`) for both agents on both beds, recommend it as the
     cheaper equal; else keep `all`. No answer until every policy has `SEEDS` seeds on both beds."""
     beds = result.get("beds", {})
-    policies = sorted({p for entry in beds.values() for p in entry["policies"]})
-    missing = [
-        f"{bed}/{policy} ({len(beds.get(bed, {}).get('policies', {}).get(policy, {}).get('seeds', []))} seeds)"
+    policies = sorted(p for p in POLICIES if p != "all")
+    seeds = {
+        (bed, p): len(beds.get(bed, {}).get("policies", {}).get(p, {}).get("seeds", []))
         for bed in BEDS
-        for policy in policies or list(POLICIES)
-        if policy != "all" and len(beds.get(bed, {}).get("policies", {}).get(policy, {}).get("seeds", [])) < SEEDS
-    ]
-    if missing or not policies:
+        for p in policies
+    }
+    missing = [f"{bed}/{p} ({n} seeds)" for (bed, p), n in seeds.items() if n < SEEDS]
+    if missing:
         return {"status": "incomplete", "missing": missing, "better": [], "cheaper_equal": [], "per_policy": {}}
     per_policy: dict = {}
     for policy in policies:

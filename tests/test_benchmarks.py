@@ -795,6 +795,8 @@ def test_round4_aggregate_pairs_each_policy_with_all_per_seed(tmp_path):
     text = (tmp_path / "evidence.md").read_text()
     assert "| `correct` | +2.1 [" in text and "- `correct` llama-char: s0: 60 (120), s1: 60 (120), s2: 60 (120)" in text
     assert "in at least 4 of 5 seeds: it fell in 2 of 3." in text
+    assert result["answer"]["status"] == "incomplete"  # 3 seeds of a few policies on one bed: the rule waits
+    assert "Not yet: the rule needs 5 seeds of every policy on both beds; short: demo/adaptive (3 seeds)" in text
 
 
 def test_round4_readme_answer_applies_the_pre_registered_rule():
@@ -844,7 +846,10 @@ def test_round4_readme_answer_applies_the_pre_registered_rule():
     assert answer["cheaper_equal"] == ["adaptive", "learner_fails"]  # mean savings -42.5 % before -27.5 %
 
     # the stronger agent's win is a secondary: it makes the policy neither better nor level
-    table = {p: {"demo": (level, level, -0.5), "gap": (level, level, -0.1)} for p in ("correct", "top_k")}
+    table = {
+        p: {"demo": (level, level, -0.5), "gap": (level, level, -0.1)}
+        for p in ("adaptive", "correct", "learner_fails", "top_k")
+    }
     table["correct"]["gap"] = (up, level, -0.5)
     answer = sharing.readme_answer(result(table))
     assert answer["status"] == "keep_all" and answer["per_policy"]["correct"]["readings"]["gap/llama-char"] == "beats"

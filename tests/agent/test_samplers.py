@@ -501,9 +501,9 @@ def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions()
     """A 150k vocabulary: the full path's peak grows by rows x positions x vocabulary x 4 bytes (and as much again
     for the gradient); the chunked path's stays within a few chunks' logits. Peaks in MiB, each measured in a fresh
     fork of one probe process (the parent only imports: no allocator or thread pool carries over). The chunked
-    path's peak varies from fork to fork by up to about one chunk's transients (~100 MiB here: the recomputed logits,
-    their softmax and gradient), so each chunked probe is the least of three forks and is compared over 32 -> 640
-    positions, where keeping the logits would add 1.4 GiB."""
+    path's peak varies from fork to fork (measured: 211-320 MiB at 32 positions, 286-358 at 320; a chunk's logits are
+    37 MiB), so each chunked probe is the least of three forks and is compared over 32 -> 640 positions, where
+    keeping the logits would add 1.4 GiB."""
     probes = ["32:full", "320:full", *["32:64"] * 3, *["640:64"] * 3, "640:auto"]
     out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, *probes], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
