@@ -362,6 +362,7 @@ class Grid:
             self.config_path(bed),
             [*common, *overrides, f"trainer.seed={seed}", f"trainer.output_dir={work}", *extra],
         )
+        wait_while_held(self.out)  # again: building a seed's warm-starts takes minutes, and a hold may come meanwhile
         print(f"== {bed} {method} seed {seed}: {config.trainer.steps} steps", flush=True)
         start, load = time.perf_counter(), Load()
         Trainer(config).train()
@@ -462,8 +463,9 @@ def _boot_id() -> str | None:
 
 def wait_while_held(out: Path, poll: float = 5.0) -> None:
     """Between runs, wait as long as `<out>/HOLD` exists: `touch` it to have the machine quiet for other work
-    (a benchmark, the tests) without spoiling a run's wall time, remove it to go on. A run in progress finishes
-    first; a pause inside a run (SIGSTOP) would count in its seconds."""
+    (a benchmark, the tests) without spoiling a run's wall time, remove it to go on. Checked before each run and
+    again after a seed's warm-starts are built (untimed, minutes), just before the timed training starts. A run in
+    progress finishes first; a pause inside a run (SIGSTOP) would count in its seconds."""
     hold = out / "HOLD"
     if hold.exists():
         print(f"== held: {hold} exists; the grid goes on when it is removed", flush=True)

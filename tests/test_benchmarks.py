@@ -281,6 +281,38 @@ def test_evidence_grid_waits_between_runs_while_held(tmp_path):
     assert time.perf_counter() - start >= 0.25 and not (tmp_path / "HOLD").exists()
 
 
+def test_a_hold_that_comes_while_the_warm_starts_build_holds_the_timed_run(tmp_path, monkeypatch):
+    """A seed's first run builds its warm-starts (minutes) after the between-runs check; a hold touched meanwhile
+    still holds the training, whose seconds are the run's time (round 4's gap seed 4 once started busy so)."""
+    import threading
+
+    import hacrl.driver.trainer as trainer_module
+
+    evidence = _load_evidence()
+    grid = evidence.Grid(tmp_path, smoke=True, table=lambda bed: {"plain": []})
+    hold = tmp_path / "HOLD"
+
+    def warm_starts(bed, seed):  # the hold comes while the warm-starts build; it is lifted 0.3 s later
+        hold.touch()
+        threading.Timer(0.3, hold.unlink).start()
+        return []
+
+    class Started(Exception):
+        pass
+
+    class Trainer:
+        def __init__(self, config):
+            raise Started(hold.exists())
+
+    waited = evidence.wait_while_held
+    monkeypatch.setattr(evidence, "wait_while_held", lambda out: waited(out, poll=0.01))
+    monkeypatch.setattr(grid, "overrides", warm_starts)
+    monkeypatch.setattr(trainer_module, "Trainer", Trainer)
+    with pytest.raises(Started) as started:
+        grid.run("demo", "plain", 0)
+    assert started.value.args == (False,)  # training began only once the hold was lifted
+
+
 def test_a_timed_run_waits_for_a_quiet_machine_while_an_ablation_uses_the_busy_time(monkeypatch):
     """Round 3's order within a seed: on a quiet machine the next pending method; on a busy one the first ablation
     (accuracy only) instead; with only timed methods left, it waits until the machine is quiet."""
