@@ -44,6 +44,18 @@ def test_the_defects_of_issue_42_by_name(verifier):
     assert got == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
 
 
+def test_the_responses_where_round4_parted_from_round3(verifier):
+    """The five rewards in which round 4's gap runs first differ from round 3's (seeds 0-4 in order; analysis.md,
+    round 4): a bare last line with a comma before one or two digits reads as a decimal comma, as math-verify reads
+    plain text. Round 3's verifier wrapped it in `$...$`, which math-verify reads as a list: `3,03` became {3} (a false
+    positive for 3) and `88,0` the pair (88, 0) (a false negative for 88)."""
+    cases = [("3,03", "3", 0.0), ("3,03", "3", 0.0), ("-6,-7,0\n34,0", "34", 1.0), ("1,6,1,5\n51,0", "51", 1.0),
+             ("-2,-2,0\n88,0", "88", 1.0)]  # fmt: skip
+    texts, golds, expected = zip(*cases, strict=True)
+    assert verifier(["q"] * 5, list(texts), list(golds)) == list(expected)
+    assert verifier(["q"] * 2, ["7\n88,5", "1,000"], ["88", "1"]) == [0.0, 0.0]  # 88.5; thousands, not 1.0
+
+
 @pytest.mark.parametrize(
     ("text", "answer", "boxed"),
     [
