@@ -284,7 +284,11 @@ def markdown(result: dict) -> str:
         repro = entry["all_reproduces"]
         if repro:
             same = [s for s, ok in repro.items() if ok]
-            why = " (why not: analysis.md, round 4's status)" if len(same) < len(repro) else ""
+            why = (
+                ' (why not: analysis.md, "Round 4: analysis", on `all` and the verifier)'
+                if len(same) < len(repro)
+                else ""
+            )
             lines.append(f"`all` reproduces the committed {EARLIER[bed]} run's every evaluation in seeds {same} of "
                          f"{sorted(repro)}{why}.")  # fmt: skip
             lines.append("")
