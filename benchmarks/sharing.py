@@ -125,10 +125,7 @@ def aggregate(out: Path, ev) -> dict:
                 final = {s: (by_seed[s]["agents"][agent], base[s]["agents"][agent]) for s in seeds}
                 diffs = [100 * (mine["final_accuracy"] - theirs["final_accuracy"]) for mine, theirs in final.values()]
                 ci = ev.paired_ci(diffs) if seeds else {}
-                lo, hi = ci.get("lo"), ci.get("hi")
-                verdict = None
-                if len(seeds) >= 2 and lo is not None and hi is not None:
-                    verdict = "beats" if lo > 0 else "loses" if hi < 0 else "level"
+                verdict = _reading(ci) if len(seeds) >= 2 else None
                 ratios = []
                 for s in seeds:
                     mine = _median_curve(by_seed[s]["agents"][agent], "time/update")

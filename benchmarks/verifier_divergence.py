@@ -35,6 +35,18 @@ def round3_verifier(scratch: Path):
     return module.math_reward()
 
 
+def rescore(calls: list[tuple[list[str], list[str], list[float]]], old) -> list[dict]:
+    """Each recorded scoring call (completions, gold answers, today's rewards) scored again with `old`: the rows
+    whose rewards differ."""
+    found = []
+    for call, (texts, answers, rewards) in enumerate(calls):
+        again = old([""] * len(texts), texts, answers)
+        for row, (text, answer, new, was) in enumerate(zip(texts, answers, rewards, again, strict=True)):
+            if new != was:
+                found.append({"call": call, "row": row, "answer": answer, "text": text, "today": new, "round3": was})
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, required=True)
@@ -60,20 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     scoring.Scorer.score = recording
-    with tempfile.TemporaryDirectory() as scratch:
-        old = round3_verifier(Path(scratch))
-        rc = hacrl(["train", str(config), f"trainer.steps={args.steps}", f"trainer.output_dir={scratch}/run"])
-        if rc:
-            return rc
-        found = []
-        for call, (texts, answers, rewards) in enumerate(calls):
-            for row, (text, answer, new, was) in enumerate(
-                zip(texts, answers, rewards, old([""] * len(texts), texts, answers), strict=True)
-            ):
-                if new != was:
-                    found.append(
-                        {"call": call, "row": row, "answer": answer, "text": text, "today": new, "round3": was}
-                    )
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            old = round3_verifier(Path(scratch))
+            rc = hacrl(["train", str(config), f"trainer.steps={args.steps}", f"trainer.output_dir={scratch}/run"])
+            if rc:
+                return rc
+            found = rescore(calls, old)
+    finally:
+        scoring.Scorer.score = score
     print(f"{len(calls)} scoring calls, {sum(len(c[0]) for c in calls)} completions, {len(found)} scored differently")
     print(json.dumps(found, indent=1))
     if args.out:

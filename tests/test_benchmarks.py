@@ -897,6 +897,28 @@ def test_round4_readme_answer_applies_the_pre_registered_rule():
     assert "short: gap/top_k (4 seeds)." in "\n".join(sharing.answer_lines(answer))
 
 
+def test_verifier_divergence_finds_the_rows_round3_s_verifier_scored_otherwise(tmp_path):
+    """`benchmarks/verifier_divergence.py`: round 3's verifier, loaded from git, and today's score the recorded gap
+    completions; `rescore` lists exactly the rows they score differently (`3,03` for 3 both ways, `88,0` for 88)."""
+    import subprocess
+
+    from hacrl.tasks.rewards import math_reward
+
+    if subprocess.run(["git", "cat-file", "-e", "79cbd64"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("round 3's verifier needs the repository's history (commit 79cbd64)")
+    spec = importlib.util.spec_from_file_location("verifier_divergence", ROOT / "benchmarks" / "verifier_divergence.py")
+    divergence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(divergence)
+    old, today = divergence.round3_verifier(tmp_path), math_reward(timeout=5)
+    calls = []
+    for texts, golds in [(["3,03", "3", "4"], ["3", "3", "3"]), (["-2,-2,0\n88,0", "87"], ["88", "88"])]:
+        calls.append((texts, golds, today([""] * len(texts), texts, golds)))
+    assert divergence.rescore(calls, old) == [
+        {"call": 0, "row": 0, "answer": "3", "text": "3,03", "today": 0.0, "round3": 1.0},
+        {"call": 1, "row": 0, "answer": "88", "text": "-2,-2,0\n88,0", "today": 1.0, "round3": 0.0},
+    ]
+
+
 def test_round4_reruns_a_busy_run_and_keeps_the_rerun_only_if_it_repeats(tmp_path):
     """`sharing.py --rerun-busy`: a run that shared the machine is rerun; a rerun with the same evaluations replaces
     it (its seconds now count), one with other evaluations leaves the first summary and says so; quiet runs and
