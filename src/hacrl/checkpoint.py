@@ -20,9 +20,10 @@ Rules:
    size (and its SHA-256 when `checkpoint.verify_digests`), each safetensors header and optimizer archive
    readable. A damaged newest checkpoint is renamed `step_N.damaged` (kept for inspection) and resume falls back
    to the newest good one, saying so; an explicitly named checkpoint is never replaced by another.
-3. Loading never unpickles code: safetensors, `torch.load(weights_only=True)`, and a sharded optimizer's
-   `.metadata` (a pickle written by torch.distributed.checkpoint) through an unpickler that admits only its own
-   record classes (`read_sharded_metadata`).
+3. Loading never runs code from a file (the rule and every loader: docs/reliability.md, "Files hacrl did not
+   write"): safetensors, `torch.load(weights_only=True)`, and a sharded optimizer's `.metadata` (a pickle written by
+   torch.distributed.checkpoint) through an unpickler that admits only its own record classes, rebuilt as tensor
+   records stored in the directory's own shards (`read_sharded_metadata`), read with a planner that refuses bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 
 from hacrl import faults
-from hacrl.errors import CheckpointError, first_line
+from hacrl.errors import CheckpointError, clip, first_line
 from hacrl.files import sha256_of
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -207,9 +208,20 @@ _SHARDED_METADATA_CLASSES = {
 }  # fmt: skip
 
 
+_SHARD_FILE = re.compile(r"^__\d{1,6}_\d{1,6}\.distcp$")
+"""The only files a sharded optimizer's records may point at: the shards torch.distributed.checkpoint writes."""
+
+
 def read_sharded_metadata(directory: str | Path):
-    """The `.metadata` of a torch.distributed.checkpoint directory, unpickled with only its own record classes
-    (and torch.Size / dtypes) admitted: a file that names anything else is refused, never run."""
+    """The `.metadata` of a torch.distributed.checkpoint directory, as plain data that can only describe tensors.
+
+    It is unpickled with only its own record classes (and torch.Size / dtypes) admitted: a file that names anything
+    else is refused, never run. Then a new `Metadata` is built from what the file holds, field by field, with every
+    type checked: a record that is not a tensor's (a bytes record, which torch's load planner would hand to
+    `torch.load(weights_only=False)`), a shard path that is not a plain `__<rank>_<n>.distcp` file of this directory,
+    a transform (compression, an extension) or an attribute planted on a record (pickle can set any) are refused
+    with a CheckpointError, or dropped: nothing of the file but numbers, dtypes, names and shard file names
+    reaches torch."""
     import pickle
 
     class _Records(pickle.Unpickler):
@@ -221,17 +233,113 @@ def read_sharded_metadata(directory: str | Path):
             raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
     with open(Path(directory) / ".metadata", "rb") as f:
-        return _Records(f).load()
+        return _plain_sharded_metadata(_Records(f).load())
+
+
+def _plain_sharded_metadata(loaded: Any):
+    """A new Metadata holding only the tensor records of `loaded` (an unpickled `.metadata`), each field
+    type-checked; CheckpointError naming the first record that is anything else."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"its .metadata {what}; it was not written by hacrl (or was changed since)")
+
+    def size(value: Any, what: str) -> torch.Size:
+        if type(value) is not torch.Size or len(value) > 64 or any(type(n) is not int or n < 0 for n in value):
+            raise bad(f"gives {what} as {type(value).__name__}, not a shape")
+        return torch.Size(value)
+
+    def count(value: Any, what: str) -> int:
+        if type(value) is not int or value < 0:
+            raise bad(f"gives {what} as {clip(repr(value))}, not a count")
+        return value
+
+    if type(loaded) is not Metadata or type(loaded.state_dict_metadata) is not dict:
+        raise bad(f"holds a {type(loaded).__name__}, not a checkpoint's Metadata")
+    tensors = {}
+    for fqn, record in loaded.state_dict_metadata.items():
+        if type(fqn) is not str:
+            raise bad(f"names a record {clip(repr(fqn))}, not a string")
+        if type(record) is not TensorStorageMetadata:
+            raise bad(f"describes {fqn!r} as a {type(record).__name__}: an optimizer checkpoint holds tensors only")
+        dtype = getattr(record.properties, "dtype", None)
+        if type(record.properties) is not TensorProperties or not isinstance(dtype, torch.dtype):
+            raise bad(f"gives {fqn!r} no dtype")
+        if type(record.chunks) is not list:
+            raise bad(f"gives {fqn!r} no list of chunks")
+        chunks = [ChunkStorageMetadata(offsets=size(getattr(c, "offsets", None), f"{fqn!r}'s chunk offsets"),
+                                       sizes=size(getattr(c, "sizes", None), f"{fqn!r}'s chunk sizes"))
+                  for c in record.chunks]  # fmt: skip
+        if any(type(c) is not ChunkStorageMetadata for c in record.chunks):
+            raise bad(f"gives {fqn!r} a chunk that is not a chunk record")
+        tensors[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), size(record.size, f"{fqn!r}'s size"),
+                                             chunks)  # fmt: skip
+    if type(loaded.storage_data) is not dict:
+        raise bad("has no table of where each tensor is stored")
+    storage = {}
+    for index, info in loaded.storage_data.items():
+        if type(index) is not MetadataIndex or type(index.fqn) is not str or index.fqn not in tensors:
+            raise bad(f"stores data for {clip(repr(getattr(index, 'fqn', index)))}, which it describes as no tensor")
+        offset = None if index.offset is None else size(index.offset, f"{index.fqn!r}'s offset")
+        key = MetadataIndex(fqn=index.fqn, offset=offset, index=None if index.index is None else
+                            count(index.index, f"{index.fqn!r}'s index"))  # fmt: skip
+        if type(info) is not _StorageInfo:
+            raise bad(f"stores {index.fqn!r} in a {type(info).__name__}, not a shard's record")
+        path = info.relative_path
+        if type(path) is not str or not _SHARD_FILE.match(path):
+            raise bad(f"stores {index.fqn!r} in {clip(repr(path))}, not a shard file of this directory "
+                      "(__<rank>_<n>.distcp)")  # fmt: skip
+        if getattr(info, "transform_descriptors", None):
+            raise bad(f"asks for transforms {clip(repr(info.transform_descriptors))} of {index.fqn!r}'s bytes "
+                      "(hacrl writes none)")  # fmt: skip
+        storage[key] = _StorageInfo(path, count(info.offset, "an offset"), count(info.length, "a length"))
+    return Metadata(state_dict_metadata=tensors, planner_data=None, storage_data=storage)
 
 
 def _sharded_problem(directory: Path) -> str | None:
     try:
         metadata = read_sharded_metadata(directory)
-        files = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    except CheckpointError as e:
+        return str(e)
     except Exception as e:  # noqa: BLE001 - any failure to read it is the problem we report
-        return f"its .metadata cannot be read ({type(e).__name__}: {first_line(e, 120)})"
+        return f"its .metadata cannot be read ({type(e).__name__}: {first_line(e, 160)})"
+    files: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
     missing = sorted(f for f in files if not (directory / f).is_file())
-    return f"{', '.join(missing)} missing" if missing else None
+    if missing:
+        return f"{', '.join(missing)} missing"
+    for name, end in sorted(files.items()):
+        problem = _shard_problem(directory / name, end, metadata)
+        if problem:
+            return f"{name}: {problem}"
+    return None
+
+
+def _shard_problem(path: Path, end: int, metadata) -> str | None:
+    """A shard file shorter than its records say, or a record whose bytes are not a torch archive (checked at both
+    ends of each record, without reading the tensors: a cut-off or overwritten shard, found with digests off)."""
+    size = path.stat().st_size
+    if size < end:
+        return f"{size} bytes where its records reach byte {end} (cut off?)"
+    with open(path, "rb") as f:
+        for index, info in metadata.storage_data.items():
+            if info.relative_path != path.name:
+                continue
+            f.seek(info.offset)
+            head = f.read(4)
+            f.seek(info.offset + max(info.length - 22, 0))
+            tail = f.read(22)
+            if head != b"PK\x03\x04" or b"PK\x05\x06" not in tail:  # a zip archive: torch.save's format
+                return f"the bytes of {index.fqn!r} are not a saved tensor (damaged?)"
+    return None
 
 
 def _safetensors_problem(path: Path) -> str | None:

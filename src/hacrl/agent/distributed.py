@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
+from hacrl.errors import CheckpointError, first_line
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,18 @@ def load_optimizer_tensors(
         raise KeyError(f"the checkpoint holds optimizer state for parameters this model lacks: {missing[:3]}")
     with warnings.catch_warnings():  # one process (a single-device agent) reads a group's shards: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(template, storage_reader=_safe_reader(directory))
+        try:
+            dcp.load(template, storage_reader=_safe_reader(directory), planner=_tensors_only_planner())
+        except BaseException as e:  # CheckpointException derives from BaseException: one clear error naming the file
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            cause = next(iter(getattr(e, "failures", {}).values()), (e, None))[0]  # the rank's own error
+            if isinstance(cause, CheckpointError):
+                raise CheckpointError(f"{directory}: {cause}") from None
+            raise CheckpointError(
+                f"{directory}: the sharded optimizer state cannot be read ({type(cause).__name__}: "
+                f"{first_line(cause, 300)}); resume from another checkpoint (checkpoint.resume=<its directory>)"
+            ) from None
     for name, p in zip(names, params, strict=True):
         keys = [k for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}/{k}" in template]
         state = {k: template[f"{name}/{k}"] for k in keys}
@@ -239,6 +251,20 @@ def load_full_optimizer(optimizer, params: list[torch.Tensor], state_file: Path,
                                                shape=p.shape, stride=p.stride())  # fmt: skip
             state[key] = value
         optimizer.state[p] = state
+
+
+def _tensors_only_planner():
+    """torch's default load planner, except that a bytes record is refused: its default hands the bytes to
+    `torch.load(weights_only=False)`, which runs whatever they name (`read_sharded_metadata` admits no bytes
+    records; this is the second lock)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:
+            raise CheckpointError(f"{read_item.dest_index.fqn!r} is stored as bytes: an optimizer checkpoint holds "
+                                  "tensors only, and hacrl never unpickles bytes from a file")  # fmt: skip
+
+    return TensorsOnly()
 
 
 def _safe_reader(directory: Path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
-from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, require_model_dir
+from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, refuse_model_code, require_model_dir
 from hacrl.config.settings import AgentSettings
 from hacrl.errors import ModelError
 
@@ -41,11 +41,12 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
             "tokenizer into that directory (tokenizer.save_pretrained) or point the agent's `tokenizer` key at the "
             "directory that holds it"
         )
+    refuse_model_code(path, key)
     try:
         if (path / "tokenizer.json").is_file():
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs the path and the cause
         raise ModelError(f"{key}: cannot load the tokenizer in {str(path)!r}: {type(e).__name__}: {e}") from e
     if tokenizer.eos_token_id is None:
@@ -141,7 +142,9 @@ def _load_model(path: str | Path, cfg: AgentConfig, index: int, *, dtype: torch.
 
     model_dir = require_model_dir(path, f"agents.{index}.model")
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or DTYPES[cfg.dtype], local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype or DTYPES[cfg.dtype], local_files_only=True, trust_remote_code=False
+        )
     except Exception as e:  # noqa: BLE001 - a damaged or foreign directory: name it and the cause
         raise ModelError(
             f"agents.{index}.model: cannot load the model in {str(model_dir)!r}: {type(e).__name__}: "

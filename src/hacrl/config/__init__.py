@@ -13,7 +13,7 @@ from the marks here.
 """
 
 from hacrl.config.docs import describe, field_docs
-from hacrl.config.loading import RENAMED, config_to_yaml, load_config, save_config
+from hacrl.config.loading import RENAMED, config_to_yaml, load_config, load_yaml, save_config
 from hacrl.config.schema import (
     GROUPS,
     NOT_EXACT,
@@ -35,6 +35,7 @@ from hacrl.config.schema import (
     TrainConfig,
     TrainerConfig,
     WandbConfig,
+    refuse_model_code,
     require_model_dir,
 )
 from hacrl.config.validation import validate
@@ -67,6 +68,8 @@ __all__ = [
     "describe",
     "field_docs",
     "load_config",
+    "load_yaml",
+    "refuse_model_code",
     "require_model_dir",
     "save_config",
     "validate",

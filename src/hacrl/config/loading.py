@@ -40,7 +40,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def merge_sources(root: type, path: str | Path | None, overrides: Sequence[str]):
     """The OmegaConf tree of dataclass `root`: its defaults < the YAML file < `dotted.key=value` overrides, with the
-    guards of `_load_yaml`, renamed keys refused and list indexes checked (shared by `load_config` and the control
+    guards of `load_yaml`, renamed keys refused and list indexes checked (shared by `load_config` and the control
     trainer's loader). Raises ConfigError or OmegaConf's errors (the callers name them)."""
     from omegaconf import OmegaConf
 
@@ -49,7 +49,7 @@ def merge_sources(root: type, path: str | Path | None, overrides: Sequence[str])
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
+        loaded = load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of config groups")
         data = loaded.get("data")
@@ -61,7 +61,7 @@ def merge_sources(root: type, path: str | Path | None, overrides: Sequence[str])
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.steps=10)")
         _refuse_renamed([key], f"override {item!r}")
         _check_list_index(cfg, key)
-        parsed = _load_yaml(value, f"override {item!r}")
+        parsed = load_yaml(value, f"override {item!r}")
         # a dict value replaces a dict-valued key ({} clears it); config groups are merged key by key
         target = OmegaConf.select(cfg, key, default=None)
         replace = isinstance(parsed, dict) and target is not None and OmegaConf.get_type(target) is dict
@@ -102,8 +102,9 @@ billions, and OmegaConf expands it)."""
 _INTERPOLATION = re.compile(r"(?<!\\)\$\{")
 
 
-def _load_yaml(text: str, where: str) -> Any:
-    """YAML text as Python data, refusing what would hang or leak later: aliases that refer to themselves or expand
+def load_yaml(text: str, where: str) -> Any:
+    """YAML text as plain Python data (yaml's SafeLoader: a `!!python` tag or any other tag that names code is a
+    ConfigError, never constructed), refusing what would hang or leak later: aliases that refer to themselves or expand
     past MAX_YAML_NODES, and OmegaConf interpolations (`${oc.env:TOKEN}` would be resolved and written, secret and
     all, into config.yaml and every checkpoint)."""
     import yaml

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from hacrl.core.params import AlgorithmParams
-from hacrl.errors import ConfigError, ModelError
+from hacrl.errors import ConfigError, ModelError, clip
 
 MAX_AGENT_NAME = 64
 """Agent names are path components (checkpoints/step_N/agents/<name>, <name>.tmp files): far below any file
@@ -65,8 +65,8 @@ class LoraConfig:
 
 
 def require_model_dir(model: str | Path, key: str) -> Path:
-    """`model` as a local Hugging Face model directory (one with config.json), or a ModelError that names the config
-    key and the fix: hacrl loads local directories only and never downloads."""
+    """`model` as a local Hugging Face model directory (one with config.json) that ships no code to run, or a
+    ModelError that names the config key and the fix: hacrl loads local directories only and never downloads."""
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         what = "holds no config.json" if path.is_dir() else "does not exist"
@@ -75,7 +75,48 @@ def require_model_dir(model: str | Path, key: str) -> Path:
             f"only and never downloads: point {key} at a local copy (the paper presets ship placeholder paths: "
             f"`{key}=/models/<name>` on the command line)"
         )
+    refuse_model_code(path, key)
     return path
+
+
+CODE_FILES = ("config.json", "tokenizer_config.json")
+"""The files of a model directory whose `auto_map` would make transformers import Python shipped beside them."""
+
+
+def refuse_model_code(directory: str | Path, key: str) -> None:
+    """ModelError when a model or tokenizer directory asks to run its own Python (`auto_map` in config.json or
+    tokenizer_config.json: transformers would import the module it names, or ask "run the custom code? [y/N]").
+
+    hacrl never runs code from a model, tokenizer or checkpoint directory, and every load also passes
+    `trust_remote_code=False`; there is no opt-in. A model whose architecture transformers has (its `model_type`)
+    loads with transformers' own class once `auto_map` is deleted from the file."""
+    import json
+
+    for name in CODE_FILES:
+        file = Path(directory) / name
+        if not file.is_file():
+            continue
+        try:
+            data = json.loads(file.read_bytes()[: 1 << 24])
+        except (OSError, ValueError):
+            continue  # unreadable: the load itself names the problem, and runs nothing
+        if isinstance(data, dict) and data.get("auto_map"):
+            native = data.get("model_type") if name == "config.json" else None
+            if native is not None:
+                from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+                native = native if native in CONFIG_MAPPING_NAMES else None
+            fix = (
+                f"If transformers' own {native!r} class is the architecture, delete the auto_map entry from {name} "
+                "and it loads with that class. "
+                if native
+                else ""
+            )
+            raise ModelError(
+                f"{key}: {file} asks to run Python shipped with the model (auto_map: "
+                f"{clip(json.dumps(data['auto_map']), 120)}); hacrl never runs code from a model, tokenizer or "
+                f"checkpoint directory. {fix}A model that needs its own code cannot be trained with hacrl."
+            )
 
 
 @dataclass

@@ -34,7 +34,7 @@ from hacrl.control.policies import ARCHITECTURES, step_logprobs
 from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.resume import ResumePlan, _choose_checkpoint
+from hacrl.driver.resume import ResumePlan, _choose_checkpoint, saved_config
 from hacrl.driver.runloop import RunLoop
 from hacrl.errors import CheckpointError
 
@@ -283,11 +283,7 @@ class ControlTrainer(RunLoop):
         self.step = state["step"]
 
     def _check_settings(self, checkpoint: Path) -> None:
-        import yaml
-
-        saved = (
-            yaml.safe_load((checkpoint / "config.yaml").read_text()) if (checkpoint / "config.yaml").is_file() else {}
-        )
+        saved = saved_config(checkpoint) if (checkpoint / "config.yaml").is_file() else {}
         now = asdict(self.config)
         changed = [
             f"{key}: {old!r} -> {new!r}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.checkpoint import agent_weights_dir, latest_checkpoint, read_checkpoint_state, resume_point
-from hacrl.config import GROUPS, RENAMED, AgentConfig, TrainConfig
+from hacrl.config import GROUPS, RENAMED, AgentConfig, ConfigError, TrainConfig, load_yaml
 from hacrl.config.docs import default_of
 from hacrl.driver.rundir import last_logged_step, trim_metrics
 from hacrl.errors import CheckpointError, RunDirError, warn
@@ -110,16 +110,30 @@ def _choose_checkpoint(config: TrainConfig, run_dir: Path, resume: str, notice: 
     return checkpoint, False
 
 
-def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> None:
-    import yaml
-
+def saved_config(checkpoint: Path) -> dict[str, Any]:
+    """The settings a checkpoint was trained with (its config.yaml), as plain data read by the config loader
+    (`load_yaml`: no tags that name code, no alias bombs, no interpolation); a CheckpointError names the file."""
     saved = checkpoint / "config.yaml"
     if not saved.is_file():
         raise CheckpointError(
             f"{checkpoint} has no config.yaml (every checkpoint hacrl writes holds the run's config), so the settings "
             "it was trained with are unknown: resume from another checkpoint (checkpoint.resume=<its directory>)"
         )
-    refused, not_exact = resume_differences(yaml.safe_load(saved.read_text()) or {}, config)
+    try:
+        data = load_yaml(saved.read_text(encoding="utf-8", errors="replace"), str(saved))
+    except ConfigError as e:
+        raise CheckpointError(f"{e}. hacrl writes plain YAML there: resume from another checkpoint "
+                              "(checkpoint.resume=<its directory>)") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise CheckpointError(
+            f"{saved} holds a {type(data).__name__}, not the run's config (a mapping of config groups): resume from "
+            "another checkpoint (checkpoint.resume=<its directory>)"
+        )
+    return data
+
+
+def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> None:
+    refused, not_exact = resume_differences(saved_config(checkpoint), config)
     if refused and config.checkpoint.strict_resume:
         raise CheckpointError(
             f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "

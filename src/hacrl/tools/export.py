@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from hacrl.checkpoint import adapter_base
+from hacrl.config import refuse_model_code, require_model_dir
 from hacrl.errors import CheckpointError, ModelError
 
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,7 +55,9 @@ def merged_model(directory: str | Path, dtype: str = "auto"):
             f"{directory}: the adapters' base model {base!r} is not a local model directory; the base a LoRA "
             "agent trained on must stay where the run found it (agents.<i>.model)"
         )
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=_torch_dtype(dtype))
+    require_model_dir(base, "the adapters' base model")
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=_torch_dtype(dtype),
+                                                 trust_remote_code=False)  # fmt: skip
     return PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
 
 
@@ -85,6 +88,7 @@ def export_agent(
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{str(out)!r} exists and is not empty: choose a new directory")
     lora = adapter_base(source) is not None
+    refuse_model_code(source, f"agent {agent!r} of {checkpoint}")
     if adapters_only and not lora:
         raise CheckpointError(f"agent {agent!r} was fully fine-tuned: it has no adapters; export it without "
                               "--adapters-only")  # fmt: skip
@@ -100,7 +104,8 @@ def export_agent(
             return out
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target))
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target),
+                                                     trust_remote_code=False)  # fmt: skip
     else:
         model = merged_model(source, dtype)
     tmp = out.with_name(out.name + ".tmp-export")

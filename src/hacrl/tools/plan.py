@@ -122,7 +122,7 @@ def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it
         raise ModelError(f"{str(model_dir)!r}: cannot read the model's config.json ({type(e).__name__}: {e})") from e
     _check_sizes(model_dir, config)
