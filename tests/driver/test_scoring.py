@@ -150,7 +150,9 @@ def test_scorer_processes_have_a_memory_limit():
     scorer = Scorer(f"{FIX}:digits", ScoringConfig(memory_mb=512), builtin=False).start()
     try:
         scorer.score(["p"], ["1"], {})
-        pid = scorer._workers[0].process.pid
+        from hacrl.driver.scoring import _descendants
+
+        (pid,) = _descendants(scorer._workers[0].process.pid)  # the scoring process, below its keeper
         limits = open(f"/proc/{pid}/limits").read()
         line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
         assert str(512 * 1024 * 1024) in line
@@ -339,3 +341,95 @@ def test_a_detached_subprocess_of_a_reward_function_is_killed_too_and_does_not_i
         scorer.close()
         for pid in _processes_with(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+# -- a user's reward module is code from elsewhere: imported only in the scoring processes, bounded there ------------
+
+IMPORTS = {
+    "blocks": ("import time\ntime.sleep(600)\n", "did not finish importing reward function planted_rewards:f within "
+               "scoring.start_timeout=3s: its module blocks at import"),
+    "raises": ("raise RuntimeError('no GPU here')\n", "could not load reward function planted_rewards:f: RewardError: "
+               "scoring.function='planted_rewards:f': cannot import module 'planted_rewards' (RuntimeError: no GPU"),
+    "sys.exit": ("import sys\nsys.exit(0)\n", "its module called sys.exit(0) while being imported"),
+    "os._exit": ("import os\nos._exit(0)\n",
+                 "exited while importing reward function planted_rewards:f (exit status 0)"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("behaviour", list(IMPORTS))
+def test_a_reward_module_that_blocks_raises_or_exits_at_import_stops_the_run_naming_it(
+    behaviour, tiny_agents, tmp_path, monkeypatch, capsys
+):
+    """Issue 61, 6 and 21: the trainer imported `scoring.function` itself, unbounded: a module that blocked at import
+    hung `hacrl train` with no output, and one that called sys.exit(0) / os._exit(0) ended hacrl silently with that
+    code. Now only the scoring processes import it; the run waits for them before step 1, at most
+    `scoring.start_timeout`, and stops with one message naming the module. The module records who imported it."""
+    import sys
+    import time
+
+    from tests.conftest import fails_cleanly, pair_config
+
+    code, expected = IMPORTS[behaviour]
+    importers = tmp_path / "importers"
+    (tmp_path / "planted_rewards.py").write_text(
+        f"import os\nopen({str(importers)!r}, 'a').write(f'{{os.getpid()}}\\n')\n{code}"
+        "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = pair_config(tiny_agents, tmp_path, scoring={"function": "planted_rewards:f", "start_timeout": 3})
+    start = time.monotonic()
+    fails_cleanly(capsys, ["train", str(cfg)], "reward error:", expected)
+    assert time.monotonic() - start < 60
+    assert "planted_rewards" not in sys.modules
+    pids = {int(line) for line in importers.read_text().split()}
+    assert pids and os.getpid() not in pids  # imported, and never by the trainer
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def _sleeps(marker: str) -> list[int]:
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().split(b"\0")[:2] == [
+                b"sleep",
+                marker.encode(),
+            ]:
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_reward_functions_subprocesses_die_with_the_trainer_on_kill_9(tiny_agents, tmp_path):
+    """Issue 61, 19: a reward function's subprocesses (here detached: setsid, then a shell that exits) outlived a
+    trainer killed with SIGKILL: its scoring process died with it, and they were re-parented to init. Now the
+    scoring process's keeper, their subreaper, sees the trainer gone and kills them."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from tests import forked
+    from tests.conftest import pair_config
+
+    marker = f"{os.getpid() % 1000 + 9000}.5"
+    (tmp_path / "spawning_rewards.py").write_text(
+        "import subprocess\n"
+        "def f(prompts, completions, **kw):\n"
+        f"    subprocess.Popen(['sh', '-c', 'sleep {marker} &'], start_new_session=True).wait()\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    cfg = pair_config(tiny_agents, tmp_path, scoring={"function": "spawning_rewards:f"})
+    done = forked.hacrl(["train", str(cfg)], {"HACRL_FAULTS": "scoring:1"}, cwd=tmp_path)  # SIGKILL after scoring
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert Path(tmp_path / "run").is_dir()
+    deadline = time.monotonic() + 5
+    while _sleeps(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _sleeps(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} subprocess(es) of the reward function outlived the trainer"

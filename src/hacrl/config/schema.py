@@ -527,6 +527,9 @@ class ScoringConfig:
     null: no limit (needed when a reward function uses a GPU)."""
     max_answer_chars: int = 4096
     """Built-in scorers: an extracted answer longer than this scores 0 without being parsed."""
+    start_timeout: float = field(default=300.0, metadata=SAFE)
+    """Seconds a scoring process may take to import `function` (a reward model that loads at import counts here):
+    the run waits for it before step 1 and stops, naming the module, when the import hangs, raises or exits."""
 
     def check(self, where: str = "scoring") -> None:
         if self.function is not None and ":" not in self.function:
@@ -541,6 +544,8 @@ class ScoringConfig:
             raise ConfigError(f"{where}.memory_mb must be >= 256 or null (no limit), got {self.memory_mb}")
         if self.max_answer_chars < 1:
             raise ConfigError(f"{where}.max_answer_chars must be >= 1, got {self.max_answer_chars}")
+        if not self.start_timeout > 0:
+            raise ConfigError(f"{where}.start_timeout must be positive, got {self.start_timeout}")
 
 
 @dataclass

@@ -118,7 +118,7 @@ def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     examples = task.eval[: config.eval.max_prompts] if config.eval.max_prompts else task.eval
     if not examples:
         raise DataError("the eval split is empty: set data.eval_file (source: file) or data.eval_size")
-    scorer = scorer_for(task, config.scoring, r_max=config.algorithm.r_max).start()
+    scorer = scorer_for(task, config.scoring, r_max=config.algorithm.r_max).wait_ready()
     results = [
         {"agent": label, **by_split["eval"]}
         for label, by_split in _evaluate_saved(config, dirs, {"eval": examples}, scorer)

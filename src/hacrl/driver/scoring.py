@@ -19,11 +19,16 @@ never in the training process. The trainer sends a step's completions, waits, an
 - A built-in scorer that raises or crashes on some text scores that completion 0 (model output is untrusted; it
   is counted as `reward_errors`). A user function that raises, returns the wrong count or a value that is not a
   finite number in [0, r_max] stops the run with a message naming the function and the sample.
+- A user's reward module is imported only in the scoring processes, never in the trainer: `wait_ready` waits
+  for the import before step 1, at most `scoring.start_timeout` seconds, and a hang, an exception or an exit
+  (sys.exit, os._exit) at import stops the run naming the module.
 - Each scoring process has an address-space limit (`scoring.memory_mb`, or a lower one it inherited: `ulimit -v`),
   ignores SIGINT / SIGTERM (the trainer decides when it ends; its reward function's subprocesses do not inherit
-  that), dies with the trainer, even on `kill -9`, and runs in a process group of its own that is killed whole; a
-  reward function's own subprocesses go with it, also those that left the group (it is their subreaper, and every
-  process below it is killed). A process that died while idle is replaced before the next job is sent to it.
+  that) and runs below a keeper process (`_keep`) in a process group of its own that is killed whole. The keeper
+  is the subreaper of whatever the reward function starts, also what leaves the group (setsid, a double fork);
+  when the trainer dies, even by `kill -9`, the keeper kills everything below it within 0.1 s, and the kernel
+  kills the scoring process with its keeper. A process that died while idle is replaced before the next job is
+  sent to it.
 
 Results do not depend on the number of workers (each scores a contiguous slice, and the slices are put back in
 order), and they are what calling the function in-process would give, except for completions that time out.
@@ -46,7 +51,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, NoReturn
 
 from hacrl.config import ScoringConfig
 from hacrl.errors import RewardError, clip, warn
@@ -59,8 +64,6 @@ from hacrl.tasks.rewards import (
     validate_rewards,
 )
 
-STARTUP_TIMEOUT = 300.0
-"""Seconds a scoring process may take to start (import its reward function); it is not a scoring deadline."""
 SLICE_LIMIT = 30.0
 """Seconds a user function's call on a whole slice may take at most (else `reward_timeout` x the slice's size)."""
 HUNG_AFTER = 3
@@ -90,8 +93,8 @@ class Scorer:
         self.r_max = r_max
         self.builtin = builtin
         self._fn = fn
-        self._local = import_reward_function(fn) if isinstance(fn, str) else fn
-        self.name = reward_name(self._local) if not isinstance(fn, str) else fn
+        self._local = None if isinstance(fn, str) else fn  # a user's module is imported in the scoring processes only
+        self.name = fn if isinstance(fn, str) else reward_name(fn)
         self._payload = ("path", fn) if isinstance(fn, str) else ("pickle", pickle.dumps(fn))
         self._workers: list[_Worker | None] = [None] * max(1, settings.workers)
         self.total_timeouts = 0
@@ -107,6 +110,57 @@ class Scorer:
                 if worker is None:
                     self._workers[i] = _Worker(self._payload, self.settings.memory_mb)
         return self
+
+    def wait_ready(self) -> Scorer:
+        """Wait until every scoring process has imported its reward function, at most `scoring.start_timeout`
+        seconds: a RewardError naming the module when its import raises, exits or does not finish in time (a
+        run stops before step 1, not at its first scoring). Inline isolation imports it here, unbounded."""
+        if self.settings.isolation == "inline":
+            self._inline_function()
+            return self
+        self.start()
+        deadline = time.monotonic() + self.settings.start_timeout
+        waiting = [w for w in self._workers if not w.ready]
+        try:
+            while waiting:
+                ready = wait([w.conn for w in waiting], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise RewardError(self._start_problem("timeout", ""))
+                for worker in [w for w in waiting if w.conn in ready]:
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = ("died", worker.exit_description())
+                    if message[0] != "ready":
+                        raise RewardError(self._start_problem(*message))
+                    worker.ready = True
+                    waiting.remove(worker)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_problem(self, kind: str, detail: str) -> str:
+        if kind == "failed":
+            return f"the scoring process could not load reward function {self.name}: {detail}" + address_space_note(
+                self.settings.memory_mb
+            )
+        if kind == "died":
+            return (
+                f"the scoring process exited while importing reward function {self.name} ({detail}): its module "
+                "ends the process at import (os._exit, a crash in native code, the memory limit)"
+                + address_space_note(self.settings.memory_mb)
+            )
+        return (
+            f"the scoring process did not finish importing reward function {self.name} within "
+            f"scoring.start_timeout={self.settings.start_timeout:g}s: its module blocks at import (a model load, a "
+            "network call, a lock?). Make the import finish, or raise scoring.start_timeout if it is only slow"
+        )
+
+    def _inline_function(self) -> RewardFn:
+        if self._local is None:
+            self._local = import_reward_function(self._fn)
+        return self._local
 
     def score(self, prompts: Sequence[Any], completions: Sequence[str], columns: dict[str, Sequence[Any]]):
         """Rewards for `completions` (aligned with `prompts` and every column), with timeouts and errors noted."""
@@ -140,6 +194,7 @@ class Scorer:
 
     def _score_inline(self, prompts, completions, columns) -> ScoreResult:
         result = ScoreResult([0.0] * len(completions))
+        self._inline_function()
         if not self.builtin:
             raw = call_reward(self._local, prompts, completions, columns, name=self.name)
             result.rewards = validate_rewards(self.name, raw, completions, r_max=self.r_max)
@@ -180,9 +235,7 @@ class Scorer:
                         del jobs[w]
                 elif time.monotonic() >= self._deadline(w, job):
                     if job.phase == "starting":
-                        raise RewardError(
-                            f"the scoring process for {self.name} did not start within {STARTUP_TIMEOUT:.0f}s"
-                        )
+                        raise RewardError(self._start_problem("timeout", ""))
                     if job.mode == "batch":  # find the completions that hang, one at a time
                         self._restart(w)
                         job.mode, job.retried = "each", True
@@ -200,7 +253,7 @@ class Scorer:
 
     def _deadline(self, w: int, job: _Job) -> float:
         if job.phase == "starting":
-            return job.since + STARTUP_TIMEOUT
+            return job.since + self.settings.start_timeout
         per = self.settings.timeout
         return job.since + (self._slice_limit(len(job.indexes) - job.next) if job.mode == "batch" else per)
 
@@ -241,10 +294,7 @@ class Scorer:
             worker.conn.send(job.pending)
             return False
         if kind == "failed":  # the reward function could not be loaded in the scoring process
-            raise RewardError(
-                f"the scoring process could not load reward function {self.name}: {message[1]}"
-                + address_space_note(self.settings.memory_mb)
-            )
+            raise RewardError(self._start_problem(*message))
         if kind == "died" and job.phase == "starting":
             job.start_failures += 1
             if job.start_failures == 1:  # killed from outside before its first job (OOM killer, a stray kill): again
@@ -475,8 +525,13 @@ def _worker_main(fd: int) -> None:
     # the reward function's own subprocesses would inherit (and then ignore a TERM from anyone)
     signal.signal(signal.SIGINT, _ignore)
     signal.signal(signal.SIGTERM, _ignore)
-    _die_with_parent(parent_pid)
     _become_subreaper()
+    keeper = os.getpid()
+    scoring = os.fork()
+    if scoring:
+        conn.close()  # the scoring process below holds the connection; here only its keeper stays
+        _keep(scoring, parent_pid)
+    _die_with_parent(keeper)
     if memory_mb:
         import resource
 
@@ -492,6 +547,9 @@ def _worker_main(fd: int) -> None:
         with warnings.catch_warnings():  # a library's SyntaxWarnings when Python first compiles it (cellpylib)
             warnings.simplefilter("ignore", SyntaxWarning)
             fn = import_reward_function(value) if kind == "path" else pickle.loads(value)
+    except SystemExit as e:  # sys.exit at import: a message, not a silent end of the process
+        conn.send(("failed", f"its module called sys.exit({e.code!r}) while being imported"))
+        return
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which stops with this message
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -547,6 +605,50 @@ def _ignore(signum, frame) -> None:
     pass
 
 
+def _keep(scoring: int, trainer: int) -> NoReturn:
+    """The keeper of one scoring process (the process `_Worker` starts; the scoring process is its child): the
+    subreaper of everything the reward function starts, so those stay below it even when they detach. When the
+    scoring process ends, the keeper kills whatever it left and ends the same way (the trainer reads that exit
+    status); when the trainer dies (even by `kill -9`, which no handler sees), the keeper kills everything below it
+    within 0.1 s and exits. The kernel kills the scoring process when its keeper dies (PR_SET_PDEATHSIG)."""
+    me = os.getpid()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # nothing below any more
+            os._exit(1)
+        if pid == scoring:
+            break
+        if pid:
+            continue  # an orphan it adopted, reaped: look again at once
+        if os.getppid() != trainer:  # the trainer is gone: so is everything it started
+            _kill_below(me)
+            os._exit(1)
+        time.sleep(0.1)
+    _kill_below(me)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(me, os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _kill_below(root: int) -> None:
+    """Kill every process below `root` (stopped first, so none starts another meanwhile) and reap them."""
+    for sig in (signal.SIGSTOP, signal.SIGSTOP, signal.SIGKILL, signal.SIGKILL):
+        for pid in _descendants(root):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+        except ChildProcessError:
+            return
+
+
 def _become_subreaper() -> None:
     """Linux: processes started below this one that detach (setsid, a double fork) are re-parented to it instead of
     to init, so `_Worker.stop` finds and kills them."""
@@ -559,13 +661,14 @@ def _become_subreaper() -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel kills this process when the trainer dies (even by SIGKILL). Elsewhere: a watchdog thread."""
+    """Linux: the kernel kills this process when its parent (its keeper) dies, even by SIGKILL. Elsewhere: a
+    watchdog thread."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
-            if os.getppid() != parent_pid:  # the trainer died before prctl took effect
+            if os.getppid() != parent_pid:  # the parent died before prctl took effect
                 os._exit(1)
             return
     except (OSError, AttributeError):

@@ -102,6 +102,7 @@ class Trainer(RunLoop):
         ]
         resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
         self.workers = start_workers(config.runtime, specs, resources)
+        self.scorer.wait_ready()  # its reward module imported (in the scoring processes) while the models loaded
         if plan.checkpoint is not None:
             self.workers.load(str(plan.checkpoint))
             self.step = plan.step

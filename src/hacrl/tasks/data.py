@@ -22,7 +22,7 @@ import torch
 from hacrl import seeds
 from hacrl.config import DataConfig, ScoringConfig
 from hacrl.errors import DataError, clip, warn
-from hacrl.tasks.rewards import RewardFn, import_reward_function, math_reward, reasoning_gym_reward
+from hacrl.tasks.rewards import RewardFn, math_reward, reasoning_gym_reward
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,10 @@ class Example:
 class TaskData:
     train: list[Example]
     eval: list[Example]
-    reward: RewardFn
-    """The reward function, callable in this process."""
+    reward: RewardFn | None
+    """A built-in scorer, callable in this process; None for a user's `scoring.function`, whose module is imported
+    only in the scoring processes (it is code from elsewhere: a hang, a crash or an exit at import is bounded and
+    reported there)."""
     reward_source: RewardFn | str
     """What a scoring process loads: the built-in scorer (picklable) or the user's `package.module:function`."""
     builtin: bool
@@ -66,8 +68,7 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
         _warn_about_overlap(cfg, train, eval_)
         builtin = None
     if scoring.function:
-        reward = import_reward_function(scoring.function)
-        return TaskData(train=train, eval=eval_, reward=reward, reward_source=scoring.function, builtin=False)
+        return TaskData(train=train, eval=eval_, reward=None, reward_source=scoring.function, builtin=False)
     if scoring.builtin == "math" or (scoring.builtin == "auto" and builtin is None):
         reward = math_reward(scoring.timeout, scoring.max_answer_chars)
     elif builtin is None:
