@@ -214,11 +214,26 @@ def test_sigterm_finishes_the_step_checkpoints_and_the_resumed_run_ends_where_an
         (["policies.1.name=mlp-full"], "policy names must be unique"),
         (["algorithm.name=nope"], "is not a registered algorithm"),
         (["policies.0.architecture=transformer"], "policies[0].architecture: Invalid value 'transformer'"),
-        (["trainer.steps=2", "trainer.seed=1", "env.max_cycles=0"], "env.max_cycles >= 1"),
+        (["trainer.steps=2", "trainer.seed=1", "env.max_cycles=0"], "env.max_cycles must be in [1, 1000]"),
+        # issue 61, 3, 7 and 13: the LLM config's name, finite-number and size checks apply to control too
+        (
+            ["policies.1.name=../../../../victim"],
+            "policies.1.name='../../../../victim' (18 characters) is not a folder-safe name",
+        ),
+        (["policies.0.name=eval"], "policies.0.name='eval' is the first part of run-wide metric keys"),
+        (["env.max_cycles=100000000"], "env.max_cycles must be in [1, 1000]"),
+        (["policies.0.lr=.inf"], "policies.0.lr=inf must be a finite number"),
+        (["policies.0.hidden=100000000"], "1 <= hidden <= 4096"),
+        (["trainer.temperature=.inf"], "trainer.temperature=inf must be a finite number"),
+        (["env.success_distance=.inf"], "env.success_distance=inf must be a finite number"),
+        (["trainer.group_size=100000"], "past hacrl's limits"),
     ],
 )
 def test_bad_control_settings_are_refused_naming_the_key(overrides, message, tmp_path, capsys):
-    fails_cleanly(capsys, ["control", CONFIG, *SMALL, f"trainer.output_dir={tmp_path}", *overrides], message)
+    """Refused before anything is written: the run directory stays empty."""
+    run = tmp_path / "run"
+    fails_cleanly(capsys, ["control", CONFIG, *SMALL, f"trainer.output_dir={run}", *overrides], message)
+    assert not run.exists()
 
 
 def test_resume_refuses_a_changed_setting(tmp_path, capsys):
@@ -228,11 +243,20 @@ def test_resume_refuses_a_changed_setting(tmp_path, capsys):
                            "policies.0.lr=0.1", "--resume"], "policies.0.lr: 0.003 -> 0.1")  # fmt: skip
 
 
-def test_without_the_extra_the_message_names_it(monkeypatch):
+def test_without_the_extra_the_message_names_it_before_the_run_directory_exists(monkeypatch, tmp_path, capsys):
+    """Issue 61, 12: without the extra, `hacrl control` failed at its first evaluation, after creating the run
+    directory; now the config's check refuses it first."""
+    import importlib.util
     import sys
 
     from hacrl.control.env import _require_mpe2
+    from hacrl.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "mpe2", None)
-    with pytest.raises(ImportError, match=r'pip install "hacrl\[control\]"'):
+    with pytest.raises(ConfigError, match=r'pip install "hacrl\[control\]"'):
         _require_mpe2()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mpe2" else real(name, *a))
+    run = tmp_path / "run"
+    fails_cleanly(capsys, ["control", CONFIG, *SMALL, f"trainer.output_dir={run}"], 'pip install "hacrl[control]"')
+    assert not run.exists()

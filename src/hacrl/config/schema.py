@@ -119,6 +119,24 @@ def refuse_model_code(directory: str | Path, key: str) -> None:
             )
 
 
+def check_name(name: Any, key: str, what: str) -> None:
+    """An agent's (or a control policy's) name: a folder-safe path component that no run-wide metric key starts
+    with. It names checkpoint folders and files (`agents/<name>/`, `optimizer/<name>.pt`), so `../x` would write
+    outside the run."""
+    if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
+        shown = name if len(str(name)) <= 80 else f"{str(name)[:77]}..."
+        raise ConfigError(
+            f"{key}={shown!r} ({len(str(name))} characters) is not a folder-safe name: it names the {what}'s "
+            f"checkpoint folder and metrics, so it must be 1-{MAX_AGENT_NAME} characters of letters, digits, '.', "
+            "'_', '+' or '-', starting with a letter or digit (e.g. qwen3-1.7b)"
+        )
+    if name in RESERVED_AGENT_NAMES:
+        raise ConfigError(
+            f"{key}={name!r} is the first part of run-wide metric keys ({name}/...; `hacrl.driver.metrics`), so "
+            f"a {what} of that name would be mixed up with them: choose another name"
+        )
+
+
 @dataclass
 class AgentConfig:
     """One agent: a Hugging Face causal LM directory with its tokenizer and chat template."""
@@ -193,18 +211,7 @@ class AgentConfig:
     `device: cuda` with it (Ray makes the assigned GPU the worker's first visible one)."""
 
     def check(self, where: str) -> None:
-        if not isinstance(self.name, str) or not _AGENT_NAME.fullmatch(self.name):
-            shown = self.name if len(str(self.name)) <= 80 else f"{str(self.name)[:77]}..."
-            raise ConfigError(
-                f"{where}.name={shown!r} ({len(str(self.name))} characters) is not a folder-safe name: it names "
-                f"the agent's checkpoint folder and metrics, so it must be 1-{MAX_AGENT_NAME} characters of letters, "
-                "digits, '.', '_', '+' or '-', starting with a letter or digit (e.g. qwen3-1.7b)"
-            )
-        if self.name in RESERVED_AGENT_NAMES:
-            raise ConfigError(
-                f"{where}.name={self.name!r} is the first part of run-wide metric keys ({self.name}/...; "
-                "`hacrl.driver.metrics`), so an agent of that name would be mixed up with them: choose another name"
-            )
+        check_name(self.name, f"{where}.name", "agent")
         if not self.lr > 0:
             raise ConfigError(f"{where}.lr must be positive, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

@@ -17,20 +17,20 @@ MAX_RESPONSES_PER_STEP = 65536
 """prompts_per_step x group_size beyond this would hold a step's rollouts in memory for hours of sampling."""
 
 
-def _check_finite_fields(node: Any, prefix: str = "") -> None:
+def check_finite_fields(node: Any, prefix: str = "") -> None:
     """Every float in the config finite: `lr: .inf` or `reward_timeout: .nan` would pass the range checks below
     (comparisons with NaN are false) and fail deep inside a run."""
     import math
 
     if is_dataclass(node):
         for f in fields(node):
-            _check_finite_fields(getattr(node, f.name), f"{prefix}{f.name}.")
+            check_finite_fields(getattr(node, f.name), f"{prefix}{f.name}.")
     elif isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
-            _check_finite_fields(item, f"{prefix}{i}.")
+            check_finite_fields(item, f"{prefix}{i}.")
     elif isinstance(node, dict):
         for key, item in node.items():
-            _check_finite_fields(item, f"{prefix}{key}.")
+            check_finite_fields(item, f"{prefix}{key}.")
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{prefix.rstrip('.')}={node} must be a finite number")
 
@@ -38,7 +38,7 @@ def _check_finite_fields(node: Any, prefix: str = "") -> None:
 def validate(config: TrainConfig) -> None:
     """Every group's own checks (`check` next to its fields), then the checks across groups; each message names
     the key and what to set."""
-    _check_finite_fields(config)
+    check_finite_fields(config)
     if not config.agents:
         raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
     for i, agent in enumerate(config.agents):

@@ -103,34 +103,70 @@ def load_control_config(path: str | Path | None = None, overrides: Sequence[str]
     return config
 
 
+MAX_HIDDEN = 4096
+"""A policy's hidden width beyond this is a typo (`1e8` would allocate 10^16 weights), not a control policy."""
+MAX_CYCLES = 1000
+"""Steps per episode beyond this is a typo (`1e8`: one step would run for hours); mpe2's default is 25."""
+MAX_EVAL_STATES = 100_000
+
+
 def validate(config: ControlConfig) -> None:
+    """The LLM config's checks where they apply (names, finite numbers, sizes: `hacrl.config`), then control's own;
+    each message names the key."""
+    import importlib.util
+
+    from hacrl.config.schema import check_name
+    from hacrl.config.validation import MAX_GROUP_SIZE, MAX_RESPONSES_PER_STEP, check_finite_fields
     from hacrl.core import get_algorithm
 
+    check_finite_fields(config)
     if not config.policies:
         raise ConfigError("policies is empty: list at least one policy with a name")
+    for i, p in enumerate(config.policies):
+        check_name(p.name, f"policies.{i}.name", "policy")
     names = [p.name for p in config.policies]
     if len(set(names)) != len(names):
         raise ConfigError(f"policy names must be unique, got {names}; set policies.<i>.name")
     for i, p in enumerate(config.policies):
-        if p.hidden < 1 or not p.lr > 0 or not p.grad_clip > 0:
-            raise ConfigError(f"policies.{i}: hidden >= 1, lr > 0 and grad_clip > 0 are required")
+        if not 1 <= p.hidden <= MAX_HIDDEN or not p.lr > 0 or not p.grad_clip > 0 or p.weight_decay < 0:
+            raise ConfigError(
+                f"policies.{i}: 1 <= hidden <= {MAX_HIDDEN}, lr > 0, grad_clip > 0 and weight_decay >= 0 are "
+                f"required, got hidden={p.hidden}, lr={p.lr}, grad_clip={p.grad_clip}, weight_decay={p.weight_decay}"
+            )
     config.algorithm.check()
     algo, t = config.algorithm, config.trainer
     if get_algorithm(algo.name).pool_is_shared(algo) and len(config.policies) < 2:
         raise ConfigError(f"algorithm.name={algo.name!r} shares episodes, so it needs at least 2 policies")
     if t.steps < 0 or t.initial_states_per_step < 1 or t.group_size < 1 or not t.temperature > 0:
         raise ConfigError("trainer.steps >= 0, initial_states_per_step >= 1, group_size >= 1, temperature > 0")
+    if t.torch_threads < 1:
+        raise ConfigError(f"trainer.torch_threads must be >= 1, got {t.torch_threads}")
     per_policy = t.initial_states_per_step * t.group_size
+    if t.group_size > MAX_GROUP_SIZE or per_policy > MAX_RESPONSES_PER_STEP:
+        raise ConfigError(
+            f"trainer.initial_states_per_step x trainer.group_size = {t.initial_states_per_step} x {t.group_size} = "
+            f"{per_policy:,} episodes per policy and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, "
+            f"episodes per policy and step <= {MAX_RESPONSES_PER_STEP:,}); lower one of them"
+        )
     if t.mini_batch_size < 1 or per_policy % t.mini_batch_size:
         raise ConfigError(
             f"trainer.mini_batch_size={t.mini_batch_size} must divide initial_states_per_step x group_size = "
             f"{per_policy}"
         )
-    if config.env.max_cycles < 1 or not config.env.success_distance > 0:
-        raise ConfigError("env.max_cycles >= 1 and env.success_distance > 0 are required")
-    if config.eval.every < 0 or config.eval.initial_states < 1:
-        raise ConfigError("eval.every >= 0 and eval.initial_states >= 1 are required")
+    if not 1 <= config.env.max_cycles <= MAX_CYCLES or not config.env.success_distance > 0:
+        raise ConfigError(
+            f"env.max_cycles must be in [1, {MAX_CYCLES}] (mpe2's default: 25) and env.success_distance > 0, got "
+            f"max_cycles={config.env.max_cycles}, success_distance={config.env.success_distance}"
+        )
+    if config.eval.every < 0 or not 1 <= config.eval.initial_states <= MAX_EVAL_STATES:
+        raise ConfigError(f"eval.every >= 0 and 1 <= eval.initial_states <= {MAX_EVAL_STATES:,} are required")
     config.checkpoint.check()
+    config.logging.check()
+    if importlib.util.find_spec("mpe2") is None:
+        raise ConfigError(
+            "hacrl control needs the multi-agent particle environments, an optional extra: "
+            'pip install "hacrl[control]" (or pip install mpe2; `make control` installs it)'
+        )
 
 
 def control_config_to_yaml(config: ControlConfig) -> str:

@@ -22,7 +22,9 @@ def _require_mpe2():
     try:
         from mpe2 import simple_v3
     except ImportError as e:
-        raise ImportError(
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(
             'hacrl control needs the multi-agent particle environments, an optional extra: pip install "hacrl[control]"'
             f" (or pip install mpe2); {e}"
         ) from None
