@@ -17,6 +17,8 @@ def write_atomically(path: str | Path, chunks: Iterable[str] | str) -> str:
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp's file is 0600: give it the mode of the file it replaces, or what open() would (0666 & ~umask)
+        os.fchmod(fd, path.stat().st_mode & 0o7777 if path.is_file() else default_mode(0o666))
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for chunk in [chunks] if isinstance(chunks, str) else chunks:
                 digest.update(chunk.encode("utf-8"))
@@ -28,6 +30,23 @@ def write_atomically(path: str | Path, chunks: Iterable[str] | str) -> str:
         Path(tmp).unlink(missing_ok=True)
         raise
     return digest.hexdigest()
+
+
+def default_mode(mode: int) -> int:
+    """`mode` less this process's umask: what open() / mkdir() would give a new file or directory (mkstemp and
+    mkdtemp give 0600 / 0700, private to the writer; a file under its final name must be readable as usual)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def private_dir_beside(path: str | Path) -> Path:
+    """A new, empty directory next to `path` with a name no one else has (`.<name>.tmp-<random>`), to write into
+    and rename to `path` once whole; its mode is a new directory's (0777 & ~umask), not mkdtemp's 0700."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    os.chmod(tmp, default_mode(0o777))
+    return tmp
 
 
 def sha256_of(path: str | Path) -> str:

@@ -125,6 +125,23 @@ def test_export_merges_the_adapters_into_a_plain_model(tiny_agents, tmp_path, ca
     assert main(["eval", str(run), "--config", str(cfg)]) == 0  # the checkpoint's LoRA agent evaluates
 
 
+@pytest.mark.slow
+def test_a_bf16_lora_agent_exports_in_bf16_by_default(tiny_agents, tmp_path):
+    """Issue 61, 23: `auto` is the agent's compute dtype; a bf16 LoRA agent's part holds adapters only (no
+    config.json), and its export came out float32 (the base's). Now `auto` reads the agent's dtype from the
+    checkpoint's config; the merge happens in float32, then the weights are cast."""
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    cfg = _config(tiny_agents, tmp_path, run, trainer={"steps": 1}, algorithm={"name": "gspo"})
+    assert main(["train", str(cfg), "agents.0.dtype=bfloat16"]) == 0
+    assert main(["export", str(run), "--agent", "llama", str(tmp_path / "auto")]) == 0
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert next(AutoModelForCausalLM.from_pretrained(tmp_path / "auto").parameters()).dtype == torch.bfloat16
+    assert main(["export", str(run), "--agent", "llama", str(tmp_path / "f32"), "--dtype", "float32"]) == 0
+    assert next(AutoModelForCausalLM.from_pretrained(tmp_path / "f32").parameters()).dtype == torch.float32
+
+
 def test_lora_settings_that_cannot_work_are_refused(tiny_agents, tmp_path):
     cfg = _config(tiny_agents, tmp_path, tmp_path / "run")
     with pytest.raises(ConfigError, match="a frozen agent trains nothing"):

@@ -94,6 +94,9 @@ def test_export_writes_the_dtype_asked_for(tiny_agents, tmp_path, capsys):
         assert torch.equal(f32[key], master)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")  # a plain Hugging Face model
     assert next(model.parameters()).dtype == torch.bfloat16
+    # issue 61, 23: the float32 export's config.json said bfloat16 (copied from the checkpoint), so it loaded as bf16
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "f32")
+    assert next(model.parameters()).dtype == torch.float32
 
 
 def _agent(model_dir, **fields) -> Agent:

@@ -238,3 +238,49 @@ def test_a_tracker_that_cannot_start_is_one_message(tiny_agents, tmp_path, monke
     err = capsys.readouterr().err
     assert "logging.wandb could not start (CommError: could not reach api.wandb.ai)" in err, err
     assert "logging.wandb.mode=offline" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_export_writes_beside_out_privately_and_a_failure_leaves_nothing(tiny_agents, tmp_path, capsys, monkeypatch):
+    """Issue 61, 4 and 15: `hacrl export` removed `<OUT>.tmp-export` even when the user owned a directory of that
+    name; a full disk gave shutil.Error and left 0-byte files under OUT; `export ... .` gave a ValueError. Now the
+    export is written into a private directory beside OUT (mode as a new directory's) and renamed once whole."""
+    import errno
+    import shutil
+
+    cfg = pair_config(tiny_agents, tmp_path, trainer={"steps": 1})
+    run, out = tmp_path / "run", tmp_path / "exported"
+    assert main(["train", str(cfg)]) == 0
+    mine = tmp_path / "exported.tmp-export"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    real_copy = shutil.copy2
+
+    def full_disk(src, dst, *args, **kwargs):
+        if str(dst).endswith("model.safetensors"):
+            open(dst, "wb").close()  # what a full disk leaves: an empty file
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real_copy(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copy2", full_disk)
+    capsys.readouterr()
+    fails_cleanly(capsys, ["export", str(run), "--agent", "llama", str(out)], "No space left on device",
+                  "free disk space")  # fmt: skip
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if "exported" in p.name) == ["exported.tmp-export"]
+    monkeypatch.setattr(shutil, "copy2", real_copy)
+    assert main(["export", str(run), "--agent", "llama", str(out)]) == 0
+    assert (mine / "notes.txt").read_text() == "the user's"
+    assert (out / "config.json").is_file() and oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+    empty = tmp_path / "here"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    fails_cleanly(capsys, ["export", str(run), "--agent", "llama", "."], "is the working directory")
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

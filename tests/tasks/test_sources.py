@@ -4,6 +4,7 @@ no network. Rows are hand-written in the shape the Hub's copies have, awkward ca
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -120,6 +121,11 @@ def test_prepare_writes_local_files_that_a_config_reads_without_the_network(tmp_
     lines = [json.loads(x) for x in (out / "gsm8k" / "test.jsonl").read_text().splitlines()]
     assert lines[1]["answer"] == "1024" and lines[1]["question"].startswith("A thousand")
     assert prepare(["math"], tmp_path / "again", source=source)[0]["sha256"] == manifest["sha256"]  # repeatable
+    # issue 61, 26: mkstemp's 0600 made the files unreadable to others in a shared data directory
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in (out / "math" / "manifest.json", out / "gsm8k" / "test.jsonl"):
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the prepared files are found first: no Hub lookup at all
     rows = read_rows(DatasetSpec(set="gsm8k"), out)
     assert rows.answers == ["72", "1024"] and rows.where == str(out / "gsm8k" / "test.jsonl")
@@ -404,3 +410,17 @@ def test_a_row_that_is_not_utf8_stops_hacrl_train_with_one_paragraph(tiny_agents
     err = capsys.readouterr().err
     assert "row 2, column 'problem' holds bytes that are not UTF-8 text" in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "test.jsonl: the file is empty (0 bytes)"), (b'{"question": "a", "answer": "#### 1"}\nnot json\n',
+                                                        "test.jsonl: line 2 is not JSON")],
+)  # fmt: skip
+def test_a_bad_file_inside_a_directory_given_to_prepare_is_named(content, message, tmp_path):
+    """Issue 61, 25: an empty or non-JSON file inside a directory (`data prepare --from DIR`) still got `datasets`'
+    generic error; the directory's files are now diagnosed like a file given directly."""
+    _write(tmp_path / "downloads", "gsm8k").write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(message)):
+        prepare(["gsm8k"], tmp_path / "out", source=tmp_path / "downloads")
+    assert not (tmp_path / "out" / "gsm8k" / "test.jsonl").exists()

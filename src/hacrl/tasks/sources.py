@@ -190,7 +190,7 @@ def _load(path: str, config: str | None, split: str, role: str, named):
                     f"{role}.path={path!r} holds several configs ({_configs(datasets, local)}): name the one to "
                     f"read with {role}.name"
                 ) from None
-            found = _diagnose(local, kind) if local.is_file() else None
+            found = _diagnose(local, kind) if local.is_file() else _diagnose_dir(local)
             raise DataError(
                 f"{role}.path={path!r}: "
                 + (found or f"`datasets` cannot read it ({type(e).__name__}: {first_line(e)})")
@@ -228,6 +228,19 @@ def _local_config(datasets, directory: Path, config: str | None, named) -> str |
     except Exception:  # noqa: BLE001 - unreadable here: load_dataset will say what is wrong
         return None
     return named.config if named.config in declared else None
+
+
+_KINDS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+
+def _diagnose_dir(directory: Path) -> str | None:
+    """`_diagnose` of each data file in a directory (at most 1,000 files), naming the first bad one."""
+    files = sorted(p for p in directory.rglob("*") if p.suffix in _KINDS and not p.name.startswith("."))
+    for file in files[:1000]:
+        found = _diagnose(file, _KINDS[file.suffix])
+        if found:
+            return f"{file.relative_to(directory)}: {found}"
+    return None
 
 
 def _diagnose(file: Path, kind: str) -> str | None:

@@ -11,6 +11,7 @@ nothing of hacrl or peft installed; `--adapters-only` copies the adapters instea
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -71,11 +72,16 @@ def export_agent(
     path: str | Path, agent: str, out: str | Path, *, adapters_only: bool = False, dtype: str = "auto"
 ) -> Path:
     """Write agent `agent` of a run directory's newest checkpoint (or of the checkpoint `path`) to `out`, its
-    weights in `dtype` ("auto": the agent's compute dtype)."""
+    weights in `dtype` ("auto": the agent's compute dtype). Written into a private directory beside `out` and
+    renamed to `out` once whole: a failure (a full disk) leaves nothing under `out` and no temporary behind."""
     from hacrl.agent.model import load_tokenizer
     from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, checkpoint_to_read
+    from hacrl.files import private_dir_beside
 
-    path, out = Path(path), Path(out)
+    path, out = Path(path), Path(out).absolute()
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise CheckpointError(f"{str(out)!r} is the working directory (or holds it): name a new directory for the "
+                              "export (e.g. ./exported)")  # fmt: skip
     checkpoint = checkpoint_to_read(path, notice=lambda message: print(f"hacrl export: {message}"))
     if checkpoint is None:
         raise CheckpointError(
@@ -85,8 +91,8 @@ def export_agent(
     if not source.is_dir():
         names = sorted(p.name for p in (checkpoint / AGENTS_DIR).iterdir() if p.is_dir())
         raise CheckpointError(f"{checkpoint} has no agent {agent!r} (it holds {names}; a frozen agent has none)")
-    if out.exists() and any(out.iterdir()):
-        raise CheckpointError(f"{str(out)!r} exists and is not empty: choose a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{str(out)!r} exists and is not an empty directory: choose a new directory")
     lora = adapter_base(source) is not None
     refuse_model_code(source, f"agent {agent!r} of {checkpoint}")
     if adapters_only and not lora:
@@ -94,25 +100,69 @@ def export_agent(
                               "--adapters-only")  # fmt: skip
     if dtype not in EXPORT_DTYPES:
         raise CheckpointError(f"--dtype {dtype!r}: choose one of {', '.join(EXPORT_DTYPES)}")
-    if adapters_only:
-        shutil.copytree(source, out, dirs_exist_ok=True)
-        return out
-    if not lora:
-        target = saved_dtype(source) if dtype == "auto" else dtype
-        if _weights_dtype(source) == target:
-            shutil.copytree(source, out, dirs_exist_ok=True)
-            return out
-        from transformers import AutoModelForCausalLM
+    target = _compute_dtype(checkpoint, agent, source, lora) if dtype == "auto" else dtype
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = private_dir_beside(out)  # never a directory of the user's, whatever its name
+    try:
+        if adapters_only:
+            _copy_files(source, tmp)
+        elif not lora and _weights_dtype(source) == target:
+            _copy_files(source, tmp)
+            _name_dtype(tmp, target)
+        else:
+            if lora:
+                model = merged_model(source, "float32").to(_torch_dtype(target))  # merged in float32, then cast
+            else:
+                from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target),
-                                                     trust_remote_code=False)  # fmt: skip
-    else:
-        model = merged_model(source, dtype)
-    tmp = out.with_name(out.name + ".tmp-export")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    load_tokenizer(source).save_pretrained(tmp)
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)  # a half-written export never stands under the name asked for
+                model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target),
+                                                             trust_remote_code=False)  # fmt: skip
+            model.save_pretrained(tmp, safe_serialization=True)
+            load_tokenizer(source).save_pretrained(tmp)
+            _name_dtype(tmp, target)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)  # a half-written export never stands under the name asked for
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
+
+
+def _compute_dtype(checkpoint: Path, agent: str, source: Path, lora: bool) -> str:
+    """The agent's compute dtype: what a full agent's config.json names; for a LoRA agent (its part holds adapters
+    only), the `dtype` the checkpoint's config.yaml gives the agent (else its base model's)."""
+    if not lora:
+        return saved_dtype(source)
+    from hacrl.driver.resume import saved_config
+
+    try:
+        entries = saved_config(checkpoint).get("agents") or []
+        named = [a.get("dtype") for a in entries if isinstance(a, dict) and a.get("name") == agent]
+    except CheckpointError:
+        named = []
+    if named and named[0] in EXPORT_DTYPES[1:]:
+        return named[0]
+    return saved_dtype(adapter_base(source))
+
+
+def _name_dtype(directory: Path, dtype: str) -> None:
+    """config.json names `dtype`, the dtype of the weights written (`from_pretrained(dtype="auto")` reads it)."""
+    from hacrl.files import write_atomically
+
+    config = json.loads((directory / "config.json").read_text())
+    config["dtype"] = dtype
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype
+    write_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+
+
+def _copy_files(source: Path, target: Path) -> None:
+    """Every file under `source` into `target`, one at a time (an OSError, e.g. a full disk, names its file)."""
+    for file in sorted(source.rglob("*")):
+        destination = target / file.relative_to(source)
+        if file.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+        else:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, destination)
