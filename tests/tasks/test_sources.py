@@ -204,7 +204,7 @@ def test_benchmarks_are_evaluated_during_training_and_after_it(tiny_agents, tmp_
     RUN_DIR --benchmarks` on the checkpoint."""
     from hacrl.driver.metrics import unknown_keys
     from hacrl.tools.cli import main
-    from tests.conftest import write_config
+    from tests.conftest import fails_cleanly, write_config
 
     source = tmp_path / "downloads"
     for name in ("math500", "gsm8k"):
@@ -227,12 +227,24 @@ def test_benchmarks_are_evaluated_during_training_and_after_it(tiny_agents, tmp_
     saved = json.loads((run / "eval" / "benchmarks" / "benchmarks_step_000001.json").read_text())
     assert saved["results"]["qwen"]["gsm8k"]["pass@1"] == records[-1]["eval/qwen/gsm8k/pass@1"]
     assert main(["plot", str(run)]) == 0 and (run / "benchmarks.png").read_bytes()[:4] == b"\x89PNG"
+    # issue 61, 5: --out DIR/x.png also wrote DIR/benchmarks.png; now the file named holds both rows of panels
+    mine = tmp_path / "figures"
+    mine.mkdir()
+    (mine / "benchmarks.png").write_text("the user's")
+    assert main(["plot", str(run), "--out", str(mine / "x.png")]) == 0
+    assert (mine / "x.png").read_bytes()[:4] == b"\x89PNG" and (mine / "benchmarks.png").read_text() == "the user's"
     capsys.readouterr()
     out = tmp_path / "table"
-    assert main(["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm8k", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "| llama (step_000001) |" in printed and "gsm8k pass@1" in printed
-    assert (out / "benchmarks_step_000000.json").is_file()
+    # issue 61, 24: every table was named step 0, and a second evaluation replaced the first; --out FILE: traceback
+    for number in ("", "_2"):
+        assert main(["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm8k", "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert "| llama (step_000001) |" in printed and "gsm8k pass@1" in printed
+        assert f"written: {out / f'benchmarks_step_000001{number}'}.md and .json" in printed
+    assert json.loads((out / "benchmarks_step_000001.json").read_text())["step"] == 1
+    assert (out / "benchmarks_step_000001_2.json").is_file()
+    fails_cleanly(capsys, ["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm8k", "--out",
+                           str(mine / "x.png")], "is a file: name a directory")  # fmt: skip
     assert main(["eval", str(run), "--config", str(cfg), "--benchmarks", "gsm9k"]) == 2
 
 

@@ -8,6 +8,7 @@ the trainer's workers, or one agent in this process (`evaluate`: bootstrap, `hac
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hacrl.agent.model import Agent
@@ -138,14 +139,18 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
     problem = not_named(benchmarks)
     if problem:
         raise ConfigError(f"--benchmarks: {problem}")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file: name a directory for the benchmark tables")
     dirs = [d for path in paths for d in _model_dirs(path)]
     rows = {b: load_benchmark(config.data, b, config.eval.max_prompts) for b in benchmarks}
     scorer = math_scorer(config.scoring, r_max=config.algorithm.r_max).start()
     results = dict(_evaluate_saved(config, dirs, rows, scorer))
     print(benchmark_table(results))
     if out is not None:
-        write_benchmark_table(out, 0, results)
-        print(f"written: {out}/benchmarks_step_000000.md and .json")
+        steps = {label.rsplit("(step_", 1)[-1].rstrip(")") for label in results if "(step_" in label}
+        step = int(steps.pop()) if len(steps) == 1 and all("(step_" in label for label in results) else None
+        written = write_benchmark_table(out, step, results, replace=False)
+        print(f"written: {written}.md and .json")
     return results
 
 
@@ -232,7 +237,6 @@ def _print_table(results: list[dict[str, Any]], num_prompts: int) -> None:
 
 def eval_records_path(run_dir, step: int, benchmark: str | None = None):
     """`<run_dir>/eval/step_NNNNNN.jsonl`, or `<run_dir>/eval/<benchmark>/step_NNNNNN.jsonl` for a benchmark."""
-    from pathlib import Path
 
     folder = Path(run_dir) / "eval"
     return (folder / benchmark if benchmark else folder) / f"step_{step:06d}.jsonl"
@@ -285,22 +289,33 @@ def benchmark_table(results: dict[str, dict[str, dict[str, float]]], step: int |
     return "\n".join(lines) + "\n"
 
 
-def write_benchmark_table(directory, step: int, results: dict[str, dict[str, dict[str, float]]]) -> None:
-    """`<directory>/benchmarks_step_NNNNNN.json` (every metric) and `.md` (the table), each written whole."""
+def write_benchmark_table(
+    directory, step: int | None, results: dict[str, dict[str, dict[str, float]]], *, replace: bool = True
+):
+    """`<directory>/benchmarks_step_NNNNNN.json` (every metric) and `.md` (the table), each written whole
+    (`benchmarks.json` / `.md` when the results are of no one step). With `replace=False` an existing table is
+    kept and the new one is numbered (`..._2`, `..._3`, ...). Returns the path written, without its suffix."""
     import json
-    import os
-    from pathlib import Path
+
+    from hacrl.files import write_atomically
 
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        from hacrl.errors import ConfigError
+
+        raise ConfigError(f"--out {str(folder)!r} is a file: name a directory for the benchmark tables")
     folder.mkdir(parents=True, exist_ok=True)
+    base = "benchmarks" if step is None else f"benchmarks_step_{step:06d}"
+    stem, number = folder / base, 1
+    while not replace and any(stem.with_name(stem.name + s).exists() for s in (".json", ".md")):
+        number += 1
+        stem = folder / f"{base}_{number}"
     for suffix, text in (
         (".json", json.dumps({"step": step, "results": results}, indent=2) + "\n"),
         (".md", benchmark_table(results, step)),
     ):
-        path = folder / f"benchmarks_step_{step:06d}{suffix}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomically(stem.with_name(stem.name + suffix), text)
+    return stem
 
 
 def read_eval_records(run_dir, step: int) -> list[dict[str, Any]]:

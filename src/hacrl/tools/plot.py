@@ -1,5 +1,7 @@
-"""`hacrl plot RUN_DIR`: training reward and eval accuracy per agent, one PNG; with `eval.benchmarks`, a second one
-(`benchmarks.png`) with each benchmark's greedy accuracy over the steps."""
+"""`hacrl plot RUN_DIR`: training reward and eval accuracy per agent, one PNG; with `eval.benchmarks`, each
+benchmark's greedy accuracy over the steps: in a second PNG (`benchmarks.png`) beside `curves.png` in the run
+directory or the directory `--out` names, or as a second row of the one file `--out` names (hacrl never writes a
+file the user did not name)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     if not any(accuracy.values()):  # a control run (`hacrl control`): the share of greedy episodes that succeed
         accuracy = {name: eval_values(records, name, "success") for name in agents_in(records, "eval")}
         measure = "success, greedy episodes"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    benchmarks = _benchmark_curves(records)
+    out_path = _png(out, run_dir)
+    one_file = out is not None and not Path(out).is_dir()  # a file the user named: everything goes into it
+    rows = 2 if benchmarks and one_file else 1
+    width = max(2, len(benchmarks)) if rows == 2 else 2
+    fig, axes = plt.subplots(rows, width, figsize=(5.5 * width, 4 * rows), squeeze=False)
+    left, right = axes[0][0], axes[0][1]
+    for ax in axes[0][2:]:
+        ax.axis("off")
     for name, points in sorted(reward.items()):
         if not points:
             continue
@@ -47,12 +57,18 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend()
+    if rows == 2:
+        _draw_benchmarks(benchmarks, axes[1])
     fig.tight_layout()
-    out_path = _png(out, run_dir)
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     written = [out_path]
-    if _plot_benchmarks(records, out_path.with_name("benchmarks.png"), plt):
+    if benchmarks and rows == 1:  # beside curves.png, in the run directory or the directory --out names
+        fig, axes = plt.subplots(1, len(benchmarks), figsize=(4 * len(benchmarks), 3.5), squeeze=False)
+        _draw_benchmarks(benchmarks, axes[0])
+        fig.tight_layout()
+        fig.savefig(out_path.with_name("benchmarks.png"), dpi=120)
+        plt.close(fig)
         written.append(out_path.with_name("benchmarks.png"))
     return written
 
@@ -74,9 +90,8 @@ def _png(out: str | Path | None, run_dir: Path) -> Path:
     return path
 
 
-def _plot_benchmarks(records: list[dict], out: Path, plt) -> bool:
-    """One panel per benchmark (`eval/<agent>/<benchmark>/pass@1`), a line per agent; nothing without benchmarks
-    (False)."""
+def _benchmark_curves(records: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{benchmark: {agent: [(step, greedy accuracy)]}} from the records' `eval/<agent>/<benchmark>/pass@1`."""
     from hacrl.driver.metrics import parse
 
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -86,17 +101,17 @@ def _plot_benchmarks(records: list[dict], out: Path, plt) -> bool:
             if parsed and parsed[0] == "eval" and parsed[2].name == "{benchmark}/pass@1":
                 benchmark = key.split("/")[2]
                 curves.setdefault(benchmark, {}).setdefault(parsed[1], []).append((record["step"], value))
-    if not curves:
-        return False
-    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.5), squeeze=False)
-    for ax, (benchmark, agents) in zip(axes[0], sorted(curves.items()), strict=True):
+    return curves
+
+
+def _draw_benchmarks(curves, axes) -> None:
+    """One panel per benchmark, a line per agent; panels beyond the benchmarks are blanked."""
+    for ax, (benchmark, agents) in zip(axes, sorted(curves.items()), strict=False):
         for agent, points in sorted(agents.items()):
             steps, values = zip(*sorted(dict(points).items()), strict=True)
             ax.plot(steps, [100 * v for v in values], marker="o", label=agent)
         ax.set(title=f"{benchmark}, greedy pass@1", xlabel="step", ylabel="%")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return True
+    for ax in axes[len(curves) :]:
+        ax.axis("off")
