@@ -25,12 +25,28 @@ from tests.conftest import fails_cleanly, pair_config, records, write_config
         ("algorithm.r_max=.nan", "algorithm.r_max"),
         ("rollout.group_size=1000000", "2 x 1000000 = 2,000,000 responses per agent and step is past hacrl's limits"),
         ("trainer.output_dir=${oc.env:HOME}/run", "is an interpolation"),
+        # issue 61, 9: device names were not checked (tracebacks from inside torch)
+        ("agents.0.device=banana", "agents.0.device='banana' is not a torch device name"),
+        ("agents.1.devices=[cuda:x]", "agents.1.devices.0='cuda:x' is not a torch device name"),
     ],
 )
 def test_values_that_would_fail_late_are_refused_at_validation(override, message, tiny_agents, tmp_path, capsys):
     assert main(["train", str(pair_config(tiny_agents, tmp_path)), override]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+@pytest.mark.parametrize("override", ["agents.0.device=cuda:0", "agents.0.device=cuda", "agents.1.devices=[cuda:0]"])
+def test_a_gpu_this_machine_lacks_is_named_before_any_model_loads(override, tiny_agents, tmp_path, capsys):
+    """Issue 61, 9: `hacrl plan` plans GPU runs on any machine, so the config accepts them; `train` and `eval`
+    check that this machine has the device (local backend) and refuse with the key, leaving nothing behind."""
+    key = override.split("=")[0].replace("devices", "devices.0")
+    cfg = pair_config(tiny_agents, tmp_path)
+    fails_cleanly(capsys, ["train", str(cfg), override], f"{key}=", "but torch sees no CUDA GPU on this machine")
+    assert not (tmp_path / "run").exists()
+    fails_cleanly(capsys, ["eval", str(tiny_agents["llama"]), "--config", str(cfg), override], "no CUDA GPU")
 
 
 @pytest.mark.slow

@@ -60,8 +60,12 @@ def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_pa
     [
         (["algorithm.name=gspo", "sharing.policy=correct"], "sharing.policy=correct chooses which"),
         (["algorithm.share_rollouts=false", "sharing.policy=top_k"], "share_rollouts=False and 2 agent(s)"),
-        (["sharing.min_reward=2"], "sharing.min_reward=2.0 is above algorithm.r_max=1.0"),
-        (["sharing.fail_below=0"], "sharing.fail_below=0.0 must be in (0, algorithm.r_max=1.0]"),
+        (["sharing.policy=correct", "sharing.min_reward=2"], "sharing.min_reward=2.0 is above algorithm.r_max=1.0"),
+        (
+            ["sharing.policy=learner_fails", "sharing.fail_below=0"],
+            "sharing.fail_below=0.0 must be in (0, algorithm.r_max=1.0]",
+        ),
+        (["sharing.policy=adaptive", "sharing.margin=1"], "sharing.margin=1.0 must be below algorithm.r_max=1.0"),
         (["sharing.k=0"], "sharing.k must be >= 1"),
         (["sharing.policy=best"], "sharing.policy"),
     ],
@@ -84,3 +88,37 @@ def test_a_checkpoint_from_before_sharing_existed_resumes_as_all_and_refuses_ano
     assert resume_differences(saved, now) == ([], [])
     refused, _ = resume_differences(saved, replace(now, sharing=SharingConfig(policy="top_k")))
     assert refused == ["sharing.policy: 'all' in the checkpoint, 'top_k' now"]
+
+
+def test_a_sharing_setting_the_policy_does_not_read_is_neither_checked_nor_compared_on_resume():
+    """Issue 61, 22: `algorithm.r_max: 0.4` was refused because of `sharing.fail_below`'s default (0.5) although
+    `policy: all` never reads it, and a changed `sharing.min_reward` refused a resume under `all`."""
+    from dataclasses import asdict, replace
+
+    from hacrl.config import AlgorithmConfig, ConfigError, SharingConfig, TrainConfig, validate
+    from hacrl.driver.resume import resume_differences
+
+    config = TrainConfig()
+    config.agents = [_agent("a"), _agent("b")]
+    config.algorithm = AlgorithmConfig(r_max=0.4)
+    validate(config)  # `all` reads none of fail_below, min_reward, margin
+    config.sharing = SharingConfig(policy="learner_fails")
+    with pytest.raises(ConfigError, match=r"sharing.fail_below=0.5 must be in \(0, algorithm.r_max=0.4\]"):
+        validate(config)
+    saved = asdict(TrainConfig())
+    current = replace(TrainConfig(), sharing=SharingConfig(min_reward=0.5, fail_below=0.2, margin=0.1))
+    assert resume_differences(saved, current) == ([], [])
+    refused, _ = resume_differences(saved, replace(TrainConfig(), sharing=SharingConfig(policy="correct",
+                                                                                        min_reward=0.5)))  # fmt: skip
+    assert refused == ["sharing.min_reward: None in the checkpoint, 0.5 now",
+                       "sharing.policy: 'all' in the checkpoint, 'correct' now"]  # fmt: skip
+    saved["sharing"]["policy"] = "correct"
+    refused, _ = resume_differences(saved, replace(TrainConfig(), sharing=SharingConfig(policy="correct",
+                                                                                        min_reward=0.5)))  # fmt: skip
+    assert refused == ["sharing.min_reward: None in the checkpoint, 0.5 now"]
+
+
+def _agent(name):
+    from hacrl.config import AgentConfig
+
+    return AgentConfig(name=name, model="/m")

@@ -234,6 +234,9 @@ def test_a_model_of_100000_layers_is_planned_at_once_and_bad_sizes_are_named(fam
         (bad / "config.json").write_text(json.dumps({**config, key: value}))
         with pytest.raises(ModelError, match=rf"config.json has {key}={value!r}; it must be a positive integer"):
             model_shape(bad, torch.float32)
+    (bad / "config.json").write_text(json.dumps({**config, "vocab_size": 10**18}))  # issue 61, 17: an overflow
+    with pytest.raises(ModelError, match=r"config.json has vocab_size=1,000,000,000,000,000,000, past the 16,777,216"):
+        model_shape(bad, torch.float32)
     cfg = write_config(tmp_path / "c.yaml", families, ["llama"], tmp_path / "run")
     for bad in ("nan", "-5", "0", "inf", "lots"):
         with pytest.raises(SystemExit) as stop:

@@ -137,6 +137,17 @@ def check_name(name: Any, key: str, what: str) -> None:
         )
 
 
+def check_device_name(name: Any, key: str) -> None:
+    """`name` parses as a torch device (`cpu`, `cuda`, `cuda:1`, `mps`); whether this machine has it is checked
+    where the agent starts (`validation.check_devices_here`: `hacrl plan` plans GPU runs on any machine)."""
+    import torch
+
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{key}={name!r} is not a torch device name: use cpu, cuda, cuda:<index> or mps") from None
+
+
 @dataclass
 class AgentConfig:
     """One agent: a Hugging Face causal LM directory with its tokenizer and chat template."""
@@ -231,6 +242,7 @@ class AgentConfig:
         if self.num_gpus > 0 and not self.device.startswith("cuda"):
             raise ConfigError(f"{where}.num_gpus={self.num_gpus} asks for a GPU: set {where}.device=cuda")
         learns = not self.frozen
+        check_device_name(self.device, f"{where}.device")
         if self.devices is not None:
             self._check_devices(where)
         if learns and self.dtype == "float16":
@@ -263,6 +275,8 @@ class AgentConfig:
             )
         if not devices:
             raise ConfigError(f"{where}.devices=[] names no device: list one or more, or remove it ({where}.device)")
+        for i, device in enumerate(devices):
+            check_device_name(device, f"{where}.devices.{i}")
         kinds = {d.split(":")[0] for d in devices}
         if kinds not in ({"cpu"}, {"cuda"}):
             raise ConfigError(
@@ -341,6 +355,18 @@ class SharingConfig:
     """`top_k`: foreign rows kept per prompt (over all other agents together)."""
     margin: float = 0.0
     """`adaptive`: a source's rows of a prompt are kept when its mean reward there exceeds the learner's by more."""
+
+    READS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "all": (),
+        "correct": ("min_reward",),
+        "learner_fails": ("fail_below",),
+        "top_k": ("k",),
+        "adaptive": ("margin",),
+    }
+    """The settings each policy reads: the others neither are checked against `algorithm` nor matter on resume."""
+
+    def reads(self, key: str) -> bool:
+        return key in self.READS.get(self.policy, ())
 
     def check(self, where: str = "sharing") -> None:
         if self.k < 1:

@@ -68,17 +68,17 @@ def validate(config: TrainConfig) -> None:
             f"algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) shares none. "
             "Use algorithm.name=hacpo (or naive) with two or more agents, or sharing.policy=all."
         )
-    if sharing.min_reward is not None and sharing.min_reward > algo.r_max:
+    if sharing.reads("min_reward") and sharing.min_reward is not None and sharing.min_reward > algo.r_max:
         raise ConfigError(
             f"sharing.min_reward={sharing.min_reward} is above algorithm.r_max={algo.r_max}, so `correct` would keep "
             "no foreign row; set it to at most r_max (null: r_max)"
         )
-    if not 0 < sharing.fail_below <= algo.r_max:
+    if sharing.reads("fail_below") and not 0 < sharing.fail_below <= algo.r_max:
         raise ConfigError(
             f"sharing.fail_below={sharing.fail_below} must be in (0, algorithm.r_max={algo.r_max}]: a learner "
             "'fails' a prompt when its own mean reward there is below it"
         )
-    if sharing.margin >= algo.r_max:
+    if sharing.reads("margin") and sharing.margin >= algo.r_max:
         raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
     frozen = [i for i, a in enumerate(config.agents) if a.frozen]
     if frozen and not shares:
@@ -103,6 +103,32 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
     if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
         raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def check_devices_here(config: TrainConfig) -> None:
+    """Every device an agent names exists on this machine (a run with `runtime.backend: local`, and `hacrl eval`):
+    `cuda:0` on a machine without a GPU torch can use, or `cuda:3` beside two GPUs, is a ConfigError naming the key
+    before any model loads (it was a traceback from inside torch)."""
+    import torch
+
+    for i, agent in enumerate(config.agents):
+        named = [(f"agents.{i}.devices.{k}", d) for k, d in enumerate(agent.devices)] if agent.devices else []
+        for key, name in named or [(f"agents.{i}.device", agent.device)]:
+            device = torch.device(name)
+            if device.type == "cuda":
+                count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                if count == 0:
+                    raise ConfigError(
+                        f"{key}={name!r}, but torch sees no CUDA GPU on this machine (torch {torch.__version__}"
+                        f"{', a CPU-only build' if torch.version.cuda is None else ''}): use {key}=cpu here, or "
+                        "run on a machine with a GPU and a CUDA build of torch"
+                    )
+                if device.index is not None and device.index >= count:
+                    raise ConfigError(f"{key}={name!r}, but this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})")
+            elif device.type == "mps" and not torch.backends.mps.is_available():
+                raise ConfigError(f"{key}={name!r}, but this machine has no MPS device: use {key}=cpu")
+            elif device.type not in ("cpu", "cuda", "mps"):
+                raise ConfigError(f"{key}={name!r}: hacrl runs agents on cpu, cuda or mps devices")
 
 
 def _check_batch_sizes(t: TrainerConfig, r: RolloutConfig, num_agents: int) -> None:

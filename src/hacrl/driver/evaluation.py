@@ -110,10 +110,12 @@ def _score(scorer: Scorer, examples: list[Example], completions: list[str]) -> S
 
 def evaluate_paths(config, paths) -> list[dict[str, Any]]:
     """`hacrl eval`: evaluate model directories, or every agent of a checkpoint, and print a table."""
+    from hacrl.config.validation import check_devices_here
     from hacrl.driver.scoring import scorer_for
     from hacrl.errors import DataError
     from hacrl.tasks.data import load_task
 
+    check_devices_here(config)
     dirs = [d for path in paths for d in _model_dirs(path)]  # (label, model directory); checked before data loads
     task = load_task(config.data, config.scoring)
     examples = task.eval[: config.eval.max_prompts] if config.eval.max_prompts else task.eval
@@ -141,6 +143,9 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
         raise ConfigError(f"--benchmarks: {problem}")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file: name a directory for the benchmark tables")
+    from hacrl.config.validation import check_devices_here
+
+    check_devices_here(config)
     dirs = [d for path in paths for d in _model_dirs(path)]
     rows = {b: load_benchmark(config.data, b, config.eval.max_prompts) for b in benchmarks}
     scorer = math_scorer(config.scoring, r_max=config.algorithm.r_max).start()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.checkpoint import agent_weights_dir, latest_checkpoint, read_checkpoint_state, resume_point
-from hacrl.config import GROUPS, RENAMED, AgentConfig, ConfigError, TrainConfig, load_yaml
+from hacrl.config import GROUPS, RENAMED, AgentConfig, ConfigError, SharingConfig, TrainConfig, load_yaml
 from hacrl.config.docs import default_of
 from hacrl.driver.rundir import last_logged_step, trim_metrics
 from hacrl.errors import CheckpointError, RunDirError, warn
@@ -223,11 +223,21 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
                 continue
         before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
         policy = resume_policy(key)
-        if before == after or policy == "safe":
+        if before == after or policy == "safe" or _unread_sharing_setting(key, saved, current):
             continue
         line = f"{key}: {before!r} in the checkpoint, {after!r} now"
         (not_exact if policy == "not_exact" else refused).append(line)
     return refused, not_exact
+
+
+def _unread_sharing_setting(key: str, saved: dict[str, Any], current: TrainConfig) -> bool:
+    """`sharing.<setting>` that neither the checkpoint's policy nor the resumed one reads (`min_reward` under `all`):
+    a change of it changes no number."""
+    group, _, name = key.partition(".")
+    if group != "sharing" or name == "policy":
+        return False
+    before = SharingConfig(policy=(saved.get("sharing") or {}).get("policy", "all"))
+    return not before.reads(name) and not current.sharing.reads(name)
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

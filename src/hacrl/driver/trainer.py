@@ -32,6 +32,7 @@ from hacrl import faults, seeds
 from hacrl.agent.exchange import foreign_trajectories
 from hacrl.checkpoint import remove_stale_temporaries, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
+from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
@@ -61,6 +62,8 @@ class Trainer(RunLoop):
         self.plan = plan = plan_resume(config, self.run_dir, resume, self.notice)
         names = [a.name for a in config.agents]
         self.frozen = [a.frozen for a in config.agents]
+        if config.runtime.backend == "local":  # a Ray worker may run on another machine: its own start checks
+            check_devices_here(config)
         if config.runtime.backend == "local" and plan.checkpoint is None:
             # a fresh start needs every model directory: say so before the data (a Hub set can take a minute to fail
             # offline); a resume may need none (a checkpoint holds full weights), a Ray worker may see other paths:

@@ -158,6 +158,10 @@ device took minutes)."""
 SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
 
+MAX_SIZE = 2**24
+"""The largest value `plan` accepts for any size of a config.json (vocabulary, width, layers, heads)."""
+
+
 def _check_sizes(model_dir, config) -> None:
     """The sizes `plan` reads are positive integers, or the config.json is named with the field to fix."""
     for key in (*SIZE_FIELDS, "num_key_value_heads", "intermediate_size", "head_dim"):
@@ -168,6 +172,11 @@ def _check_sizes(model_dir, config) -> None:
             raise ModelError(
                 f"{str(model_dir)!r}: config.json has {key}={value!r}; it must be a positive integer (fix that "
                 "config.json)"
+            )
+        if value > MAX_SIZE:  # 1e18 overflowed torch's shape arithmetic (a traceback)
+            raise ModelError(
+                f"{str(model_dir)!r}: config.json has {key}={value:,}, past the {MAX_SIZE:,} hacrl plans for (the "
+                "largest real models stay far below it); fix that config.json"
             )
 
 
