@@ -34,6 +34,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 
 from hacrl import faults
-from hacrl.errors import CheckpointError, clip, first_line
+from hacrl.errors import CheckpointError, HacrlError, clip, first_line
 from hacrl.files import sha256_of
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -162,9 +163,10 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
     problems = [f"state.json has no {key!r}" for key in _REQUIRED_STATE if key not in state]
     if problems:
         return problems
+    problems = _state_problems(path, state)
+    if problems:
+        return problems
     listed = state["files"]
-    if not isinstance(listed, dict):
-        return ["state.json's 'files' is not a mapping of file names to sizes and digests"]
     for name, info in listed.items():
         file = path / name
         if not file.is_file():
@@ -195,6 +197,41 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
     return sorted(set(problems), key=problems.index)
+
+
+def _state_problems(path: Path, state: dict[str, Any]) -> list[str]:
+    """What in state.json has the wrong type or contradicts the checkpoint it is in (its step and the directory's
+    name, agent names that are not folder names, file names outside the checkpoint)."""
+    from hacrl.config.schema import check_name
+    from hacrl.errors import ConfigError
+
+    step, agents, frozen, files = state["step"], state["agents"], state.get("frozen") or [], state["files"]
+    if type(step) is not int or step < 0:
+        return [f"state.json's 'step' is {clip(repr(step))}, not a step number"]
+    named = _STEP_DIR.match(path.name)
+    if named and int(named.group(1)) != step:
+        return [f"state.json says step {step} but the directory is {path.name}: it belongs to another checkpoint"]
+    if not isinstance(agents, list) or not agents:
+        return [f"state.json's 'agents' is {clip(repr(agents))}, not a list of agent names"]
+    for i, name in enumerate(agents):
+        try:
+            check_name(name, f"state.json's agents[{i}]", "agent")
+        except ConfigError as e:
+            return [str(e)]
+    if not isinstance(frozen, list) or not set(map(str, frozen)) <= set(agents):
+        return [f"state.json's 'frozen' is {clip(repr(frozen))}, not a list of its agents"]
+    for key in ("capability", "data"):
+        if not isinstance(state[key], dict):
+            return [f"state.json's {key!r} is a {type(state[key]).__name__}, not the saved state (a mapping)"]
+    if not isinstance(files, dict):
+        return ["state.json's 'files' is not a mapping of file names to sizes and digests"]
+    for name, info in files.items():
+        parts = Path(name).parts
+        if Path(name).is_absolute() or ".." in parts or not parts:
+            return [f"state.json lists {clip(repr(name))}, a path outside the checkpoint"]
+        if not isinstance(info, dict) or type(info.get("size")) is not int or not isinstance(info.get("sha256"), str):
+            return [f"state.json's entry for {name} is not a size and a digest"]
+    return []
 
 
 _SHARDED_METADATA_CLASSES = {
@@ -410,6 +447,21 @@ def checkpoint_to_read(path: str | Path, *, notice: Callable[[str], None]) -> Pa
             return candidate
         notice(f"skipping damaged checkpoint {candidate}: {'; '.join(problems)}")
     return None
+
+
+@contextmanager
+def restoring(checkpoint: str | Path, what: str):
+    """Run the restore of `what` from a checkpoint's state.json: a value of the wrong shape (a KeyError, TypeError or
+    ValueError from the restoring code) is a CheckpointError naming the checkpoint, not a traceback."""
+    try:
+        yield
+    except HacrlError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise CheckpointError(
+            f"{checkpoint}: its state.json's {what} cannot be restored ({type(e).__name__}: {first_line(e)}); resume "
+            "with the settings of the run that wrote it, or from another checkpoint (checkpoint.resume=<dir>)"
+        ) from None
 
 
 def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str, Any]:

@@ -148,7 +148,9 @@ def test_a_second_signal_stops_at_once_without_a_traceback(sig, tiny_agents, tmp
     run used to survive two SIGTERMs for minutes; a second Ctrl-C printed a KeyboardInterrupt traceback). The
     newest checkpoint stays intact and the run resumes."""
     run = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    every = 1 if sig == "TERM" else 0  # INT: a run without a checkpoint yet (issue 61, 18: the message said "intact")
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3},
+                       checkpoint={"every": every})  # fmt: skip
     # step 2 of 3 (16 micro-batches and 8 optimizer steps a step): the first signal after its 3rd micro-batch, the
     # second after the optimizer step that follows
     stopped = _hacrl(["train", str(cfg)], f"update.micro_batch:19:{sig},update.optimizer:10:{sig}")
@@ -156,7 +158,13 @@ def test_a_second_signal_stops_at_once_without_a_traceback(sig, tiny_agents, tmp
     assert stopped.returncode == 128 + signum, stopped.stderr[-2000:]
     assert f"stopped at once by a second SIG{sig} during step 2, without a checkpoint" in stopped.stderr
     assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
+    if sig == "INT":
+        assert "the run has no checkpoint yet: `hacrl train <config> --resume` starts it again from step 0" in (
+            stopped.stderr
+        )
+        assert not list(run.glob("checkpoints/step_*"))
+        return
+    assert "the newest checkpoint, step_000001, is intact" in stopped.stderr
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
-    if sig == "TERM":  # (resuming is the same either way)
-        resumed = _hacrl(["train", str(cfg), "--resume"])
-        assert resumed.returncode == 0, resumed.stderr[-2000:]
+    resumed = _hacrl(["train", str(cfg), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -165,3 +165,37 @@ def test_evaluation_never_changes_training(tiny_agents, tmp_path, reference, mon
     ]
     training = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records(run)[1:]]
     same_numbers(training, [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records(reference)])
+
+
+STATE_EDITS = {
+    "step of another checkpoint": ({"step": 2}, "state.json says step 2 but the directory is step_000003"),
+    "step as text": ({"step": "3"}, "state.json's 'step' is '3', not a step number"),
+    "agents not a list": ({"agents": "llama"}, "state.json's 'agents' is 'llama', not a list of agent names"),
+    "agent name a path": ({"agents": ["llama", "../../qwen"]}, "agents[1]='../../qwen' (10 characters) is not a "
+                          "folder-safe name"),
+    "frozen unknown": ({"frozen": ["nobody"]}, "state.json's 'frozen' is ['nobody'], not a list of its agents"),
+    "capability a list": ({"capability": []}, "state.json's 'capability' is a list, not the saved state"),
+    "capability incomplete": ({"capability": {"num_agents": 2}}, "its state.json's capability history and data "
+                              "position cannot be restored (ValueError: capability state is missing"),
+    "data incomplete": ({"data": {"epoch": 0}}, "capability history and data position cannot be restored (KeyError"),
+    "file outside": ({"files": {"/etc/hostname": {"size": 1, "sha256": "0"}}}, "lists '/etc/hostname', a path "
+                     "outside the checkpoint"),
+    "file entry": ({"files": {"config.yaml": 12}}, "state.json's entry for config.yaml is not a size and a digest"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", list(STATE_EDITS))
+def test_state_json_values_of_the_wrong_type_or_checkpoint_are_named(edit, tiny_agents, reference_run, tmp_path,
+                                                                      capsys):  # fmt: skip
+    """Issue 61, 20: wrong types in state.json gave tracebacks, and `"step": 2` in step_000003 resumed silently into
+    a different run. Each is refused with one message naming state.json and the value."""
+    from tests.conftest import fails_cleanly
+
+    checkpoint = tmp_path / "elsewhere" / "step_000003"
+    shutil.copytree(reference_run / "checkpoints" / "step_000003", checkpoint)
+    state = json.loads((checkpoint / "state.json").read_text())
+    change, message = STATE_EDITS[edit]
+    (checkpoint / "state.json").write_text(json.dumps({**state, **change}))
+    cfg = pair_config(tiny_agents, tmp_path)
+    fails_cleanly(capsys, ["train", str(cfg), "trainer.steps=4", f"checkpoint.resume={checkpoint}"], message)

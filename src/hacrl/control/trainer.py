@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hacrl.checkpoint import agent_part, read_checkpoint_state, remove_stale_temporaries, save_checkpoint
+from hacrl.checkpoint import (
+    agent_part,
+    read_checkpoint_state,
+    remove_stale_temporaries,
+    restoring,
+    save_checkpoint,
+)
 from hacrl.control.config import RESUMABLE, control_config_to_yaml
 from hacrl.control.env import NUM_ACTIONS, Episode, Simple
 from hacrl.control.observations import OBSERVATIONS
@@ -278,8 +284,9 @@ class ControlTrainer(RunLoop):
                     f"{checkpoint}: cannot load policy {name!r} ({type(e).__name__}: {e}); resume from an earlier "
                     "checkpoint (checkpoint.resume=<its directory>)"
                 ) from e
-        self.tracker.load_state_dict(state["capability"])
-        self.stream.bit_generator.state = state["data"]
+        with restoring(checkpoint, "capability history and data position"):
+            self.tracker.load_state_dict(state["capability"])
+            self.stream.bit_generator.state = state["data"]
         self.step = state["step"]
 
     def _check_settings(self, checkpoint: Path) -> None:

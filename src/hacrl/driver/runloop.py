@@ -111,7 +111,9 @@ class RunLoop:
             )
             if self.plan.checkpoint:
                 self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
-            with GracefulStop(self.notice, lambda: self.step, self.command) as stop:
+            with GracefulStop(
+                self.notice, lambda: self.step, self.command, lambda: latest_checkpoint(self.run_dir)
+            ) as stop:
                 self._loop(stop)
         finally:
             if self._logger is not None:
@@ -161,11 +163,12 @@ class GracefulStop:
     either kind stops at once, without a checkpoint and without a traceback (`TrainingInterrupted`: one message,
     exit 128 + signal). Installed only in the main thread (signals cannot be caught elsewhere)."""
 
-    def __init__(self, notice, current_step, command: str = "hacrl train") -> None:
+    def __init__(self, notice, current_step, command: str = "hacrl train", newest=lambda: None) -> None:
         self.signum: int | None = None
         self._notice = notice
         self._current_step = current_step
         self._command = command
+        self._newest = newest  # the newest complete checkpoint now (None: the run has none)
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -178,10 +181,15 @@ class GracefulStop:
         if self.signum is not None:
             for sig, handler in self._previous.items():  # a third signal gets the default behaviour
                 signal.signal(sig, handler)
+            newest = self._newest()
+            where = (
+                f"the newest checkpoint, {newest.name}, is intact: continue with `{self._command} <config> --resume`"
+                if newest is not None
+                else f"the run has no checkpoint yet: `{self._command} <config> --resume` starts it again from step 0"
+            )
             raise TrainingInterrupted(
                 f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
-                "without a checkpoint; the newest checkpoint in the run directory is intact: continue with "
-                f"`{self._command} <config> --resume`",
+                f"without a checkpoint; {where}",
                 signum,
             )
         self.signum = signum

@@ -30,7 +30,7 @@ import torch
 
 from hacrl import faults, seeds
 from hacrl.agent.exchange import foreign_trajectories
-from hacrl.checkpoint import remove_stale_temporaries, save_checkpoint
+from hacrl.checkpoint import remove_stale_temporaries, restoring, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
@@ -109,8 +109,9 @@ class Trainer(RunLoop):
         if plan.checkpoint is not None:
             self.workers.load(str(plan.checkpoint))
             self.step = plan.step
-            self.tracker.load_state_dict(plan.state["capability"])
-            self.stream.load_state_dict(plan.state["data"])
+            with restoring(plan.checkpoint, "capability history and data position"):
+                self.tracker.load_state_dict(plan.state["capability"])
+                self.stream.load_state_dict(plan.state["data"])
 
     def close(self) -> None:
         """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in
