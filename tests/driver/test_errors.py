@@ -284,3 +284,25 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [("{% for m in messages %}{{ m.content }}", "(TemplateSyntaxError: Unexpected end of template"),
+     ("{{ raise_exception('only system prompts') }}", "(TemplateError: only system prompts)")],
+)  # fmt: skip
+def test_a_chat_template_that_cannot_render_is_a_model_directory_error_before_training(
+    template, message, tiny_agents, tmp_path, capsys
+):
+    """Issue 61, 14: a template that fails to render was a traceback at step 1; now the agent renders a probe
+    prompt when it loads, and the error names the directory and the fix before any step."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_agents["qwen"], model)
+    (model / "chat_template.jinja").write_text(template)
+    cfg = pair_config({**tiny_agents, "qwen": model}, tmp_path)
+    fails_cleanly(capsys, ["train", str(cfg)], f"agents.1: the chat template of agents.1.model ({model}) cannot "
+                  "render a prompt with roles ['user']", message, "fix chat_template.jinja")  # fmt: skip
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

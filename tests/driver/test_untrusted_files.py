@@ -162,6 +162,7 @@ PLANTS = {
     "rng pickle": "rng/qwen.pt: cannot be read",
     "weights as a pickle": "model.safetensors: missing",
     "config.yaml python tag": "could not determine a constructor for the tag",
+    "chat template escaping its sandbox": "cannot render a prompt with roles ['user'] (SecurityError",
 }
 
 
@@ -178,6 +179,10 @@ def plant(checkpoint: Path, what: str, marker: Path) -> None:
         (checkpoint / "elsewhere.bin").write_bytes(pickled_payload(marker))  # what "../elsewhere.bin" would read
     elif what == "rng pickle":
         (checkpoint / "rng" / "qwen.pt").write_bytes(pickled_payload(marker))
+    elif what == "chat template escaping its sandbox":  # the classic template injection: reach os through globals
+        (agent / "chat_template.jinja").write_text(
+            f"{{{{ cycler.__init__.__globals__.os.popen('touch {marker}').read() }}}}{{{{ messages[0]['content'] }}}}"
+        )
     elif what == "weights as a pickle":
         (agent / "model.safetensors").unlink()
         (agent / "pytorch_model.bin").write_bytes(pickled_payload(marker))
@@ -199,8 +204,9 @@ def test_no_file_of_a_checkpoint_runs_code_on_resume_eval_or_export(what, tiny_a
     plant(checkpoint, what, marker)
     cfg = pair_config(tiny_agents, tmp_path)
     fails_cleanly(capsys, ["train", str(cfg), "trainer.steps=4", f"checkpoint.resume={checkpoint}"], PLANTS[what])
-    if what.endswith("auto_map") or what == "weights as a pickle":  # eval and export read the model directories
+    if what.endswith("auto_map") or what in ("weights as a pickle", "chat template escaping its sandbox"):
         fails_cleanly(capsys, ["eval", str(checkpoint), "--config", str(cfg)], PLANTS[what])
+    if what.endswith("auto_map") or what == "weights as a pickle":  # (export renders no template: it copies it)
         fails_cleanly(capsys, ["export", str(checkpoint), "--agent", "qwen", str(tmp_path / "out")], PLANTS[what])
         assert not (tmp_path / "out").exists()
     assert not marker.exists()

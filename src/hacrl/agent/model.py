@@ -20,7 +20,7 @@ import torch
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
 from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, refuse_model_code, require_model_dir
 from hacrl.config.settings import AgentSettings
-from hacrl.errors import ModelError
+from hacrl.errors import ModelError, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -195,6 +195,8 @@ class Agent:
             # directory may be gone)
             source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
         self.tokenizer = load_tokenizer(source, key=key)
+        self._template_source = f"{key} ({source})"
+        self._render([{"role": "user", "content": "What is 1 + 1?"}])  # a template that cannot render: named now
         self.device = torch.device(cfg.device)
         self.lora = cfg.lora if not cfg.frozen else None
         masters = None
@@ -267,9 +269,7 @@ class Agent:
 
     def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
         """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **self.cfg.chat_template_kwargs
-        )
+        text = self._render(messages)
         if len(text) > self._prompt_chars:  # a 100 MB row is cut before tokenizing, not after (memory, time)
             text = text[-self._prompt_chars :]
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
@@ -277,6 +277,22 @@ class Agent:
         if len(ids) > limit:
             return ids[-limit:], True
         return ids, False
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        """`messages` in the chat template (Jinja, sandboxed by transformers); a template that fails to render (a
+        syntax error, a sandbox violation, `raise_exception` on these roles) is a ModelError naming the tokenizer's
+        directory, not a traceback from inside Jinja."""
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **self.cfg.chat_template_kwargs
+            )
+        except Exception as e:  # noqa: BLE001 - jinja2's TemplateError family, or whatever the template raises
+            roles = [m.get("role") for m in messages]
+            raise ModelError(
+                f"agents.{self.index}: the chat template of {self._template_source} cannot render a prompt with roles "
+                f"{roles} ({type(e).__name__}: {first_line(e, 200)}); fix chat_template.jinja (or the tokenizer's "
+                f"chat_template), or agents.{self.index}.chat_template_kwargs"
+            ) from None
 
     def encode_response(self, text: str, finished: bool) -> tuple[list[int], bool]:
         """Another agent's response in this agent's tokens (spec 2, step 5b): plain text, EOS only when the source
