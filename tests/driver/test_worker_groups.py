@@ -222,3 +222,71 @@ def test_ctrl_c_to_the_whole_process_group_stops_after_the_step_and_resumes_exac
     assert "stopped by SIGINT after step" in err and "Traceback" not in err, err[-2000:]
     assert main(["train", str(cfg), "--resume"]) == 0
     assert without_timings(records(tmp_path / "cut")[-1]) == without_timings(records(two_rank_run)[-1])
+
+
+@pytest.mark.slow
+def test_a_rank_killed_between_calls_is_named_at_the_next_call(tiny_agents, tmp_path):
+    """Issue 61, 8: a rank killed while the group was idle made the next call a BrokenPipeError traceback; now it
+    is the WorkerError that names the agent, the rank and how it died."""
+    import os
+    import signal
+
+    from hacrl.config import load_config
+    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.errors import WorkerError
+    from hacrl.messages import SampleCall, WorkerSpec
+
+    cfg = load_config(_config(tiny_agents, tmp_path, "run", devices=None))
+    spec = WorkerSpec(0, replace(cfg.agents[0], devices=TWO), cfg.rollout, cfg.trainer, cfg.algorithm,
+                      torch_threads=1, num_agents=2)  # fmt: skip
+    group = LocalRanks(spec)
+    try:
+        victim = group.processes[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=10)
+        prompts = [[{"role": "user", "content": "1 + 2 ="}]]
+        with pytest.raises(WorkerError, match=r"rank 1 of agent 'llama' \(pid \d+\) died while sampling \(killed by "
+                                              "SIGKILL\\). The latest checkpoint is intact"):  # fmt: skip
+            group.call("sample", (SampleCall(1, prompts, 2),), "sampling")
+        assert group.processes == []  # the other rank is stopped too
+    finally:
+        group.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_worker_group_starts_is_one_line(tiny_agents, tmp_path):
+    """Issue 61, 16: Ctrl-C to the terminal's process group while the ranks were importing printed each rank's
+    KeyboardInterrupt traceback before hacrl's message; the ranks now start with SIGINT blocked (the driver's is
+    only held back), and the driver stops them at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    cfg = _config(tiny_agents, tmp_path, "cut")
+    proc = subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(cfg)], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def ranks() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                if entry.name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[1]) == proc.pid:
+                    if b"multiprocessing" in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                pass
+        return found
+
+    deadline = time.time() + 120
+    while proc.poll() is None and len(ranks()) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # they are importing torch now (it takes seconds)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does, while the ranks import torch and build their model
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "hacrl: interrupted (Ctrl-C)" in err

@@ -17,10 +17,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 from dataclasses import replace
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, NoReturn
 
 from hacrl.errors import WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
@@ -84,16 +85,18 @@ def _follow_the_driver() -> None:
     """A rank lives and stops with the driver: Ctrl-C in a terminal reaches every process of the group, but the
     driver's handler finishes the step and checkpoints with its ranks, so they ignore SIGINT and SIGTERM (the driver
     stops them); and on Linux a rank is killed when the driver dies, even inside a collective."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)  # blocked by the driver while it started us
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the closed pipe ends the rank at its next call
         pass
+
+
+_STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class LocalRanks:
@@ -115,11 +118,21 @@ class LocalRanks:
                 ours, theirs = context.Pipe()
                 info = RankInfo(rank, len(devices), init, device)
                 process = context.Process(target=_rank_main, args=(spec, info, theirs), daemon=True)
-                process.start()
+                # the rank inherits SIGINT / SIGTERM blocked: a Ctrl-C while it imports (before `_follow_the_driver`
+                # ignores them) no longer prints its KeyboardInterrupt traceback; here they are only held back
+                # (delivered when unblocked), never lost
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
+                try:
+                    process.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(ours)
             self.infos: list[WorkerInfo] = self._replies("starting")
+        except KeyboardInterrupt:
+            self.close(force=True)  # the ranks may be loading for minutes: do not wait for them
+            raise
         except BaseException:
             self.close()
             raise
@@ -131,9 +144,22 @@ class LocalRanks:
         return [p.pid for p in self.processes]
 
     def call(self, method: str, args: tuple, what: str) -> Any:
-        for pipe in self.pipes:
-            pipe.send((method, args))
+        for rank, pipe in enumerate(self.pipes):
+            try:
+                pipe.send((method, args))
+            except OSError:  # BrokenPipeError: the rank died since the last call (kill -9, the OOM killer)
+                self._died(rank, what)
         return self._replies(what)[0]
+
+    def _died(self, rank: int, what: str) -> NoReturn:
+        process = self.processes[rank]
+        self.close(force=True)
+        process.join(timeout=5)
+        raise WorkerError(
+            f"rank {rank} of agent {self.name!r} (pid {process.pid}) died while {what} "
+            f"({_exit_reason(process.exitcode)}). The latest checkpoint is intact: continue with "
+            "`hacrl train <config> --resume`."
+        )
 
     def _replies(self, what: str) -> list[Any]:
         """Every rank's answer, in rank order; the first error or death stops the group and is raised."""
@@ -156,15 +182,10 @@ class LocalRanks:
                     replies[rank] = value
                     pending.discard(rank)
                     continue
-                self.close(force=True)
                 if status == "error":
+                    self.close(force=True)
                     raise value
-                process.join(timeout=5)
-                raise WorkerError(
-                    f"rank {rank} of agent {self.name!r} (pid {process.pid}) died while {what} "
-                    f"({_exit_reason(process.exitcode)}). The latest checkpoint is intact: continue with "
-                    "`hacrl train <config> --resume`."
-                )
+                self._died(rank, what)
         return replies
 
     def close(self, *, force: bool = False) -> None:
@@ -190,8 +211,6 @@ def _exit_reason(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
-        import signal
-
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
