@@ -199,3 +199,21 @@ def test_state_json_values_of_the_wrong_type_or_checkpoint_are_named(edit, tiny_
     (checkpoint / "state.json").write_text(json.dumps({**state, **change}))
     cfg = pair_config(tiny_agents, tmp_path)
     fails_cleanly(capsys, ["train", str(cfg), "trainer.steps=4", f"checkpoint.resume={checkpoint}"], message)
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_a_redone_step_once(tiny_agents, tmp_path):
+    """docs/reliability.md: TensorBoard hides the events of the steps a resumed run redoes. A run whose newest
+    checkpoint is step 2 of 3 (its step-3 checkpoint lost) redoes step 3 on resume: TensorBoard's own reader shows
+    one value per step (without the writer's purge_step it shows step 3 twice)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    cfg = pair_config(tiny_agents, tmp_path, checkpoint={"every": 2, "keep_last": 3})
+    assert main(["train", str(cfg)]) == 0
+    shutil.rmtree(run / "checkpoints" / "step_000003")
+    assert main(["train", str(cfg), "--resume"]) == 0
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("llama/reward_mean")]
+    assert steps == [1, 2, 3]

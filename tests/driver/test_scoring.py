@@ -433,3 +433,23 @@ def test_a_reward_functions_subprocesses_die_with_the_trainer_on_kill_9(tiny_age
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} subprocess(es) of the reward function outlived the trainer"
+
+
+def test_a_scoring_process_and_its_keeper_ignore_sigint_and_sigterm():
+    """docs/reliability.md: the trainer decides when scoring ends; a SIGINT or SIGTERM sent to a scoring process
+    (or its keeper) does not break the step: the call returns every reward."""
+    import signal
+
+    from hacrl.driver.scoring import _descendants
+
+    scorer = _user("digits").wait_ready()
+    try:
+        keeper = scorer._workers[0].process.pid
+        for pid in (keeper, *_descendants(keeper)):
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                os.kill(pid, sig)
+        time.sleep(0.2)
+        assert scorer.score(["p"] * 3, ["1", "22", "333"], {}).rewards == [0.25, 0.5, 0.75]
+        assert scorer._workers[0].process.pid == keeper  # the same process: nothing was restarted
+    finally:
+        scorer.close()
