@@ -8,6 +8,9 @@
 | `evaluation(seed, step, split, agent)` | sampled evaluation of one agent on one split at one step | all four |
 | `rank(stream, r)` | rank r > 0 of an agent's worker group (`agents.<i>.devices`): its share of that stream | both |
 
+`hacrl control` draws from the same streams, policy i for agent i: `training` drives its actions, `adapters` the
+initialisation of its weights (unless `policies.<i>.init_seed` names one), `prompts(seed, 0)` its initial states.
+
 The first three keep the formulas of the runs already published (a number in `benchmarks/` reproduces); they are
 pairwise distinct for any run with fewer than 126 agents and fewer than 7,919 epochs. Evaluation seeds are a hash
 of their four parts with bit 62 set, so they can equal none of the others (which stay below 2**62 for any seed

@@ -260,3 +260,30 @@ def test_without_the_extra_the_message_names_it_before_the_run_directory_exists(
     run = tmp_path / "run"
     fails_cleanly(capsys, ["control", CONFIG, *SMALL, f"trainer.output_dir={run}"], 'pip install "hacrl[control]"')
     assert not run.exists()
+
+
+def test_every_seed_of_a_control_run_is_a_named_stream_none_twice(tmp_path, monkeypatch):
+    """Issue 60: control seeded its policies with `seed*1000+i` (a policy's init seed could equal another's sampling
+    seed, and seeds.py's "here and nowhere else" was false). Every torch seed of a control run, global or a
+    generator's, and its initial-state stream are `hacrl.seeds` streams, none twice."""
+    from hacrl import seeds
+
+    seeded: list[int] = []
+    real = torch.manual_seed
+
+    class Generator(torch.Generator):
+        def manual_seed(self, s):
+            seeded.append(int(s))
+            return super().manual_seed(s)
+
+    monkeypatch.setattr(torch, "manual_seed", lambda s: (seeded.append(int(s)), real(s))[1])
+    monkeypatch.setattr(torch, "Generator", Generator)
+    pcg = []
+    real_pcg = np.random.PCG64
+    monkeypatch.setattr(np.random, "PCG64", lambda s: (pcg.append(int(s)), real_pcg(s))[1])
+    trainer = _trainer(tmp_path, "trainer.seed=3")
+    trainer.close()
+    assert seeded == [seeds.adapters(3, 0), seeds.training(3, 0), seeds.adapters(3, 1), seeds.training(3, 1)]
+    assert pcg == [seeds.prompts(3, 0)]
+    assert set(seeded) | set(pcg) <= set(seeds.streams(3, agents=2, steps=0, epochs=1).values())
+    assert len(set(seeded) | set(pcg)) == 5

@@ -35,9 +35,10 @@ from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
 from hacrl.checkpoint import agent_part
-from hacrl.core import LossInputs, get_algorithm, select_foreign
+from hacrl.core import get_algorithm, select_foreign
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
+from hacrl.learner import loss_inputs, update
 from hacrl.messages import (
     Completion,
     GenerateCall,
@@ -388,38 +389,28 @@ class AgentWorker:
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
         advantage_abs_mean = sum(abs(a) for a in adv) / len(adv)
         rows, adv, shared = self._select(rows, adv, capabilities)  # after the advantages: over every scored row
-        reducer = MetricReducer()
-        grad_norms: list[float] = []
-        skipped = 0
-        for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
-            # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
-            mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
-            if not mini:
-                continue
-            agent.optimizer.zero_grad(set_to_none=True)
-            self._accumulate(rows, adv, mini, capabilities, m, reducer)
-            reducer.end_mini_batch()
-            grad_norm = agent.optimizer.clip_grad_norm(agent.cfg.grad_clip)  # float32 with masters
-            if torch.isfinite(grad_norm):  # one host sync per optimizer step: whether to take it
-                agent.optimizer.step()
-                agent.weights_changed()
-                self.optimizer_steps += 1
-                grad_norms.append(grad_norm)
-                faults.hit("update.optimizer")
-            else:  # spec 3.6: a non-finite gradient skips the step, and we say so
-                agent.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-        agent.optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next sampling
-        metrics: dict[str, Any] = reducer.result()
-        if grad_norms:
-            total = 0.0
-            for value in torch.stack(grad_norms).double().tolist():
-                total += value
-            metrics["grad_norm"] = total / len(grad_norms)
+
+        def mini_batches():
+            for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+                # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
+                mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
+                if mini:
+                    yield m, mini
+
+        def stepped() -> None:
+            agent.weights_changed()
+            self.optimizer_steps += 1
+            faults.hit("update.optimizer")
+
+        metrics = update(
+            agent.optimizer,
+            mini_batches(),
+            lambda m, mini, reducer: self._accumulate(rows, adv, mini, capabilities, m, reducer),
+            lambda: agent.optimizer.clip_grad_norm(agent.cfg.grad_clip),  # float32 with masters
+            stepped,
+        )  # optimizer_steps: the steps taken (not the skipped ones, not empty mini-batches)
         if agent.optimizer.offload:
             metrics["time/offload"] = agent.optimizer.take_offload_seconds()
-        metrics["skipped_steps"] = skipped
-        metrics["optimizer_steps"] = len(grad_norms)  # steps taken: not the skipped ones, not empty mini-batches
         metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
         metrics["trained_tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows if r.response_ids)
         metrics.update(shared)
@@ -506,27 +497,11 @@ class AgentWorker:
                 sel = [c for c, i in enumerate(chunk) if i // mini == m]
                 batch = [rows[chunk[c]] for c in sel]
                 leaf = logp[sel].detach().float().requires_grad_(True)
-                device = leaf.device
                 with torch.enable_grad():
-                    loss = self.algorithm.loss(
-                        LossInputs(
-                            logp=leaf,
-                            mask=tb.response_mask[sel],
-                            old_logp=torch.zeros_like(leaf),
-                            adv=torch.tensor([adv[chunk[c]] for c in sel], dtype=torch.float32, device=device),
-                            source=torch.tensor([r.source for r in batch], device=device),
-                            learner=self.index,
-                            capabilities=capabilities.to(device),
-                            source_logp_sum=torch.tensor(
-                                [r.source_logp_sum for r in batch], dtype=torch.float64, device=device
-                            ),
-                            source_num_tokens=torch.tensor([r.source_num_tokens for r in batch], device=device),
-                            num_bytes=torch.tensor([r.num_bytes for r in batch], device=device),
-                            check_values=False,
-                        ),
-                        params=params,
-                        step_index=m,
-                    ).loss
+                    inputs = loss_inputs(batch, leaf, tb.response_mask[sel], torch.zeros_like(leaf),
+                                         [adv[chunk[c]] for c in sel], self.index, capabilities,
+                                         check_values=False)  # fmt: skip
+                    loss = self.algorithm.loss(inputs, params=params, step_index=m).loss
                     (grad,) = torch.autograd.grad(loss, leaf)
                 pull = (grad * tb.response_mask[sel]).sum(-1).abs().double().cpu() * len(sel)  # the loss is a mean
                 for c, value in zip(sel, pull.tolist(), strict=True):
@@ -573,18 +548,15 @@ class AgentWorker:
         if agent.ref_model is not None:
             with torch.no_grad():
                 ref = token_logprobs(agent.ref_model, tb, agent.settings.temperature, chunk_size=chunk)
-        inputs = LossInputs(
-            logp=logp,
-            mask=tb.response_mask,
-            old_logp=old,
-            adv=torch.tensor(adv, dtype=torch.float32, device=device),
-            source=torch.tensor([r.source for r in rows], device=device),
-            learner=self.index,
-            capabilities=capabilities.to(device),
+        inputs = loss_inputs(
+            rows,
+            logp,
+            tb.response_mask,
+            old,
+            adv,
+            self.index,
+            capabilities,
             ref_logp=ref,
-            source_logp_sum=torch.tensor([r.source_logp_sum for r in rows], dtype=torch.float64, device=device),
-            source_num_tokens=torch.tensor([r.source_num_tokens for r in rows], device=device),
-            num_bytes=torch.tensor([r.num_bytes for r in rows], device=device),
             num_seqs=num_seqs,
             num_own=num_own,
             check_values=False,  # `_check_rows` checked them for the whole update

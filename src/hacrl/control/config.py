@@ -27,7 +27,8 @@ class PolicyConfig:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     init_seed: int | None = None
-    """Seed of its initial weights (None: the run's seed and its index)."""
+    """Seed of its initial weights (None: `hacrl.seeds.adapters(trainer.seed, its index)`, a named stream of the
+    run)."""
 
 
 @dataclass

@@ -47,6 +47,16 @@ class Episode:
     old_logp: Any = None
     """(T,) the source's pre-update per-step log-probs, kept by the source for its own update (never crosses)."""
 
+    @property
+    def source_num_tokens(self) -> int:
+        """The episode's length in the source's "tokens": its steps (a foreign row's ratio averages over them)."""
+        return len(self.actions)
+
+    @property
+    def num_bytes(self) -> int:
+        """An episode has no text: its steps stand for the byte count too (the `bytes` normalisation)."""
+        return len(self.actions)
+
 
 class Simple:
     """A pool of `simple_v3` environments stepped in lockstep (one per concurrent episode)."""

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hacrl import seeds
 from hacrl.checkpoint import (
     agent_part,
     read_checkpoint_state,
@@ -37,12 +38,13 @@ from hacrl.control.config import RESUMABLE, control_config_to_yaml
 from hacrl.control.env import NUM_ACTIONS, Episode, Simple
 from hacrl.control.observations import OBSERVATIONS
 from hacrl.control.policies import ARCHITECTURES, step_logprobs
-from hacrl.core import CapabilityTracker, LossInputs, get_algorithm, step_mean_rewards
+from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import ResumePlan, _choose_checkpoint, saved_config
 from hacrl.driver.runloop import RunLoop
 from hacrl.errors import CheckpointError
+from hacrl.learner import loss_inputs, update
 
 EVAL_SEED_BASE = 2**30
 """Held-out initial states are seeds EVAL_SEED_BASE + i; training draws seeds below it."""
@@ -63,21 +65,22 @@ class ControlTrainer(RunLoop):
         self.env = Simple(cfg.env.max_cycles, cfg.env.success_distance)
         self.observe = [OBSERVATIONS[p.observation][0] for p in cfg.policies]
         self.policies, self.optimizers, self.generators = [], [], []
+        seed = cfg.trainer.seed
         for i, p in enumerate(cfg.policies):
-            torch.manual_seed(p.init_seed if p.init_seed is not None else cfg.trainer.seed * 1000 + i)
+            torch.manual_seed(p.init_seed if p.init_seed is not None else seeds.adapters(seed, i))
             policy = ARCHITECTURES[p.architecture](OBSERVATIONS[p.observation][1], p.hidden, NUM_ACTIONS)
             self.policies.append(policy)
             self.optimizers.append(
                 torch.optim.AdamW(policy.parameters(), lr=p.lr, weight_decay=p.weight_decay, betas=(0.9, 0.999))
             )
-            self.generators.append(torch.Generator().manual_seed(cfg.trainer.seed * 1000 + 100 + i))
+            self.generators.append(torch.Generator().manual_seed(seeds.training(seed, i)))
         self.optimizer_steps = [0] * len(self.policies)
         self.tracker = CapabilityTracker(
             len(self.policies),
             window=cfg.algorithm.capability_window,
             warmup_steps=cfg.algorithm.capability_warmup_steps,
         )
-        self.stream = np.random.Generator(np.random.PCG64(cfg.trainer.seed))
+        self.stream = np.random.Generator(np.random.PCG64(seeds.prompts(seed, 0)))  # the initial states
         self.step = 0
         self.history: list[dict[str, Any]] = []
         remove_stale_temporaries(self.run_dir, self.notice)
@@ -195,32 +198,28 @@ class ControlTrainer(RunLoop):
         actions = torch.from_numpy(np.stack([e.actions for e in pool]))
         steps = actions.shape[1]
         old = torch.stack([e.old_logp if e.source == k else torch.zeros(steps) for e in pool])
-        reducer, grad_norms, skipped = MetricReducer(), [], 0
         size = cfg.trainer.mini_batch_size
-        for m, start in enumerate(range(0, len(pool), size)):
-            rows = list(range(start, min(start + size, len(pool))))
-            optimizer.zero_grad(set_to_none=True)
-            inputs = loss_inputs(
-                step_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature),
-                old[rows], adv[rows], [pool[i] for i in rows], k, caps,
-            )  # fmt: skip
+
+        def backward(m: int, rows: list[int], reducer: MetricReducer) -> None:
+            # every step of an episode is in the loss (an episode has no padding)
+            logp = step_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature)
+            inputs = loss_inputs([pool[i] for i in rows], logp, torch.ones_like(logp, dtype=torch.bool), old[rows],
+                                 adv[rows], k, caps)  # fmt: skip
             out = self.algorithm.loss(inputs, params=self.params, step_index=m)
             out.loss.backward()
             reducer.add(out.metrics)
-            reducer.end_mini_batch()
-            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.policies[k].grad_clip)
-            if torch.isfinite(norm):
-                optimizer.step()
-                self.optimizer_steps[k] += 1
-                grad_norms.append(float(norm))
-            else:
-                skipped += 1
-        optimizer.zero_grad(set_to_none=True)
-        metrics = reducer.result()
-        if grad_norms:
-            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["skipped_steps"] = skipped
-        metrics["optimizer_steps"] = len(grad_norms)
+
+        def stepped() -> None:
+            self.optimizer_steps[k] += 1
+
+        starts = enumerate(range(0, len(pool), size))
+        metrics = update(
+            optimizer,
+            ((m, list(range(start, min(start + size, len(pool))))) for m, start in starts),
+            backward,
+            lambda: torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.policies[k].grad_clip),
+            stepped,
+        )
         metrics["trained_sequences"] = len(pool)
         metrics["advantage_abs_mean"] = float(adv.abs().mean())
         return metrics
@@ -303,25 +302,6 @@ class ControlTrainer(RunLoop):
                 "Set them back, or start a new run in another trainer.output_dir (checkpoint.strict_resume=false "
                 "resumes anyway)."
             )
-
-
-def loss_inputs(logp, old_logp, adv, episodes: list[Episode], learner: int, caps) -> LossInputs:
-    """The core's inputs for a mini-batch of episodes, exactly as the LLM trainer builds them for responses: per-step
-    log-probs for per-token ones, every step in the loss (an episode has no padding), the source's summed log-prob
-    and step count for a foreign row's ratio (the step count stands for the byte count too: an episode has no text)."""
-    steps = logp.shape[1]
-    return LossInputs(
-        logp=logp,
-        mask=torch.ones_like(logp, dtype=torch.bool),
-        old_logp=old_logp,
-        adv=adv.to(torch.float32),
-        source=torch.tensor([e.source for e in episodes]),
-        learner=learner,
-        capabilities=caps,
-        source_logp_sum=torch.tensor([e.source_logp_sum for e in episodes], dtype=torch.float64),
-        source_num_tokens=torch.full((len(episodes),), steps),
-        num_bytes=torch.full((len(episodes),), steps),
-    )
 
 
 def _differences(saved: Any, now: Any, prefix: str = ""):
