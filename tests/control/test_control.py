@@ -237,10 +237,25 @@ def test_bad_control_settings_are_refused_naming_the_key(overrides, message, tmp
 
 
 def test_resume_refuses_a_changed_setting(tmp_path, capsys):
+    """Issue 60: control's resume is `hacrl.driver.resume`'s, as for `hacrl train`: a change of the numbers is
+    refused naming both values and the keys that may change; a not-exact change is announced; under
+    `checkpoint.strict_resume=false` a refused change resumes with a warning (control used to resume silently)."""
+    from hacrl.errors import HacrlWarning
+
     run = tmp_path / "run"
     assert main(["control", CONFIG, *SMALL, "trainer.steps=1", "eval.at_start=false", f"trainer.output_dir={run}"]) == 0
     fails_cleanly(capsys, ["control", CONFIG, *SMALL, "trainer.steps=2", f"trainer.output_dir={run}",
-                           "policies.0.lr=0.1", "--resume"], "policies.0.lr: 0.003 -> 0.1")  # fmt: skip
+                           "policies.0.lr=0.1", "--resume"], "policies.0.lr: 0.003 in the checkpoint, 0.1 now",
+                  "Safe to change on resume: trainer.steps, trainer.output_dir, eval.*, logging.*, checkpoint.*",
+                  "allowed but no longer bit-exact: trainer.torch_threads")  # fmt: skip
+    assert main(["control", CONFIG, *SMALL, "trainer.steps=2", f"trainer.output_dir={run}", "trainer.torch_threads=2",
+                 "eval.initial_states=5", "--resume"]) == 0  # fmt: skip
+    assert "resuming with trainer.torch_threads: 1 in the checkpoint, 2 now: allowed, but no longer bit-identical" in (
+        capsys.readouterr().err
+    )
+    with pytest.warns(HacrlWarning, match="resuming with a changed setting .*policies.0.lr: 0.003 in the checkpoint"):
+        assert main(["control", CONFIG, *SMALL, "trainer.steps=3", f"trainer.output_dir={run}", "policies.0.lr=0.1",
+                     "checkpoint.strict_resume=false", "--resume"]) == 0  # fmt: skip
 
 
 def test_without_the_extra_the_message_names_it_before_the_run_directory_exists(monkeypatch, tmp_path, capsys):

@@ -1,15 +1,16 @@
 """The control trainer's config: the LLM trainer's `algorithm`, `sharing`-free core settings, `logging` and
 `checkpoint` groups unchanged, plus its own `policies`, `env`, `trainer` and `eval`. Loaded like the LLM config:
-defaults < YAML < dotted overrides, unknown keys and bad values refused with the key."""
+defaults < YAML < dotted overrides, unknown keys and bad values refused with the key. What a resumed run may change
+is marked as in the LLM config (SAFE / NOT_EXACT) and decided by the same `hacrl.driver.resume`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from hacrl.config import AlgorithmConfig, CheckpointConfig, LoggingConfig
+from hacrl.config import NOT_EXACT, SAFE, AlgorithmConfig, CheckpointConfig, LoggingConfig
 from hacrl.errors import ConfigError
 
 
@@ -43,7 +44,7 @@ class EnvConfig:
 
 @dataclass
 class ControlTrainerConfig:
-    steps: int = 150
+    steps: int = field(default=150, metadata=SAFE)
     initial_states_per_step: int = 8
     """B: initial states (seeded resets) per step, every policy G episodes from each."""
     group_size: int = 8
@@ -52,14 +53,16 @@ class ControlTrainerConfig:
     """Episodes per optimizer step (must divide B x G)."""
     temperature: float = 1.0
     seed: int = 0
-    output_dir: str = "runs/control"
-    torch_threads: int = 1
+    output_dir: str = field(default="runs/control", metadata=SAFE)
+    torch_threads: int = field(default=1, metadata=NOT_EXACT)
     """torch intra-op threads: these policies are tiny, and more threads than one only wait on each other (a step
     took 9 s instead of 0.6 s with 2 threads beside another process on 2 cores)."""
 
 
 @dataclass
 class ControlEvalConfig:
+    RESUME: ClassVar[dict] = SAFE  # evaluation draws from held-out initial states, greedily: never the training's
+
     every: int = 25
     """Evaluate every this many steps (0: only at the end)."""
     at_start: bool = True
@@ -76,10 +79,6 @@ class ControlConfig:
     eval: ControlEvalConfig = field(default_factory=ControlEvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-
-
-RESUMABLE = ("trainer.steps", "trainer.output_dir", "trainer.torch_threads", "eval.", "logging.", "checkpoint.")
-"""Keys a resumed control run may change (the others would change its numbers)."""
 
 
 def load_control_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ControlConfig:

@@ -29,19 +29,18 @@ import torch
 from hacrl import seeds
 from hacrl.checkpoint import (
     agent_part,
-    read_checkpoint_state,
     remove_stale_temporaries,
     restoring,
     save_checkpoint,
 )
-from hacrl.control.config import RESUMABLE, control_config_to_yaml
+from hacrl.control.config import control_config_to_yaml
 from hacrl.control.env import NUM_ACTIONS, Episode, Simple
 from hacrl.control.observations import OBSERVATIONS
 from hacrl.control.policies import ARCHITECTURES, step_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.resume import ResumePlan, _choose_checkpoint, saved_config
+from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
 from hacrl.errors import CheckpointError
 from hacrl.learner import loss_inputs, update
@@ -84,13 +83,9 @@ class ControlTrainer(RunLoop):
         self.step = 0
         self.history: list[dict[str, Any]] = []
         remove_stale_temporaries(self.run_dir, self.notice)
-        checkpoint, restarting = _choose_checkpoint(cfg, self.run_dir, resume, self.notice)
-        state = None
-        if checkpoint is not None:
-            state = read_checkpoint_state(checkpoint, self.names)
-            self._check_settings(checkpoint)
-            self._load(checkpoint, state)
-        self.plan = ResumePlan(checkpoint, state, restarting)
+        self.plan = plan_resume(cfg, self.run_dir, resume, self.notice, names=self.names)  # as `hacrl train` does
+        if self.plan.checkpoint is not None:
+            self._load(self.plan.checkpoint, self.plan.state)
 
     def _write_config(self, path: Path) -> None:
         path.write_text(control_config_to_yaml(self.config))
@@ -287,29 +282,3 @@ class ControlTrainer(RunLoop):
             self.tracker.load_state_dict(state["capability"])
             self.stream.bit_generator.state = state["data"]
         self.step = state["step"]
-
-    def _check_settings(self, checkpoint: Path) -> None:
-        saved = saved_config(checkpoint) if (checkpoint / "config.yaml").is_file() else {}
-        now = asdict(self.config)
-        changed = [
-            f"{key}: {old!r} -> {new!r}"
-            for key, old, new in _differences(saved or {}, now)
-            if not any(key == r or key.startswith(r) for r in RESUMABLE)
-        ]
-        if changed and self.config.checkpoint.strict_resume:
-            raise CheckpointError(
-                f"resuming from {checkpoint} would change settings of the run that wrote it: {'; '.join(changed)}. "
-                "Set them back, or start a new run in another trainer.output_dir (checkpoint.strict_resume=false "
-                "resumes anyway)."
-            )
-
-
-def _differences(saved: Any, now: Any, prefix: str = ""):
-    if isinstance(saved, dict) and isinstance(now, dict):
-        for key in sorted(set(saved) | set(now)):
-            yield from _differences(saved.get(key), now.get(key), f"{prefix}{key}.")
-    elif isinstance(saved, list) and isinstance(now, list) and len(saved) == len(now):
-        for i, (a, b) in enumerate(zip(saved, now, strict=True)):
-            yield from _differences(a, b, f"{prefix}{i}.")
-    elif saved != now:
-        yield prefix.rstrip("."), saved, now

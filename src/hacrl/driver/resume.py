@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl.checkpoint import agent_weights_dir, latest_checkpoint, read_checkpoint_state, resume_point
-from hacrl.config import GROUPS, RENAMED, AgentConfig, ConfigError, SharingConfig, TrainConfig, load_yaml
+from hacrl.config import RENAMED, AgentConfig, ConfigError, SharingConfig, TrainConfig, load_yaml
 from hacrl.config.docs import default_of
 from hacrl.driver.rundir import last_logged_step, trim_metrics
 from hacrl.errors import CheckpointError, RunDirError, warn
@@ -53,13 +53,14 @@ class ResumePlan:
         return str(agent_weights_dir(self.checkpoint, agent.name))
 
 
-def plan_resume(config: TrainConfig, run_dir: Path, resume: str, notice: Notice) -> ResumePlan:
-    """The plan for `resume` (`never`, `auto` or a checkpoint path) in `run_dir`, its settings checked."""
-    checkpoint, restarting = _choose_checkpoint(config, run_dir, resume, notice)
+def plan_resume(config: Any, run_dir: Path, resume: str, notice: Notice, names: list[str] | None = None) -> ResumePlan:
+    """The plan for `resume` (`never`, `auto` or a checkpoint path) in `run_dir`, its settings checked; for either
+    config root (`names`: the entries a checkpoint must hold, default the config's agents)."""
+    checkpoint, restarting = choose_checkpoint(config, run_dir, resume, notice)
     if checkpoint is None:
         return ResumePlan(restarting=restarting)
-    state = read_checkpoint_state(checkpoint, [a.name for a in config.agents])
-    _check_settings(config, checkpoint, notice)
+    state = read_checkpoint_state(checkpoint, names if names is not None else [a.name for a in config.agents])
+    check_settings(config, checkpoint, notice)
     return ResumePlan(checkpoint, state)
 
 
@@ -85,7 +86,7 @@ def prepare_run_dir(plan: ResumePlan, run_dir: Path, notice: Notice) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _choose_checkpoint(config: TrainConfig, run_dir: Path, resume: str, notice: Notice) -> tuple[Path | None, bool]:
+def choose_checkpoint(config: Any, run_dir: Path, resume: str, notice: Notice) -> tuple[Path | None, bool]:
     """`never`: none. A path: that one, or an error. `auto`: the newest good one; none when the run stopped
     before its first checkpoint (it starts again from step 0: restarting)."""
     if resume == "never":
@@ -132,14 +133,17 @@ def saved_config(checkpoint: Path) -> dict[str, Any]:
     return data
 
 
-def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> None:
+def check_settings(config: Any, checkpoint: Path, notice: Notice) -> None:
+    """The checkpoint's saved config against `config` (either root): a change of the numbers refused (unless
+    `checkpoint.strict_resume=false`: then a warning per change), a not-exact change announced."""
+    root = type(config)
     refused, not_exact = resume_differences(saved_config(checkpoint), config)
     if refused and config.checkpoint.strict_resume:
         raise CheckpointError(
             f"resuming from {checkpoint} would change settings of the run that wrote it, so it would not "
             "continue that run: " + "; ".join(refused) + ". Set them back, or start a new run in another "
-            f"trainer.output_dir. Safe to change on resume: {', '.join(resume_rules('safe'))}; allowed but no "
-            f"longer bit-exact: {', '.join(resume_rules('not_exact'))}. To resume anyway, set "
+            f"trainer.output_dir. Safe to change on resume: {', '.join(resume_rules('safe', root))}; allowed but no "
+            f"longer bit-exact: {', '.join(resume_rules('not_exact', root)) or 'nothing'}. To resume anyway, set "
             "checkpoint.strict_resume=false."
         )
     for line in refused:
@@ -149,13 +153,28 @@ def _check_settings(config: TrainConfig, checkpoint: Path, notice: Notice) -> No
 
 
 # -- what may change when a run is resumed ------------------------------------------------------------------------
+# Generic over the config's root (`TrainConfig` for `hacrl train`, `ControlConfig` for `hacrl control`): each root
+# declares its fields' SAFE / NOT_EXACT marks, and its lists of entries (`agents`, `policies`) by their type hints.
 
 
-def resume_policy(key: str) -> str:
+def _entries(cls: type) -> dict[str, type]:
+    """{field: entry class} of `cls`'s list-of-dataclass fields (`agents: list[AgentConfig]`)."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in fields(cls):
+        args = typing.get_args(hints.get(f.name))
+        if typing.get_origin(hints.get(f.name)) is list and args and is_dataclass(args[0]):
+            out[f.name] = args[0]
+    return out
+
+
+def resume_policy(key: str, root: type = TrainConfig) -> str:
     """`safe`, `not_exact` or `refused`: what changing the flattened config key `key` (`agents.1.device`,
     `data.task_options.min_digits`) does to a resumed run, from the field's metadata (SAFE / NOT_EXACT) or its
     group's `RESUME`; `refused` when neither says otherwise (it would change the training numbers)."""
-    cls: Any = TrainConfig
+    cls: Any = root
     policy = "refused"
     parts = key.split(".")
     i = 0
@@ -166,18 +185,19 @@ def resume_policy(key: str) -> str:
             break
         policy = f.metadata.get("resume", policy)
         default = default_of(f)
+        entries = _entries(cls)
         if is_dataclass(default):
             cls = type(default)
             policy = getattr(cls, "RESUME", {}).get("resume", policy)
-        elif f.name == "agents":
-            cls, i = AgentConfig, i + 1  # skip the index
+        elif f.name in entries:
+            cls, i = entries[f.name], i + 1  # skip the index
         else:
             cls = None
         i += 1
     return policy
 
 
-def resume_rules(policy: str) -> list[str]:
+def resume_rules(policy: str, root: type = TrainConfig) -> list[str]:
     """The keys (`eval.*` for a whole group, `agents.*.device`) whose resume policy is `policy`."""
     out: list[str] = []
 
@@ -186,24 +206,44 @@ def resume_rules(policy: str) -> list[str]:
         if group == policy and group != inherited:
             out.append(f"{prefix}*")
             return
+        entries = _entries(cls)
         for f in fields(cls):
             default = default_of(f)
             if is_dataclass(default):
                 walk(type(default), f"{prefix}{f.name}.", group)
-            elif f.name == "agents":
-                walk(AgentConfig, "agents.*.", group)
+            elif f.name in entries:
+                walk(entries[f.name], f"{prefix}{f.name}.*.", group)
             elif f.metadata.get("resume", group) == policy and group != policy:
                 out.append(prefix + f.name)
 
-    walk(TrainConfig, "", "refused")
+    walk(root, "", "refused")
     return out
 
 
-_DICT_VALUED = ("data.task_options", "agents.*.chat_template_kwargs")
+def _dict_valued(cls: type, prefix: str = "") -> list[str]:
+    """The patterns of `cls`'s dict-valued settings (`data.task_options`, `agents.*.chat_template_kwargs`): keys
+    inside them are compared even when one side lacks them."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    entries = _entries(cls)
+    out = []
+    for f in fields(cls):
+        default = default_of(f)
+        if is_dataclass(default):
+            out += _dict_valued(type(default), f"{prefix}{f.name}.")
+        elif f.name in entries:
+            out += _dict_valued(entries[f.name], f"{prefix}{f.name}.*.")
+        elif any(
+            t is dict or typing.get_origin(t) is dict for t in (hints.get(f.name), *typing.get_args(hints.get(f.name)))
+        ):
+            out.append(prefix + f.name)
+    return out
 
 
-def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[list[str], list[str]]:
-    """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use.
+def resume_differences(saved: dict[str, Any], current: Any) -> tuple[list[str], list[str]]:
+    """Compare a checkpoint's resolved config (`config.yaml`, as a dict) with the config a resume would use (a
+    `TrainConfig` or a `ControlConfig`).
 
     Returns (refused, not_exact): lines `key: <saved> in the checkpoint, <now> now` for each changed key that would
     change the training numbers, and for each changed key whose `resume_policy` is `not_exact`; `safe` keys are
@@ -211,18 +251,21 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
     only are ignored (a config field added or removed by another hacrl version), except inside dict-valued settings
     such as `data.task_options`. A whole config group that a checkpoint lacks (written before the group existed,
     like `sharing`) is compared as its defaults: what that version did."""
-    defaults = TrainConfig()
-    saved = {**{g: asdict(getattr(defaults, g)) for g in GROUPS[1:] if g not in saved}, **saved}
-    old = {RENAMED.get(k, k): v for k, v in _flatten(saved).items()}
-    new = _flatten(asdict(current))
+    root = type(current)
+    defaults, entries = root(), set(_entries(root))
+    groups = [f.name for f in fields(root) if is_dataclass(getattr(defaults, f.name))]
+    saved = {**{g: asdict(getattr(defaults, g)) for g in groups if g not in saved}, **saved}
+    old = {RENAMED.get(k, k): v for k, v in _flatten(saved, entries=entries).items()}
+    new = _flatten(asdict(current), entries=entries)
+    dict_valued = _dict_valued(root)
     refused, not_exact = [], []
     for key in sorted(set(old) | set(new)):
         pattern = _pattern(key)
         if key not in old or key not in new:
-            if not any(pattern.startswith(d + ".") for d in _DICT_VALUED):
+            if not any(pattern.startswith(d + ".") for d in dict_valued):
                 continue
         before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
-        policy = resume_policy(key)
+        policy = resume_policy(key, root)
         if before == after or policy == "safe" or _unread_sharing_setting(key, saved, current):
             continue
         line = f"{key}: {before!r} in the checkpoint, {after!r} now"
@@ -230,26 +273,26 @@ def resume_differences(saved: dict[str, Any], current: TrainConfig) -> tuple[lis
     return refused, not_exact
 
 
-def _unread_sharing_setting(key: str, saved: dict[str, Any], current: TrainConfig) -> bool:
+def _unread_sharing_setting(key: str, saved: dict[str, Any], current: Any) -> bool:
     """`sharing.<setting>` that neither the checkpoint's policy nor the resumed one reads (`min_reward` under `all`):
     a change of it changes no number."""
     group, _, name = key.partition(".")
-    if group != "sharing" or name == "policy":
+    if group != "sharing" or name == "policy" or not hasattr(current, "sharing"):
         return False
     before = SharingConfig(policy=(saved.get("sharing") or {}).get("policy", "all"))
     return not before.reads(name) and not current.sharing.reads(name)
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(value: Any, prefix: str = "", *, entries: set[str] = frozenset({"agents"})) -> dict[str, Any]:
     if isinstance(value, dict):
         items = value.items()
-    elif isinstance(value, list) and prefix == "agents":  # other lists are compared whole
+    elif isinstance(value, list) and prefix in entries:  # other lists are compared whole
         items = ((str(i), v) for i, v in enumerate(value))
     else:
         return {prefix: value}
     out: dict[str, Any] = {}
     for k, v in items:
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k), entries=entries))
     return out
 
 
