@@ -520,6 +520,59 @@ def agent_part(path: str | Path, name: str) -> AgentPart:
     return AgentPart(Path(path), name)
 
 
+# -- the payloads: one writer and one reader each, for every trainer (agent workers, ranks, control policies) --------
+
+
+def driver_state(
+    *, step: int, agents: list[str], capability: dict, data: dict, algorithm: str, frozen: list[str] | None = None
+) -> dict[str, Any]:
+    """The driver's record in state.json (the manifest `files` is added by `save_checkpoint`): the step, the agents
+    in order (those frozen: their part is their random stream only), the capability tracker's and the data stream's
+    states (`state_dict()`), and the algorithm's name. What `_state_problems` checks when it is read back."""
+    return {"step": step, "agents": list(agents), "capability": capability, "data": data, "algorithm": algorithm,
+            "frozen": list(frozen or [])}  # fmt: skip
+
+
+def write_rng(file: Path, rng: dict[str, torch.Tensor], optimizer_steps: int) -> None:
+    """An agent's (or a rank's) random stream and its optimizer-step count (`rng/<name>[.rank<r>].pt`)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**rng, "optimizer_steps": optimizer_steps}, file)
+
+
+def read_rng(file: Path, who: str) -> tuple[dict[str, torch.Tensor], int]:
+    """(the generator states, the optimizer-step count) that `write_rng` wrote, read as tensors only; a CheckpointError
+    naming the file and `who` (e.g. "agent 'qwen'") when it is missing, damaged or not a random stream."""
+    try:
+        rng = torch.load(file, weights_only=True)
+        steps = int(rng.pop("optimizer_steps", 0))
+        torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
+    except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
+        raise CheckpointError(
+            f"{file}: cannot load the random stream of {who} ({type(e).__name__}: {first_line(e)}); the checkpoint is "
+            "damaged (checkpoint.verify_digests=true finds such files before resuming and falls back to an earlier "
+            "checkpoint): resume from an earlier one (checkpoint.resume=<its directory>)"
+        ) from e
+    return rng, steps
+
+
+def write_optimizer(file: Path, state: dict[str, Any]) -> None:
+    """An optimizer's `state_dict()` (`optimizer/<name>.pt`: tensors and numbers)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, file)
+
+
+def read_optimizer(file: Path, who: str, map_location: Any = "cpu") -> dict[str, Any]:
+    """The `state_dict()` that `write_optimizer` wrote, read as tensors only (never unpickled as code) onto
+    `map_location`; a CheckpointError naming the file and `who` otherwise."""
+    try:
+        return torch.load(file, weights_only=True, map_location=map_location)
+    except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
+        raise CheckpointError(
+            f"{file}: cannot load the optimizer state of {who} ({type(e).__name__}: {first_line(e)}); resume from an "
+            "earlier checkpoint (checkpoint.resume=<its directory>)"
+        ) from e
+
+
 def adapter_base(directory: str | Path) -> str | None:
     """The base model directory a LoRA agent's adapters were trained on, or None when `directory` holds no
     adapters (a full model directory)."""

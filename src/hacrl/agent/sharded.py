@@ -47,7 +47,7 @@ from hacrl.agent.logprobs import TokenBatch
 from hacrl.agent.model import DTYPES, Agent, _load_model
 from hacrl.agent.precision import ParameterStep
 from hacrl.agent.worker import AgentWorker, _Rollout
-from hacrl.checkpoint import agent_part
+from hacrl.checkpoint import agent_part, read_rng, write_rng
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
@@ -191,9 +191,7 @@ class ShardedWorker(AgentWorker):
             names = [n for n, _ in agent.model.named_parameters()]
             tensors = optimizer_tensors(agent.optimizer, agent.optimizer.params, names)
             save_optimizer_tensors(tensors, part.optimizer_dir)
-            rng_file = part.rank_rng_file(self.rank)
-            rng_file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, rng_file)
+            write_rng(part.rank_rng_file(self.rank), self._rng, self.optimizer_steps)
         except OSError:
             raise
         except Exception as e:  # noqa: BLE001 - as AgentWorker.save
@@ -222,20 +220,10 @@ class ShardedWorker(AgentWorker):
                 f"optimizer state of agent {self.name!r} on rank {self.rank} ({type(e).__name__}: {first_line(e)}); "
                 "resume from an earlier checkpoint (checkpoint.resume=<its directory>)"
             ) from e
+        _, self.optimizer_steps = read_rng(part.rng_file, f"agent {self.name!r}")  # rank 0's count is the group's
         rng_file = part.rank_rng_file(self.rank)
-        try:
-            rng = torch.load(part.rng_file, weights_only=True)
-            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
-            if rng_file.is_file():
-                rng = torch.load(rng_file, weights_only=True)
-                rng.pop("optimizer_steps", None)
-                torch.Generator().set_state(rng["cpu"])
-                self._rng = rng
-        except Exception as e:  # noqa: BLE001 - as AgentWorker.load
-            raise CheckpointError(
-                f"{rng_file}: cannot load the random stream of agent {self.name!r}, rank {self.rank} "
-                f"({type(e).__name__}: {first_line(e)}); resume from an earlier checkpoint"
-            ) from e
+        if rng_file.is_file():
+            self._rng, _ = read_rng(rng_file, f"agent {self.name!r}, rank {self.rank}")
 
     # -- the update --------------------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from hacrl.agent.model import Agent, first_nonfinite
 from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
-from hacrl.checkpoint import agent_part
+from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
 from hacrl.core import get_algorithm, select_foreign
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
@@ -215,10 +215,8 @@ class AgentWorker:
                     part.weights_dir, safe_serialization=True, state_dict=self.agent.trained_state_dict()
                 )
                 self.agent.tokenizer.save_pretrained(part.weights_dir)
-                part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(self.agent.optimizer.state_dict(), part.optimizer_file)
-            part.rng_file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({**self._rng, "optimizer_steps": self.optimizer_steps}, part.rng_file)
+                write_optimizer(part.optimizer_file, self.agent.optimizer.state_dict())
+            write_rng(part.rng_file, self._rng, self.optimizer_steps)
         except OSError:
             raise  # the one error path names the errno, the file and the fix (cli._os_error_message)
         except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
@@ -247,27 +245,16 @@ class AgentWorker:
             elif optimizer is not None:  # a frozen agent has none
                 # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
                 where = "cpu" if optimizer.offload else self.agent.device
-                state = torch.load(file, weights_only=True, map_location=where)
-                optimizer.load_state_dict(state)
-        except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
+                optimizer.load_state_dict(read_optimizer(file, f"agent {self.name!r}", where))
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - named, with what to do
             raise CheckpointError(
                 f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "
                 f"{first_line(e)}); resume from an earlier checkpoint "
                 "(checkpoint.resume=<its directory>)"
             ) from e
-        rng_file = part.rng_file
-        try:
-            rng = torch.load(rng_file, weights_only=True)
-            self.optimizer_steps = int(rng.pop("optimizer_steps", 0))
-            torch.Generator().set_state(rng["cpu"])  # a readable file with the wrong content is damaged too
-            self._rng = rng
-        except Exception as e:  # noqa: BLE001 - a damaged or missing random-stream file: named, with what to do
-            raise CheckpointError(
-                f"{rng_file}: cannot load the random stream of agent {self.name!r} ({type(e).__name__}: "
-                f"{first_line(e)}); the checkpoint is damaged (checkpoint."
-                "verify_digests=true finds such files before resuming and falls back to an earlier checkpoint): "
-                "resume from an earlier one (checkpoint.resume=<its directory>)"
-            ) from e
+        self._rng, self.optimizer_steps = read_rng(part.rng_file, f"agent {self.name!r}")
 
     def describe(self) -> WorkerInfo:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())

@@ -29,9 +29,14 @@ import torch
 from hacrl import seeds
 from hacrl.checkpoint import (
     agent_part,
+    driver_state,
+    read_optimizer,
+    read_rng,
     remove_stale_temporaries,
     restoring,
     save_checkpoint,
+    write_optimizer,
+    write_rng,
 )
 from hacrl.control.config import control_config_to_yaml
 from hacrl.control.env import NUM_ACTIONS, Episode, Simple
@@ -242,21 +247,16 @@ class ControlTrainer(RunLoop):
                 state = {k: v.detach().contiguous() for k, v in self.policies[j].state_dict().items()}
                 save_file(state, str(part.weights_dir / "model.safetensors"))
                 (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
-                part.optimizer_file.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(self.optimizers[j].state_dict(), part.optimizer_file)
-                part.rng_file.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(
-                    {"cpu": self.generators[j].get_state(), "optimizer_steps": self.optimizer_steps[j]}, part.rng_file
-                )
+                write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
+                write_rng(part.rng_file, {"cpu": self.generators[j].get_state()}, self.optimizer_steps[j])
 
-        state = {
-            "step": self.step,
-            "agents": self.names,
-            "capability": self.tracker.state_dict(),
-            "data": self.stream.bit_generator.state,
-            "algorithm": self.config.algorithm.name,
-            "frozen": [],
-        }
+        state = driver_state(
+            step=self.step,
+            agents=self.names,
+            capability=self.tracker.state_dict(),
+            data=self.stream.bit_generator.state,
+            algorithm=self.config.algorithm.name,
+        )
         return save_checkpoint(
             self.run_dir, self.step, write_parts, state, keep_last=self.config.checkpoint.keep_last,
             config_yaml=control_config_to_yaml(self.config),
@@ -269,10 +269,11 @@ class ControlTrainer(RunLoop):
             part = agent_part(checkpoint, name)
             try:
                 self.policies[j].load_state_dict(load_file(str(part.weights_dir / "model.safetensors")))
-                self.optimizers[j].load_state_dict(torch.load(part.optimizer_file, weights_only=True))
-                rng = torch.load(part.rng_file, weights_only=True)
+                self.optimizers[j].load_state_dict(read_optimizer(part.optimizer_file, f"policy {name!r}"))
+                rng, self.optimizer_steps[j] = read_rng(part.rng_file, f"policy {name!r}")
                 self.generators[j].set_state(rng["cpu"])
-                self.optimizer_steps[j] = int(rng.get("optimizer_steps", 0))
+            except CheckpointError:
+                raise
             except Exception as e:  # noqa: BLE001 - named, with what to do
                 raise CheckpointError(
                     f"{checkpoint}: cannot load policy {name!r} ({type(e).__name__}: {e}); resume from an earlier "

@@ -30,7 +30,7 @@ import torch
 
 from hacrl import faults, seeds
 from hacrl.agent.exchange import foreign_trajectories
-from hacrl.checkpoint import remove_stale_temporaries, restoring, save_checkpoint
+from hacrl.checkpoint import driver_state, remove_stale_temporaries, restoring, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
@@ -289,14 +289,14 @@ class Trainer(RunLoop):
         return out
 
     def save(self) -> Path:
-        state = {
-            "step": self.step,
-            "agents": self.names,
-            "capability": self.tracker.state_dict(),
-            "data": self.stream.state_dict(),
-            "algorithm": self.config.algorithm.name,
-            "frozen": [name for name, frozen in zip(self.names, self.frozen, strict=True) if frozen],
-        }
+        state = driver_state(
+            step=self.step,
+            agents=self.names,
+            capability=self.tracker.state_dict(),
+            data=self.stream.state_dict(),
+            algorithm=self.config.algorithm.name,
+            frozen=[name for name, frozen in zip(self.names, self.frozen, strict=True) if frozen],
+        )
 
         def write_parts(directory: Path) -> None:
             self.workers.save(str(directory), what=f"writing checkpoint {self.step}")
