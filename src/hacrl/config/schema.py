@@ -339,7 +339,7 @@ class SharingConfig:
     The advantages are always computed over every scored response; the policy then chooses the foreign rows that
     enter the learner's loss (own rows always do; `hacrl.core.sharing`, docs/design.md)."""
 
-    policy: Literal["all", "correct", "learner_fails", "top_k", "adaptive"] = "all"
+    policy: str = "all"
     """`all`: every foreign row (the paper). `correct`: foreign rows with reward >= `min_reward`. `learner_fails`:
     the foreign rows of prompts where the learner's own mean reward is below `fail_below`. `top_k`: per prompt, the
     `k` foreign rows of highest relevance to the learner (|d objective / d its mean log-prob| at the start of its
@@ -356,19 +356,20 @@ class SharingConfig:
     margin: float = 0.0
     """`adaptive`: a source's rows of a prompt are kept when its mean reward there exceeds the learner's by more."""
 
-    READS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "all": (),
-        "correct": ("min_reward",),
-        "learner_fails": ("fail_below",),
-        "top_k": ("k",),
-        "adaptive": ("margin",),
-    }
-    """The settings each policy reads: the others neither are checked against `algorithm` nor matter on resume."""
-
     def reads(self, key: str) -> bool:
-        return key in self.READS.get(self.policy, ())
+        """Whether this policy reads `sharing.<key>` (`hacrl.core.sharing.SETTINGS`): the others are neither
+        checked against `algorithm` nor compared on resume."""
+        from hacrl.core.sharing import SETTINGS
+
+        return key in SETTINGS.get(self.policy, ())
 
     def check(self, where: str = "sharing") -> None:
+        from hacrl.core.sharing import POLICIES
+
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"{where}.policy={self.policy!r} is not a sharing policy: choose one of {', '.join(POLICIES)}"
+            )
         if self.k < 1:
             raise ConfigError(f"{where}.k must be >= 1 (foreign rows kept per prompt by top_k), got {self.k}")
         if self.min_reward is not None and self.min_reward < 0:

@@ -30,7 +30,16 @@ from torch import Tensor
 
 from hacrl.core._checks import check_1d, check_finite, check_ids, check_index, check_integer
 
-POLICIES = ("all", "correct", "learner_fails", "top_k", "adaptive")
+SETTINGS = {
+    "all": (),
+    "correct": ("min_reward",),
+    "learner_fails": ("fail_below",),
+    "top_k": ("k",),
+    "adaptive": ("margin",),
+}
+"""Every policy, with the `sharing.*` settings it reads (the others are neither checked nor compared on resume)."""
+POLICIES = tuple(SETTINGS)
+"""The policies' names: the one registry (`sharing.policy` is checked against it)."""
 
 
 def select_foreign(

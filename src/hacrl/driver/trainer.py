@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -312,17 +313,15 @@ class Trainer(RunLoop):
 
 
 class _Timer:
+    """Seconds spent in each named phase of a step: `with timer("sampling"): ...` adds to `totals["sampling"]`."""
+
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
 
+    @contextmanager
     def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.totals[name] += time.perf_counter() - self.start
-
-        return _Span()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - start
