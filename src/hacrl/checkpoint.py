@@ -276,68 +276,72 @@ def read_sharded_metadata(directory: str | Path):
 def _plain_sharded_metadata(loaded: Any):
     """A new Metadata holding only the tensor records of `loaded` (an unpickled `.metadata`), each field
     type-checked; CheckpointError naming the first record that is anything else."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        ChunkStorageMetadata,
-        Metadata,
-        MetadataIndex,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
-
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"its .metadata {what}; it was not written by hacrl (or was changed since)")
-
-    def size(value: Any, what: str) -> torch.Size:
-        if type(value) is not torch.Size or len(value) > 64 or any(type(n) is not int or n < 0 for n in value):
-            raise bad(f"gives {what} as {type(value).__name__}, not a shape")
-        return torch.Size(value)
-
-    def count(value: Any, what: str) -> int:
-        if type(value) is not int or value < 0:
-            raise bad(f"gives {what} as {clip(repr(value))}, not a count")
-        return value
+    from torch.distributed.checkpoint.metadata import Metadata
 
     if type(loaded) is not Metadata or type(loaded.state_dict_metadata) is not dict:
-        raise bad(f"holds a {type(loaded).__name__}, not a checkpoint's Metadata")
-    tensors = {}
-    for fqn, record in loaded.state_dict_metadata.items():
-        if type(fqn) is not str:
-            raise bad(f"names a record {clip(repr(fqn))}, not a string")
-        if type(record) is not TensorStorageMetadata:
-            raise bad(f"describes {fqn!r} as a {type(record).__name__}: an optimizer checkpoint holds tensors only")
-        dtype = getattr(record.properties, "dtype", None)
-        if type(record.properties) is not TensorProperties or not isinstance(dtype, torch.dtype):
-            raise bad(f"gives {fqn!r} no dtype")
-        if type(record.chunks) is not list:
-            raise bad(f"gives {fqn!r} no list of chunks")
-        chunks = [ChunkStorageMetadata(offsets=size(getattr(c, "offsets", None), f"{fqn!r}'s chunk offsets"),
-                                       sizes=size(getattr(c, "sizes", None), f"{fqn!r}'s chunk sizes"))
-                  for c in record.chunks]  # fmt: skip
-        if any(type(c) is not ChunkStorageMetadata for c in record.chunks):
-            raise bad(f"gives {fqn!r} a chunk that is not a chunk record")
-        tensors[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), size(record.size, f"{fqn!r}'s size"),
-                                             chunks)  # fmt: skip
+        raise _not_ours(f"holds a {type(loaded).__name__}, not a checkpoint's Metadata")
+    tensors = {fqn: _tensor_record(fqn, record) for fqn, record in loaded.state_dict_metadata.items()}
     if type(loaded.storage_data) is not dict:
-        raise bad("has no table of where each tensor is stored")
-    storage = {}
-    for index, info in loaded.storage_data.items():
-        if type(index) is not MetadataIndex or type(index.fqn) is not str or index.fqn not in tensors:
-            raise bad(f"stores data for {clip(repr(getattr(index, 'fqn', index)))}, which it describes as no tensor")
-        offset = None if index.offset is None else size(index.offset, f"{index.fqn!r}'s offset")
-        key = MetadataIndex(fqn=index.fqn, offset=offset, index=None if index.index is None else
-                            count(index.index, f"{index.fqn!r}'s index"))  # fmt: skip
-        if type(info) is not _StorageInfo:
-            raise bad(f"stores {index.fqn!r} in a {type(info).__name__}, not a shard's record")
-        path = info.relative_path
-        if type(path) is not str or not _SHARD_FILE.match(path):
-            raise bad(f"stores {index.fqn!r} in {clip(repr(path))}, not a shard file of this directory "
-                      "(__<rank>_<n>.distcp)")  # fmt: skip
-        if getattr(info, "transform_descriptors", None):
-            raise bad(f"asks for transforms {clip(repr(info.transform_descriptors))} of {index.fqn!r}'s bytes "
-                      "(hacrl writes none)")  # fmt: skip
-        storage[key] = _StorageInfo(path, count(info.offset, "an offset"), count(info.length, "a length"))
+        raise _not_ours("has no table of where each tensor is stored")
+    storage = dict(_storage_entry(index, info, tensors) for index, info in loaded.storage_data.items())
     return Metadata(state_dict_metadata=tensors, planner_data=None, storage_data=storage)
+
+
+def _not_ours(what: str) -> CheckpointError:
+    return CheckpointError(f"its .metadata {what}; it was not written by hacrl (or was changed since)")
+
+
+def _shape(value: Any, what: str) -> torch.Size:
+    if type(value) is not torch.Size or len(value) > 64 or any(type(n) is not int or n < 0 for n in value):
+        raise _not_ours(f"gives {what} as {type(value).__name__}, not a shape")
+    return torch.Size(value)
+
+
+def _count(value: Any, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise _not_ours(f"gives {what} as {clip(repr(value))}, not a count")
+    return value
+
+
+def _tensor_record(fqn: Any, record: Any):
+    """A fresh TensorStorageMetadata from a loaded record's checked fields (dtype, size, chunks); nothing else."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties, TensorStorageMetadata
+
+    if type(fqn) is not str:
+        raise _not_ours(f"names a record {clip(repr(fqn))}, not a string")
+    if type(record) is not TensorStorageMetadata:
+        raise _not_ours(f"describes {fqn!r} as a {type(record).__name__}: an optimizer checkpoint holds tensors only")
+    dtype = getattr(record.properties, "dtype", None)
+    if type(record.properties) is not TensorProperties or not isinstance(dtype, torch.dtype):
+        raise _not_ours(f"gives {fqn!r} no dtype")
+    if type(record.chunks) is not list or any(type(c) is not ChunkStorageMetadata for c in record.chunks):
+        raise _not_ours(f"gives {fqn!r} no list of chunk records")
+    chunks = [ChunkStorageMetadata(offsets=_shape(c.offsets, f"{fqn!r}'s chunk offsets"),
+                                   sizes=_shape(c.sizes, f"{fqn!r}'s chunk sizes")) for c in record.chunks]  # fmt: skip
+    return TensorStorageMetadata(TensorProperties(dtype=dtype), _shape(record.size, f"{fqn!r}'s size"), chunks)
+
+
+def _storage_entry(index: Any, info: Any, tensors: dict[str, Any]):
+    """(a fresh MetadataIndex, a fresh _StorageInfo) for a loaded storage entry of a described tensor, stored in a
+    plain shard file of this directory, with no transform."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    if type(index) is not MetadataIndex or type(index.fqn) is not str or index.fqn not in tensors:
+        raise _not_ours(f"stores data for {clip(repr(getattr(index, 'fqn', index)))}, which it describes as no tensor")
+    offset = None if index.offset is None else _shape(index.offset, f"{index.fqn!r}'s offset")
+    number = None if index.index is None else _count(index.index, f"{index.fqn!r}'s index")
+    if type(info) is not _StorageInfo:
+        raise _not_ours(f"stores {index.fqn!r} in a {type(info).__name__}, not a shard's record")
+    path = info.relative_path
+    if type(path) is not str or not _SHARD_FILE.match(path):
+        raise _not_ours(f"stores {index.fqn!r} in {clip(repr(path))}, not a shard file of this directory "
+                        "(__<rank>_<n>.distcp)")  # fmt: skip
+    if getattr(info, "transform_descriptors", None):
+        raise _not_ours(f"asks for transforms {clip(repr(info.transform_descriptors))} of {index.fqn!r}'s bytes "
+                        "(hacrl writes none)")  # fmt: skip
+    return (MetadataIndex(fqn=index.fqn, offset=offset, index=number),
+            _StorageInfo(path, _count(info.offset, "an offset"), _count(info.length, "a length")))  # fmt: skip
 
 
 def _sharded_problem(directory: Path) -> str | None:

@@ -28,16 +28,18 @@ from typing import Any
 import torch
 
 from hacrl import faults, seeds
+from hacrl.agent import guards
 from hacrl.agent.exchange import LearnerRow, learner_rows
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent, first_nonfinite
 from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
+from hacrl.agent.sharing import relevance, select_rows
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
-from hacrl.core import get_algorithm, select_foreign
+from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
-from hacrl.errors import CheckpointError, NonFiniteError, OutOfMemory, first_line
+from hacrl.errors import CheckpointError, NonFiniteError, first_line
 from hacrl.learner import loss_inputs, update
 from hacrl.messages import (
     Completion,
@@ -321,45 +323,9 @@ class AgentWorker:
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
 
-    @contextlib.contextmanager
     def _guarded(self, phase: str, step: int | None):
-        """Out of device memory, or NaN / inf met while sampling, in `phase`: a clear stop naming the agent, the
-        phase, the peak and the knobs (the run's newest checkpoint is intact: resume with the smaller setting)."""
-        try:
-            yield
-        except (torch.OutOfMemoryError, MemoryError) as e:
-            raise OutOfMemory(self._oom_message(phase, step, e)) from None
-        except RuntimeError as e:
-            if "can't allocate memory" in str(e):  # the CPU allocator's out of memory is a plain RuntimeError
-                raise OutOfMemory(self._oom_message(phase, step, e)) from None
-            if "`inf`, `nan`" in str(e):  # torch.multinomial on non-finite probabilities
-                raise NonFiniteError(
-                    f"agent {self.name!r}: its model produced NaN or inf during {phase}"
-                    f"{f' at step {step}' if step else ''} ({first_line(e)}). Its weights or "
-                    f"activations overflowed: lower agents.{self.index}.lr, or use dtype float32 / bfloat16 instead "
-                    "of float16, and resume from the newest checkpoint (checkpoints never hold non-finite weights)."
-                ) from None
-            raise
-
-    def _oom_message(self, phase: str, step: int | None, error: BaseException) -> str:
-        i, device = self.index, self.agent.device
-        knobs = {
-            "sampling": "rollout.batch_size (with `auto`: a larger rollout.kv_cache_margin), rollout.max_new_tokens",
-            "old log-probs": "trainer.logprob_batch_size, trainer.logprob_chunk_size",
-            "the update": f"trainer.micro_batch_size, agents.{i}.gradient_checkpointing=true, "
-            "trainer.logprob_chunk_size",
-            "evaluation": "eval.batch_size, eval.max_prompts",
-        }[phase]
-        peak = ""
-        if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
-        return (
-            f"agent {self.name!r} ran out of memory on {device} during {phase}{f' at step {step}' if step else ''}"
-            f"{peak}: {first_line(error)}. Lower {knobs} (`hacrl plan CONFIG` shows where the memory goes), then "
-            "continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the newest checkpoint is "
-            "intact."
-        )
+        """Out of memory or NaN / inf in `phase` of `step`: one clear stop (`hacrl.agent.guards.phase`)."""
+        return guards.phase(self.name, self.index, self.agent.device, phase, step)
 
     def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:
         """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
@@ -375,7 +341,10 @@ class AgentWorker:
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
         advantage_abs_mean = sum(abs(a) for a in adv) / len(adv)
-        rows, adv, shared = self._select(rows, adv, capabilities)  # after the advantages: over every scored row
+        rows, adv, shared = select_rows(  # after the advantages: over every scored row
+            rows, adv, capabilities, learner=self.index, sharing=self.spec.sharing, r_max=self.params.r_max,
+            names=self.spec.agent_names, relevance=lambda: self._relevance(rows, adv, capabilities),
+        )  # fmt: skip
 
         def mini_batches():
             for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
@@ -409,52 +378,6 @@ class AgentWorker:
         metrics["advantage_abs_mean"] = advantage_abs_mean
         return metrics
 
-    def _select(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor):
-        """The sharing policy (`spec.sharing`, `hacrl.core.sharing`): the rows that enter the loss (own rows and the
-        kept foreign ones, in pool order), their advantages, and per source: rows offered, kept, the kept rows' mean
-        reward, the tokens (prompt + response, in this learner's tokens) not trained."""
-        sources = sorted({r.source for r in rows if r.source != self.index})
-        if not sources:
-            return rows, adv, {}
-        sharing = self.spec.sharing
-        if sharing.policy == "all":
-            keep = [True] * len(rows)
-        else:
-            relevance = self._relevance(rows, adv, capabilities) if sharing.policy == "top_k" else None
-            keep = select_foreign(
-                torch.tensor([r.reward for r in rows], dtype=torch.float64),
-                torch.tensor([r.group for r in rows]),
-                torch.tensor([r.source for r in rows]),
-                learner=self.index,
-                policy=sharing.policy,
-                num_agents=len(capabilities),
-                min_reward=sharing.min_reward_or(self.params.r_max),
-                fail_below=sharing.fail_below,
-                k=sharing.k,
-                margin=sharing.margin,
-                relevance=relevance,
-            ).tolist()
-        names = self.spec.agent_names
-        metrics: dict[str, Any] = {}
-        for j in sources:
-            key = f"shared/{names[j] if j < len(names) else j}"
-            offered = [i for i, r in enumerate(rows) if r.source == j]
-            kept = [i for i in offered if keep[i]]
-            metrics[f"{key}/offered"] = len(offered)
-            metrics[f"{key}/kept"] = len(kept)
-            if kept:
-                metrics[f"{key}/kept_reward_mean"] = sum(rows[i].reward for i in kept) / len(kept)
-            metrics[f"{key}/tokens_saved"] = sum(
-                len(rows[i].prompt_ids) + len(rows[i].response_ids)
-                for i in offered
-                if not keep[i] and rows[i].response_ids
-            )
-        metrics["shared_offered"] = sum(r.source != self.index for r in rows)
-        metrics["shared_kept"] = sum(k and r.source != self.index for r, k in zip(rows, keep, strict=True))
-        metrics["shared_tokens_saved"] = sum(v for k, v in metrics.items() if k.endswith("/tokens_saved"))
-        kept_rows = [i for i, k in enumerate(keep) if k]
-        return [rows[i] for i in kept_rows], [adv[i] for i in kept_rows], metrics
-
     @torch.no_grad()
     def _logprobs_no_grad(self, rows: list[LearnerRow]) -> tuple[torch.Tensor, TokenBatch]:
         agent = self.agent
@@ -463,37 +386,11 @@ class AgentWorker:
         return token_logprobs(self._sampling_model(), tb, agent.settings.temperature, chunk_size=chunk), tb
 
     def _relevance(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor) -> torch.Tensor:
-        """`top_k`'s relevance of each foreign row to this learner: |sum_t d objective / d log pi(y_t)|, the pull the
-        row would exert on the learner's token log-probs at the optimizer step m it has under `all` (its position in
-        the pool // mini_batch_size), with the pre-update weights (one no-grad forward over the foreign rows). For
-        HACPO with a token-mean ratio: rho * |A| * s**(1 + alpha) inside the clip window [lo_m, 1], 0 outside, so
-        the rows that carry gradient come first. Own rows 0; foreign rows empty in this learner's tokens -1 (they
-        never enter a loss)."""
-        out = torch.zeros(len(rows), dtype=torch.float64)
-        foreign = [i for i, r in enumerate(rows) if r.source != self.index]
-        for i in foreign:
-            if not rows[i].response_ids:
-                out[i] = -1.0
-        foreign = [i for i in foreign if rows[i].response_ids]
-        params = replace(self.params, kl_coef=0.0)  # the KL term reads own rows only
-        mini, size = self.spec.trainer.mini_batch_size, self.spec.trainer.logprob_batch_size
-        for start in range(0, len(foreign), size):
-            chunk = foreign[start : start + size]
-            logp, tb = self._logprobs_no_grad([rows[i] for i in chunk])
-            for m in sorted({i // mini for i in chunk}):
-                sel = [c for c, i in enumerate(chunk) if i // mini == m]
-                batch = [rows[chunk[c]] for c in sel]
-                leaf = logp[sel].detach().float().requires_grad_(True)
-                with torch.enable_grad():
-                    inputs = loss_inputs(batch, leaf, tb.response_mask[sel], torch.zeros_like(leaf),
-                                         [adv[chunk[c]] for c in sel], self.index, capabilities,
-                                         check_values=False)  # fmt: skip
-                    loss = self.algorithm.loss(inputs, params=params, step_index=m).loss
-                    (grad,) = torch.autograd.grad(loss, leaf)
-                pull = (grad * tb.response_mask[sel]).sum(-1).abs().double().cpu() * len(sel)  # the loss is a mean
-                for c, value in zip(sel, pull.tolist(), strict=True):
-                    out[chunk[c]] = value
-        return out
+        """`top_k`'s relevance of each foreign row to this learner (`hacrl.agent.sharing.relevance`)."""
+        trainer = self.spec.trainer
+        return relevance(rows, adv, capabilities, learner=self.index, algorithm=self.algorithm, params=self.params,
+                         mini_batch_size=trainer.mini_batch_size, batch_size=trainer.logprob_batch_size,
+                         logprobs=self._logprobs_no_grad)  # fmt: skip
 
     def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
         """The gradient of mini-batch `mini` (row indices; optimizer step `m`), accumulated micro-batch by

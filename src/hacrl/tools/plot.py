@@ -38,25 +38,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     rows = 2 if benchmarks and one_file else 1
     width = max(2, len(benchmarks)) if rows == 2 else 2
     fig, axes = plt.subplots(rows, width, figsize=(5.5 * width, 4 * rows), squeeze=False)
-    left, right = axes[0][0], axes[0][1]
-    for ax in axes[0][2:]:
-        ax.axis("off")
-    for name, points in sorted(reward.items()):
-        if not points:
-            continue
-        steps, values = zip(*sorted(dict(points).items()), strict=True)
-        left.plot(steps, values, label=name)
-    for name, points in sorted(accuracy.items()):
-        if not points:
-            continue
-        steps, values = zip(*sorted(dict(points).items()), strict=True)
-        right.plot(steps, [100 * v for v in values], marker="o", label=name)
-    left.set(title="training reward (mean over own rollouts)", xlabel="step", ylabel="reward")
-    right.set(title=f"eval {measure}", xlabel="step", ylabel="%")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend()
+    _draw_curves(axes[0], reward, accuracy, measure)
     if rows == 2:
         _draw_benchmarks(benchmarks, axes[1])
     fig.tight_layout()
@@ -71,6 +53,27 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
         plt.close(fig)
         written.append(out_path.with_name("benchmarks.png"))
     return written
+
+
+def _draw_curves(axes, reward, accuracy, measure: str) -> None:
+    """The training reward (left) and the evaluation accuracy (right) per agent; panels after them blanked."""
+    left, right = axes[0], axes[1]
+    for ax in axes[2:]:
+        ax.axis("off")
+    for name, points in sorted(reward.items()):
+        if points:
+            steps, values = zip(*sorted(dict(points).items()), strict=True)
+            left.plot(steps, values, label=name)
+    for name, points in sorted(accuracy.items()):
+        if points:
+            steps, values = zip(*sorted(dict(points).items()), strict=True)
+            right.plot(steps, [100 * v for v in values], marker="o", label=name)
+    left.set(title="training reward (mean over own rollouts)", xlabel="step", ylabel="reward")
+    right.set(title=f"eval {measure}", xlabel="step", ylabel="%")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
 
 
 def _png(out: str | Path | None, run_dir: Path) -> Path:

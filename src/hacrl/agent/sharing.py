@@ -1,0 +1,118 @@
+"""Which of the other agents' rows a learner trains on, inside its worker: the glue between a learner's pool and the
+sharing policies of `hacrl.core.sharing` (docs/design.md, "Which rollouts a learner receives").
+
+    select_rows   the rows that enter the loss (own rows and the kept foreign ones, in pool order), their
+                  advantages, and what was offered, kept and saved per source (metrics)
+    relevance     `top_k`'s relevance of each foreign row to the learner, from one no-grad forward of its own
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from hacrl.agent.exchange import LearnerRow
+from hacrl.agent.logprobs import TokenBatch
+from hacrl.config import SharingConfig
+from hacrl.core import select_foreign
+from hacrl.learner import loss_inputs
+
+
+def select_rows(
+    rows: list[LearnerRow],
+    adv: list[float],
+    capabilities: torch.Tensor,
+    *,
+    learner: int,
+    sharing: SharingConfig,
+    r_max: float,
+    names: Sequence[str],
+    relevance: Callable[[], torch.Tensor],
+) -> tuple[list[LearnerRow], list[float], dict[str, Any]]:
+    """The sharing policy `sharing.policy` applied to learner `learner`'s pool: the rows that enter the loss (own
+    rows and the kept foreign ones, in pool order), their advantages, and per source (named by `names`): rows
+    offered, kept, the kept rows' mean reward, the tokens (prompt + response, in this learner's tokens) not trained.
+    `relevance()` is called for `top_k` only (it costs a forward)."""
+    sources = sorted({r.source for r in rows if r.source != learner})
+    if not sources:
+        return rows, adv, {}
+    if sharing.policy == "all":
+        keep = [True] * len(rows)
+    else:
+        keep = select_foreign(
+            torch.tensor([r.reward for r in rows], dtype=torch.float64),
+            torch.tensor([r.group for r in rows]),
+            torch.tensor([r.source for r in rows]),
+            learner=learner,
+            policy=sharing.policy,
+            num_agents=len(capabilities),
+            min_reward=sharing.min_reward_or(r_max),
+            fail_below=sharing.fail_below,
+            k=sharing.k,
+            margin=sharing.margin,
+            relevance=relevance() if sharing.policy == "top_k" else None,
+        ).tolist()
+    metrics: dict[str, Any] = {}
+    for j in sources:
+        key = f"shared/{names[j] if j < len(names) else j}"
+        offered = [i for i, r in enumerate(rows) if r.source == j]
+        kept = [i for i in offered if keep[i]]
+        metrics[f"{key}/offered"] = len(offered)
+        metrics[f"{key}/kept"] = len(kept)
+        if kept:
+            metrics[f"{key}/kept_reward_mean"] = sum(rows[i].reward for i in kept) / len(kept)
+        metrics[f"{key}/tokens_saved"] = sum(
+            len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in offered if not keep[i] and rows[i].response_ids
+        )
+    metrics["shared_offered"] = sum(r.source != learner for r in rows)
+    metrics["shared_kept"] = sum(k and r.source != learner for r, k in zip(rows, keep, strict=True))
+    metrics["shared_tokens_saved"] = sum(v for k, v in metrics.items() if k.endswith("/tokens_saved"))
+    kept_rows = [i for i, k in enumerate(keep) if k]
+    return [rows[i] for i in kept_rows], [adv[i] for i in kept_rows], metrics
+
+
+def relevance(
+    rows: list[LearnerRow],
+    adv: list[float],
+    capabilities: torch.Tensor,
+    *,
+    learner: int,
+    algorithm,
+    params,
+    mini_batch_size: int,
+    batch_size: int,
+    logprobs: Callable[[list[LearnerRow]], tuple[torch.Tensor, TokenBatch]],
+) -> torch.Tensor:
+    """`top_k`'s relevance of each foreign row to learner `learner`: |sum_t d objective / d log pi(y_t)|, the pull the
+    row would exert on the learner's token log-probs at the optimizer step m it has under `all` (its position in the
+    pool // `mini_batch_size`), with the pre-update weights (`logprobs(rows)`: one no-grad forward over the foreign
+    rows, `batch_size` at a time). For HACPO with a token-mean ratio: rho * |A| * s**(1 + alpha) inside the clip
+    window [lo_m, 1], 0 outside, so the rows that carry gradient come first. Own rows 0; foreign rows empty in this
+    learner's tokens -1 (they never enter a loss)."""
+    out = torch.zeros(len(rows), dtype=torch.float64)
+    foreign = [i for i, r in enumerate(rows) if r.source != learner]
+    for i in foreign:
+        if not rows[i].response_ids:
+            out[i] = -1.0
+    foreign = [i for i in foreign if rows[i].response_ids]
+    params = replace(params, kl_coef=0.0)  # the KL term reads own rows only
+    for start in range(0, len(foreign), batch_size):
+        chunk = foreign[start : start + batch_size]
+        logp, tb = logprobs([rows[i] for i in chunk])
+        for m in sorted({i // mini_batch_size for i in chunk}):
+            sel = [c for c, i in enumerate(chunk) if i // mini_batch_size == m]
+            batch = [rows[chunk[c]] for c in sel]
+            leaf = logp[sel].detach().float().requires_grad_(True)
+            with torch.enable_grad():
+                inputs = loss_inputs(batch, leaf, tb.response_mask[sel], torch.zeros_like(leaf),
+                                     [adv[chunk[c]] for c in sel], learner, capabilities,
+                                     check_values=False)  # fmt: skip
+                loss = algorithm.loss(inputs, params=params, step_index=m).loss
+                (grad,) = torch.autograd.grad(loss, leaf)
+            pull = (grad * tb.response_mask[sel]).sum(-1).abs().double().cpu() * len(sel)  # the loss is a mean
+            for c, value in zip(sel, pull.tolist(), strict=True):
+                out[chunk[c]] = value
+    return out
