@@ -34,9 +34,15 @@ def write_atomically(path: str | Path, chunks: Iterable[str] | str) -> str:
 
 def default_mode(mode: int) -> int:
     """`mode` less this process's umask: what open() / mkdir() would give a new file or directory (mkstemp and
-    mkdtemp give 0600 / 0700, private to the writer; a file under its final name must be readable as usual)."""
-    umask = os.umask(0)
-    os.umask(umask)
+    mkdtemp give 0600 / 0700, private to the writer; a file under its final name must be readable as usual). The
+    umask is read from /proc (Linux): setting it to read it would, for an instant, unmask the files other threads
+    create (the trainer has some)."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
     return mode & ~umask
 
 

@@ -436,3 +436,17 @@ def test_a_bad_file_inside_a_directory_given_to_prepare_is_named(content, messag
     with pytest.raises(DataError, match=re.escape(message)):
         prepare(["gsm8k"], tmp_path / "out", source=tmp_path / "downloads")
     assert not (tmp_path / "out" / "gsm8k" / "test.jsonl").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux reads the umask from /proc")
+def test_the_mode_of_a_new_file_is_read_without_changing_the_umask(monkeypatch):
+    """Setting the umask to read it would, for an instant, unmask the files other threads of the trainer create."""
+    from hacrl.files import default_mode
+
+    mask = os.umask(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", lambda *_: pytest.fail("os.umask was called"))
+        assert default_mode(0o666) == 0o640 and default_mode(0o777) == 0o750
+    finally:
+        monkeypatch.undo()
+        os.umask(mask)

@@ -152,8 +152,12 @@ def evaluate_benchmarks(config, paths, benchmarks: list[str], *, out=None) -> di
     results = dict(_evaluate_saved(config, dirs, rows, scorer))
     print(benchmark_table(results))
     if out is not None:
-        steps = {label.rsplit("(step_", 1)[-1].rstrip(")") for label in results if "(step_" in label}
-        step = int(steps.pop()) if len(steps) == 1 and all("(step_" in label for label in results) else None
+        import re
+
+        # the step of the checkpoint the models come from (`.../step_000050/agents/<name>`): one, or none
+        found = [re.fullmatch(r"step_(\d+)", Path(d).parent.parent.name) for _, d in dirs]
+        steps = {int(m.group(1)) for m in found if m}
+        step = steps.pop() if len(steps) == 1 and all(found) else None
         written = write_benchmark_table(out, step, results, replace=False)
         print(f"written: {written}.md and .json")
     return results

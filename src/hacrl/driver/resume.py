@@ -13,6 +13,7 @@ replaces the old metrics, a continued run drops the metrics logged after its che
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -157,6 +158,7 @@ def check_settings(config: Any, checkpoint: Path, notice: Notice) -> None:
 # declares its fields' SAFE / NOT_EXACT marks, and its lists of entries (`agents`, `policies`) by their type hints.
 
 
+@functools.cache
 def _entries(cls: type) -> dict[str, type]:
     """{field: entry class} of `cls`'s list-of-dataclass fields (`agents: list[AgentConfig]`)."""
     import typing
