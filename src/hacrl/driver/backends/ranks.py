@@ -99,6 +99,26 @@ def _follow_the_driver() -> None:
 _STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+def _start_ignoring_stops(process) -> None:
+    """Start a rank process with SIGINT / SIGTERM ignored from its first instruction: a Ctrl-C while it imports
+    torch (before `_follow_the_driver` runs) printed its KeyboardInterrupt traceback. Blocking them was not enough:
+    a signal sent to the process group stays pending and is delivered to any thread of the rank that unblocks it,
+    and Python then raises KeyboardInterrupt in the import. An ignored disposition survives the exec, and Python
+    installs no KeyboardInterrupt handler over it. Here the two signals are blocked meanwhile, so the driver only
+    delays them (a thread that does not block them could take one in the instant of the start: it is ignored)."""
+    import threading
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STARTUP_SIGNALS} if main else {}
+    try:
+        process.start()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 class LocalRanks:
     """The K rank processes of one agent; `call` runs a worker method on all of them and returns rank 0's answer."""
 
@@ -118,14 +138,7 @@ class LocalRanks:
                 ours, theirs = context.Pipe()
                 info = RankInfo(rank, len(devices), init, device)
                 process = context.Process(target=_rank_main, args=(spec, info, theirs), daemon=True)
-                # the rank inherits SIGINT / SIGTERM blocked: a Ctrl-C while it imports (before `_follow_the_driver`
-                # ignores them) no longer prints its KeyboardInterrupt traceback; here they are only held back
-                # (delivered when unblocked), never lost
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
-                try:
-                    process.start()
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                _start_ignoring_stops(process)
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(ours)
