@@ -65,7 +65,7 @@ def _rank(rank, spec, rollout, call, init, repeats, out):
 
     worker = ShardedWorker(spec, RankInfo(rank, 2, init, "cpu"))
     seconds = _timed_updates(worker, rollout, call, repeats)
-    state = full_state_dict(worker.agent.model, worker._copy, worker.agent.device, keep=rank == 0)
+    state = full_state_dict(worker.agent.model, worker.agent.sampling_model, worker.agent.device, keep=rank == 0)
     if rank == 0:
         torch.save({"seconds": seconds, "state": state}, out)
 

@@ -166,7 +166,8 @@ def test_a_merged_sampling_copy_follows_the_adapters_and_leaves_the_base_alone(t
     rollout = RolloutConfig(max_new_tokens=10, max_prompt_tokens=64)
     spec = LoraConfig(**LORA, merge_for_sampling=True)
     agent = Agent(0, AgentConfig(name="a", model=str(tiny_agents["qwen"]), lora=spec), rollout)
-    sampling_model = agent.sampler.agent.model
+    sampling_model = agent.sampler.model
+    assert sampling_model is agent.sampling_model
     assert sampling_model is not agent.model and not any("lora_" in n for n, _ in sampling_model.named_parameters())
     base = load_file(tiny_agents["qwen"] / "model.safetensors")
     g = torch.Generator().manual_seed(1)

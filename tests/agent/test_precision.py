@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent
 from hacrl.agent.precision import MasterStep, ParameterStep, half_ulp
-from hacrl.config import AgentConfig, ConfigError, RolloutConfig, load_config
+from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config
+from hacrl.config.settings import Precision
 from hacrl.errors import HacrlWarning
 from hacrl.tools.cli import main
 from tests.conftest import assert_resumes_exactly, write_config
@@ -178,6 +179,52 @@ def test_settings_that_cannot_work_are_refused(tiny_agents, tmp_path, overrides,
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run", algorithm={"name": "gspo"})
     with pytest.raises(ConfigError, match=message):
         load_config(cfg, overrides)
+
+
+HOST_STEP = ("master weights", "optimizer state")
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, ("float32", "float32", "float32", "parameters", "device", (), "none", "float32")),
+        ({"dtype": "bfloat16"},
+         ("masters", "bfloat16", "float32", "masters", "device", (), "none", "bfloat16 + fp32 masters")),
+        ({"dtype": "bfloat16", "offload": "optimizer"},
+         ("masters", "bfloat16", "float32", "masters", "host", HOST_STEP, "none",
+          "bfloat16 + fp32 masters, offloaded")),
+        ({"dtype": "bfloat16", "master_weights": "none"},
+         ("pure", "bfloat16", "bfloat16", "parameters", "device", (), "none", "bfloat16, pure")),
+        ({"dtype": "float16", "frozen": True},
+         ("frozen", "float16", "float16", "nothing", "none", (), "none", "float16 (frozen)")),
+        ({"dtype": "bfloat16", "lora": LoraConfig(merge_for_sampling=True)},
+         ("lora", "bfloat16", "bfloat16", "adapters", "device", (), "merged", "LoRA, bfloat16 base")),
+        ({"lora": LoraConfig()},
+         ("lora", "float32", "float32", "adapters", "device", (), "none", "LoRA, float32 base")),
+        ({"devices": ["cpu", "cpu"]},
+         ("sharded", "float32", "float32", "shards", "device", (), "gathered", "float32")),
+        ({"devices": ["cpu", "cpu"], "dtype": "bfloat16", "master_weights": "none", "offload": "optimizer"},
+         ("sharded", "bfloat16", "float32", "shards", "host", (*HOST_STEP, "gradients"), "gathered",
+          "bfloat16 + fp32 masters, offloaded")),
+    ],
+)  # fmt: skip
+def test_each_precision_mode_is_decided_once_from_the_config(settings, expected):
+    """One record says how an agent computes and what AdamW steps; the agent, the worker group and `hacrl plan`
+    read it (FSDP2 keeps float32 master shards whatever `master_weights` says, and may offload them)."""
+    p = Precision.resolve(AgentConfig(name="a", model="m", **settings), "agents.0")
+    assert (p.mode, p.compute, p.load, p.trains, p.steps_on, p.on_host, p.sampling_copy, p.describe()) == expected
+
+
+def test_the_agent_builds_what_its_precision_says(tiny_agents):
+    """A bf16 agent with masters loads float32, rounds its compute copy, steps float32 masters; a pure one loads
+    and steps bfloat16; both sample from the trained module itself."""
+    masters, pure = _agent(tiny_agents["qwen"]), _agent(tiny_agents["qwen"], master_weights="none")
+    assert masters.precision.mode == "masters" and isinstance(masters.optimizer, MasterStep)
+    assert {m.dtype for m in masters.optimizer.masters} == {torch.float32}
+    assert pure.precision.mode == "pure" and isinstance(pure.optimizer, ParameterStep)
+    for agent in (masters, pure):
+        assert {p.dtype for p in agent.model.parameters()} == {torch.bfloat16}
+        assert agent.sampling_copy is None and agent.sampling_model is agent.model is agent.sampler.model
 
 
 def test_half_an_ulp_by_hand():

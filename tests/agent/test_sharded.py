@@ -36,9 +36,9 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
     worker = ShardedWorker(spec, RankInfo(rank, world, init, "cpu"))
     worker._rollout = rollout
     learned = worker.learn(call)
-    state = full_state_dict(worker.agent.model, worker._copy, worker.agent.device, keep=rank == 0)
+    state = full_state_dict(worker.agent.model, worker.agent.sampling_model, worker.agent.device, keep=rank == 0)
     if rank == 0:
-        copy = {n: p.detach().clone() for n, p in worker._copy.named_parameters()}
+        copy = {n: p.detach().clone() for n, p in worker.agent.sampling_model.named_parameters()}
         torch.save({"state": state, "copy": copy, "metrics": learned.metrics}, out)
 
 

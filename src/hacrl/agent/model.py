@@ -19,7 +19,7 @@ import torch
 
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
 from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, refuse_model_code, require_model_dir
-from hacrl.config.settings import AgentSettings
+from hacrl.config.settings import AgentSettings, Precision
 from hacrl.errors import ModelError, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,31 +60,32 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     return tokenizer
 
 
-class _MergedSampling:
-    """What a sampler reads of a LoRA agent that samples from a merged copy (`lora.merge_for_sampling`): the agent
-    itself, except `model`, a copy of the base whose targeted layers hold W + the adapter's delta."""
+class SamplingCopy:
+    """A copy of the agent's model that its sampler decodes with, where the trained module is not the one to decode
+    with: a LoRA agent's base with the adapters' deltas merged in (`lora.merge_for_sampling`), a sharded agent's
+    whole compute-dtype weights (`devices`). `follow` brings it up to the trained weights;
+    `Agent.sync_sampling_weights` calls it when they changed since. `for_logprobs`: old log-probs are computed with
+    it too (a sharded agent's ranks cannot run the sharded forward on shares of different sizes); a merged copy
+    rounds W + BA differently from the adapters' forward, so a LoRA agent's old log-probs come from the trained
+    module, which the training forward also is."""
 
-    def __init__(self, agent: Agent, copy: torch.nn.Module) -> None:
-        self._agent = agent
-        self.model = copy.requires_grad_(False)
-        self.stale = True
-        self.merge()
+    def __init__(self, model: torch.nn.Module, follow, *, for_logprobs: bool) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.follow = follow
+        self.for_logprobs = for_logprobs
 
-    def __getattr__(self, name: str):
-        return getattr(self._agent, name)
 
-    @torch.no_grad()
-    def merge(self) -> None:
-        """Each targeted layer of the copy := the base layer's weight + its adapter's delta (peft's own)."""
-        from peft.tuners.lora import LoraLayer
+@torch.no_grad()
+def merge_adapters(trained: torch.nn.Module, copy: torch.nn.Module) -> None:
+    """Each LoRA-targeted layer of `copy` := the base layer's weight + its adapter's delta (peft's own)."""
+    from peft.tuners.lora import LoraLayer
 
-        targets = dict(self.model.named_modules())
-        for name, layer in self._agent.model.named_modules():
-            if isinstance(layer, LoraLayer):
-                base = layer.get_base_layer()
-                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
-                targets[name].weight.copy_((base.weight.float() + delta.float()).to(base.weight.dtype))
-        self.stale = False
+    targets = dict(copy.named_modules())
+    for name, layer in trained.named_modules():
+        if isinstance(layer, LoraLayer):
+            base = layer.get_base_layer()
+            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+            targets[name].weight.copy_((base.weight.float() + delta.float()).to(base.weight.dtype))
 
 
 def _with_lora(model, lora, *, adapters_from: str | Path | None, seed: int):
@@ -161,11 +162,6 @@ def _load_model(path: str | Path, cfg: AgentConfig, index: int, *, dtype: torch.
     return model.to(torch.device(device or cfg.device))
 
 
-def uses_masters(cfg: AgentConfig) -> bool:
-    """Whether an agent trains float32 master weights under low-precision compute weights (`hacrl.agent.precision`)."""
-    return not cfg.frozen and cfg.lora is None and cfg.dtype != "float32" and cfg.master_weights == "float32"
-
-
 class Agent:
     """One participant of a run. `index` is its agent id everywhere in the core (source ids, capabilities)."""
 
@@ -179,59 +175,30 @@ class Agent:
         with_reference: bool = False,
         weights_from: str | Path | None = None,
         init_seed: int = 0,
+        device: str | None = None,
     ) -> None:
         """`trainer`: the loop's sizes (an unset `rollout.batch_size` means `trainer.logprob_batch_size` rows per
         `hf` call). `weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
-        `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream."""
+        `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream.
+        `device`: where this process holds the agent (a rank's device in a worker group; None: `cfg.device`); a
+        sharded agent (`cfg.devices`) needs its process group joined first (`hacrl.agent.distributed.init_group`)."""
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
         self.settings = AgentSettings.resolve(cfg, rollout, trainer)
         """What it samples with (temperature, top-p, length limits, sampler, rows per call): resolved once here."""
-        key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
-        source = cfg.tokenizer or cfg.model
-        if weights_from is not None and any((Path(weights_from) / f).is_file() for f in TOKENIZER_FILES):
-            # resuming: the tokenizer the run trained with, saved beside the weights (the original model
-            # directory may be gone)
-            source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
-        self.tokenizer = load_tokenizer(source, key=key)
-        self._template_source = f"{key} ({source})"
-        self._render([{"role": "user", "content": "What is 1 + 1?"}])  # a template that cannot render: named now
-        self.device = torch.device(cfg.device)
-        self.lora = cfg.lora if not cfg.frozen else None
-        masters = None
-        if uses_masters(cfg):  # float32 masters (a checkpoint holds them), the compute copy rounded from them
-            from hacrl.agent.precision import make_masters
-
-            self.model = _load_model(weights_from or cfg.model, cfg, index, dtype=torch.float32, device=HOST)
-            params, masters = make_masters(self.model, DTYPES[cfg.dtype], self.device, offload=cfg.offload != "none")
-        else:
-            # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
-            self.model = _load_model(cfg.model if self.lora else (weights_from or cfg.model), cfg, index)
-        self.peft_model = None
-        if self.lora is not None:
-            self.peft_model = _with_lora(self.model, self.lora, adapters_from=weights_from, seed=init_seed)
-            self.model = self.peft_model.base_model.model  # the same HF model, the adapters injected in place
-        if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
-            raise ModelError(
-                f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
-                f"embedding only {self.model.get_input_embeddings().num_embeddings}"
-            )
+        self.precision = Precision.resolve(cfg, f"agents.{index}")
+        """How it computes and what AdamW steps (`hacrl.config.settings.Precision`): resolved once here."""
+        self.device = torch.device(device or cfg.device)
         self.frozen = cfg.frozen
+        self.lora = cfg.lora if not cfg.frozen else None
+        self._load_tokenizer(weights_from)
+        self.peft_model = None
         self.optimizer: ParameterStep | MasterStep | None = None
-        if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
-            self.model.eval().requires_grad_(False)
-        else:
-            self.model.train()
-            if masters is not None:
-                self.optimizer = MasterStep(params, masters, cfg, offload=cfg.offload != "none")
-            else:
-                self.optimizer = ParameterStep(self.trainable_parameters(), cfg)
-                if cfg.dtype != "float32" and self.lora is None:
-                    _warn_if_updates_round_away(self, index)
+        self._load_trained(weights_from, init_seed)
         self.ref_model = None
         if with_reference and not self.frozen:  # frozen initial weights for the KL term (only when kl_coef > 0)
-            self.ref_model = _load_model(cfg.model, cfg, index).eval().requires_grad_(False)
+            self.ref_model = _load_model(cfg.model, cfg, index, device=self.device).eval().requires_grad_(False)
         longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         self._prompt_chars = self.settings.max_prompt_tokens * (longest + 1)
         """Characters of a rendered prompt kept before tokenizing: no token is longer than the longest vocabulary
@@ -247,25 +214,111 @@ class Agent:
             # reentrant checkpoint needs; the hook's `requires_grad_` breaks the static sampler's compiled decode
             # graph (torch 2.11 on a GPU: a graph break, then a guard failure on the dynamic row dimension)
             self.model.disable_input_require_grads()
+        self.sampling_copy = self._sampling_copy()
+        if self.precision.trains == "shards":  # after the copy: it is taken whole, then the model is sharded
+            from hacrl.agent.distributed import shard
+            from hacrl.agent.precision import ShardedStep
+
+            shard(self.model, DTYPES[self.precision.compute], offload=self.precision.steps_on == "host")
+            self.optimizer = ShardedStep(list(self.model.parameters()), cfg)
         from hacrl.agent.samplers import make_sampler
 
-        self._merged: _MergedSampling | None = None
-        sampling = self
-        if self.lora is not None and self.lora.merge_for_sampling:
-            sampling = self._merged = _MergedSampling(self, _load_model(cfg.model, cfg, index).eval())
-        self.sampler = make_sampler(self.settings.sampler, sampling)
+        self.sampler = make_sampler(self.settings.sampler, self, self.sampling_model)
+        self._weights_moved = False
+
+    def _load_tokenizer(self, weights_from: str | Path | None) -> None:
+        cfg, index = self.cfg, self.index
+        key = f"agents.{index}.tokenizer" if cfg.tokenizer else f"agents.{index}.model"
+        source = cfg.tokenizer or cfg.model
+        if weights_from is not None and any((Path(weights_from) / f).is_file() for f in TOKENIZER_FILES):
+            # resuming: the tokenizer the run trained with, saved beside the weights (the original model
+            # directory may be gone)
+            source, key = weights_from, f"the checkpoint's copy of agent {cfg.name!r}"
+        self.tokenizer = load_tokenizer(source, key=key)
+        self._template_source = f"{key} ({source})"
+        self._render([{"role": "user", "content": "What is 1 + 1?"}])  # a template that cannot render: named now
+
+    def _load_trained(self, weights_from: str | Path | None, init_seed: int) -> None:
+        """The trained module (`self.model`) and its optimizer, as `self.precision` says; a sharded agent's
+        optimizer comes once its model is sharded."""
+        cfg, index, precision = self.cfg, self.index, self.precision
+        masters = None
+        if precision.trains == "masters":  # float32 masters (a checkpoint holds them), the compute copy rounded
+            from hacrl.agent.precision import make_masters
+
+            self.model = _load_model(weights_from or cfg.model, cfg, index, dtype=torch.float32, device=HOST)
+            offload = precision.steps_on == "host"
+            params, masters = make_masters(self.model, DTYPES[precision.compute], self.device, offload=offload)
+        else:  # a LoRA agent's checkpoint holds its adapters only: the base always comes from its model directory
+            path = cfg.model if self.lora else (weights_from or cfg.model)
+            self.model = _load_model(path, cfg, index, dtype=DTYPES[precision.load], device=self.device)
+        if self.lora is not None:
+            self.peft_model = _with_lora(self.model, self.lora, adapters_from=weights_from, seed=init_seed)
+            self.model = self.peft_model.base_model.model  # the same HF model, the adapters injected in place
+        if self.model.get_input_embeddings().num_embeddings < len(self.tokenizer):
+            raise ModelError(
+                f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
+                f"embedding only {self.model.get_input_embeddings().num_embeddings}"
+            )
+        if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
+            self.model.eval().requires_grad_(False)
+            return
+        self.model.train()
+        if masters is not None:
+            self.optimizer = MasterStep(params, masters, cfg, offload=precision.steps_on == "host")
+        elif precision.trains in ("parameters", "adapters"):
+            self.optimizer = ParameterStep(self.trainable_parameters(), cfg)
+            if precision.mode == "pure":
+                _warn_if_updates_round_away(self, index)
+
+    def _sampling_copy(self) -> SamplingCopy | None:
+        """The copy the sampler decodes with, where `self.precision` asks for one (up to date when returned)."""
+        kind = self.precision.sampling_copy
+        if kind == "merged":
+            base = _load_model(self.cfg.model, self.cfg, self.index, device=self.device)
+            merged = SamplingCopy(base, lambda: merge_adapters(self.model, base), for_logprobs=False)
+            merged.follow()
+            return merged
+        if kind == "gathered":  # the float32 model, whole, in the compute dtype (taken before it is sharded)
+            import copy
+
+            from hacrl.agent.distributed import gather_into
+
+            whole = copy.deepcopy(self.model)
+            compute = DTYPES[self.precision.compute]
+            for p in whole.parameters():
+                p.data = p.data.to(compute)
+            whole.config.dtype = compute  # what the saved model directory says (export's default dtype)
+            return SamplingCopy(whole, lambda: gather_into(self.model, whole, self.device), for_logprobs=True)
+        return None
+
+    @property
+    def sampling_model(self) -> torch.nn.Module:
+        """The module the sampler decodes with: the sampling copy, or the trained module itself."""
+        return self.sampling_copy.model if self.sampling_copy is not None else self.model
+
+    @property
+    def logprob_model(self) -> torch.nn.Module:
+        """The module that computes log-probs without gradients (old log-probs, `top_k` relevance): the trained
+        module, or a sampling copy that computes what it computes (`SamplingCopy.for_logprobs`)."""
+        copy = self.sampling_copy
+        return copy.model if copy is not None and copy.for_logprobs else self.model
 
     def weights_changed(self) -> None:
-        """After an optimizer step: what samples from these weights must follow (a merged copy, a sampler's own
-        state) before the next sampling."""
-        if self._merged is not None:
-            self._merged.stale = True
-        self.sampler.refresh()
+        """After an optimizer step: what samples from these weights follows them at the next
+        `sync_sampling_weights` (not per step: an update may take several)."""
+        self._weights_moved = True
 
     def sync_sampling_weights(self) -> None:
-        """Before sampling: bring a merged sampling copy up to the current adapters (nothing when up to date)."""
-        if self._merged is not None and self._merged.stale:
-            self._merged.merge()
+        """Before sampling: when the weights changed since the last call, the sampling copy follows them (a merge,
+        or for a sharded agent a gather: a collective, so every rank calls this at the same point) and the sampler
+        is told (`Sampler.refresh`)."""
+        if not self._weights_moved:
+            return
+        if self.sampling_copy is not None:
+            self.sampling_copy.follow()
+        self.sampler.refresh()
+        self._weights_moved = False
 
     def render_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
         """Token ids of the prompt in this agent's chat template; True when it was cut from the left."""

@@ -56,6 +56,25 @@ class ParameterStep(torch.optim.AdamW):
         return total
 
 
+class ShardedStep(ParameterStep):
+    """AdamW on FSDP2's float32 shards (`hacrl.agent.sharded`); the gradient norm of the whole model (a float32
+    reduction across ranks)."""
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def pending_bytes(self) -> int:
+        total = 0
+        for p in self.params:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            size = local.numel() * local.element_size()
+            total += size * (p.grad is None) + 2 * size * (p not in self.state)
+        return total
+
+
 class MasterStep(torch.optim.AdamW):
     """AdamW on float32 masters of low-precision compute parameters (see the module docstring). `masters[i]` is
     the master of `params[i]`; with `offload` the masters live on the host and the step runs there."""

@@ -21,7 +21,6 @@ rank and returns rank 0's answer):
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import replace
@@ -34,52 +33,19 @@ from hacrl import faults, seeds
 from hacrl.agent.distributed import (
     RankInfo,
     full_state_dict,
-    gather_into,
     init_group,
     load_full_optimizer,
     load_optimizer_tensors,
     optimizer_tensors,
     root_logprobs,
     save_optimizer_tensors,
-    shard,
 )
 from hacrl.agent.logprobs import TokenBatch
-from hacrl.agent.model import DTYPES, Agent, _load_model
-from hacrl.agent.precision import ParameterStep
 from hacrl.agent.worker import AgentWorker, _Rollout
 from hacrl.checkpoint import agent_part, read_rng, write_rng
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
-
-
-class ShardedStep(ParameterStep):
-    """AdamW on the float32 shards; the gradient norm of the whole model (a float32 reduction across ranks)."""
-
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
-
-    def pending_bytes(self) -> int:
-        total = 0
-        for p in self.params:
-            local = p.to_local() if hasattr(p, "to_local") else p
-            size = local.numel() * local.element_size()
-            total += size * (p.grad is None) + 2 * size * (p not in self.state)
-        return total
-
-
-class _SamplingCopy:
-    """What a sampler reads of a sharded agent: the agent itself, except `model`, its plain compute-dtype copy."""
-
-    def __init__(self, agent: Agent, model: torch.nn.Module) -> None:
-        self._agent = agent
-        self.model = model
-
-    def __getattr__(self, name: str):
-        return getattr(self._agent, name)
 
 
 def _share(count: int, rank: int, world: int) -> range:
@@ -91,48 +57,13 @@ class ShardedWorker(AgentWorker):
     def __init__(self, spec: WorkerSpec, info: RankInfo) -> None:
         self.info = info
         self.rank, self.world = info.rank, info.world
-        super().__init__(spec)
+        init_group(info)  # before the agent: it shards its model over the group (`Precision.trains == "shards"`)
+        super().__init__(spec, device=info.device)
 
-    # -- construction ------------------------------------------------------------------------------------------------
+    def stream_seed(self) -> int:
+        return seeds.rank(super().stream_seed(), self.rank)
 
-    def _build_agent(self, spec: WorkerSpec) -> Agent:
-        init_group(self.info)
-        cfg = spec.agent
-        # the trained model loads whole in float32 (its parameters become the float32 master shards)
-        trained = replace(cfg, device=self.info.device, devices=None, dtype="float32", master_weights="none",
-                          offload="none")  # fmt: skip
-        agent = Agent(
-            spec.index,
-            trained,
-            spec.rollout,
-            trainer=spec.trainer,
-            with_reference=False,
-            weights_from=spec.weights_from,
-            init_seed=seeds.adapters(spec.trainer.seed, spec.index),
-        )
-        compute = DTYPES[cfg.dtype]
-        sampling = copy.deepcopy(agent.model).eval().requires_grad_(False)
-        for p in sampling.parameters():
-            p.data = p.data.to(compute)
-        sampling.config.dtype = compute  # what the saved model directory says (export's default dtype)
-        self._copy = sampling
-        shard(agent.model, compute, offload=cfg.offload != "none")
-        agent.optimizer = ShardedStep(list(agent.model.parameters()), cfg)
-        from hacrl.agent.samplers import make_sampler
-
-        agent.sampler = make_sampler(agent.settings.sampler, _SamplingCopy(agent, sampling))
-        if spec.algorithm.kl_coef > 0:  # the frozen reference, whole, in the compute dtype
-            reference = replace(cfg, device=self.info.device, devices=None)
-            agent.ref_model = _load_model(cfg.model, reference, spec.index).eval().requires_grad_(False)
-        return agent
-
-    def _training_seed(self) -> int:
-        return seeds.rank(super()._training_seed(), self.rank)
-
-    def _sampling_model(self) -> torch.nn.Module:
-        return self._copy
-
-    def _logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def training_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         chunk = self.spec.trainer.logprob_chunk_size
         return root_logprobs(self.agent.model, batch, self.agent.settings.temperature, chunk_size=chunk)
 
@@ -144,6 +75,7 @@ class ShardedWorker(AgentWorker):
 
     def sample(self, call: SampleCall) -> Sampled:
         began = time.time()
+        self.agent.sync_sampling_weights()  # up to date since `learn`: nothing to gather here
         mine, generate_s, logprobs_s = self._sample_share(call, _share(len(call.prompts), self.rank, self.world))
         parts: list = [None] * self.world
         dist.all_gather_object(parts, mine)  # every rank: the whole step's rollout, in one worker's order
@@ -158,8 +90,7 @@ class ShardedWorker(AgentWorker):
 
     def learn(self, call: LearnCall) -> Learned:
         learned = super().learn(call)
-        gather_into(self.agent.model, self._copy, self.agent.device)  # once per update: the weights sampling reads
-        self.agent.sampler.refresh()
+        self.agent.sync_sampling_weights()  # a gather: on every rank here, once per update, never inside `generate`
         return learned
 
     def generate(self, call: GenerateCall) -> list[Completion]:
@@ -184,9 +115,9 @@ class ShardedWorker(AgentWorker):
                 f"Lower agents.{self.index}.lr or agents.{self.index}.grad_clip and resume from it."
             )
         try:
-            state = full_state_dict(agent.model, self._copy, agent.device, keep=self.rank == 0)
+            state = full_state_dict(agent.model, agent.sampling_model, agent.device, keep=self.rank == 0)
             if self.rank == 0:
-                self._copy.save_pretrained(part.weights_dir, safe_serialization=True, state_dict=state)
+                agent.sampling_model.save_pretrained(part.weights_dir, safe_serialization=True, state_dict=state)
                 agent.tokenizer.save_pretrained(part.weights_dir)
             names = [n for n, _ in agent.model.named_parameters()]
             tensors = optimizer_tensors(agent.optimizer, agent.optimizer.params, names)
@@ -227,7 +158,7 @@ class ShardedWorker(AgentWorker):
 
     # -- the update --------------------------------------------------------------------------------------------------
 
-    def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
+    def accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
         num_own = sum(rows[i].source == self.index for i in mini)
         size = self.spec.trainer.micro_batch_size
         mine = [mini[i] for i in _share(len(mini), self.rank, self.world)]
@@ -249,7 +180,7 @@ class ShardedWorker(AgentWorker):
     def _idle_backward(self) -> None:
         agent = self.agent
         batch = TokenBatch.build([[agent.eos_id]], [[agent.eos_id]], agent.pad_id, agent.device)
-        (self._logprobs(batch).sum() * 0.0).backward()
+        (self.training_logprobs(batch).sum() * 0.0).backward()
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

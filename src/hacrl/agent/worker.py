@@ -67,7 +67,13 @@ class _Rollout:
 
 
 class AgentWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    """One agent's worker on one device (see the module docstring). A worker group (`hacrl.agent.sharded`) is this
+    class on each rank with its extension points overridden: `stream_seed` (a rank's own stream),
+    `training_logprobs` (the sharded forward) and `accumulate` (a rank's share of a mini-batch), besides the calls
+    themselves, which it wraps with the group's collectives."""
+
+    def __init__(self, spec: WorkerSpec, *, device: str | None = None) -> None:
+        """`device`: where this process holds the agent (a rank's device; None: `spec.agent.device`)."""
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         self.spec = spec
@@ -75,17 +81,7 @@ class AgentWorker:
         self.name = spec.agent.name
         self.algorithm = get_algorithm(spec.algorithm.name)
         self.params = spec.algorithm.params()
-        self.agent = self._build_agent(spec)
-        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
-        self._cuda_devices = cuda
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(self._training_seed())
-            self._rng = self._capture_rng()
-        self._rollout: _Rollout | None = None
-        self.optimizer_steps = 0
-
-    def _build_agent(self, spec: WorkerSpec) -> Agent:
-        return Agent(
+        self.agent = Agent(
             spec.index,
             spec.agent,
             spec.rollout,
@@ -93,11 +89,15 @@ class AgentWorker:
             with_reference=spec.algorithm.kl_coef > 0,
             weights_from=spec.weights_from,
             init_seed=seeds.adapters(spec.trainer.seed, spec.index),
+            device=device,
         )
-
-    def _training_seed(self) -> int:
-        """The seed of this worker's own stream (sampling, dropout)."""
-        return seeds.training(self.spec.trainer.seed, self.index)
+        cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
+        self._cuda_devices = cuda
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(self.stream_seed())
+            self._rng = self._capture_rng()
+        self._rollout: _Rollout | None = None
+        self.optimizer_steps = 0
 
     # -- the five calls ----------------------------------------------------------------------------------------------
 
@@ -271,6 +271,26 @@ class AgentWorker:
         torch.cuda.reset_peak_memory_stats(device)
         return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}
 
+    # -- extension points (a worker group overrides these) -----------------------------------------------------------
+
+    def stream_seed(self) -> int:
+        """The seed of this worker's own stream (sampling, dropout)."""
+        return seeds.training(self.spec.trainer.seed, self.index)
+
+    def training_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """The training forward: per-token log-probs of `batch` under the trained weights, with autograd."""
+        chunk = self.spec.trainer.logprob_chunk_size
+        return token_logprobs(self.agent.model, batch, self.agent.settings.temperature, chunk_size=chunk)
+
+    def accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
+        """The gradient of mini-batch `mini` (row indices; optimizer step `m`), accumulated micro-batch by
+        micro-batch; each micro-batch's loss is divided by the mini-batch's sizes, so the sum is its gradient."""
+        num_own = sum(rows[i].source == self.index for i in mini)
+        size = self.spec.trainer.micro_batch_size
+        for micro_start in range(0, len(mini), size):
+            micro = mini[micro_start : micro_start + size]
+            reducer.add(self._micro_backward(rows, adv, micro, capabilities, m, len(mini), num_own))
+
     # -- inside ------------------------------------------------------------------------------------------------------
 
     def _capture_rng(self) -> dict[str, torch.Tensor]:
@@ -298,15 +318,6 @@ class AgentWorker:
             return list(range(count))
         return list(range(min(count, self.spec.trainer.mini_batch_size), count))
 
-    def _sampling_model(self) -> torch.nn.Module:
-        """The module whose weights the sampler reads (old log-probs are computed with it too)."""
-        return self.agent.model
-
-    def _logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """The training forward: per-token log-probs of `batch` under the trained weights, with autograd."""
-        chunk = self.spec.trainer.logprob_chunk_size
-        return token_logprobs(self.agent.model, batch, self.agent.settings.temperature, chunk_size=chunk)
-
     @torch.no_grad()
     def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
@@ -317,9 +328,8 @@ class AgentWorker:
             tb = TokenBatch.build(
                 [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
             )
-            logp = token_logprobs(
-                self._sampling_model(), tb, agent.settings.temperature, chunk_size=self.spec.trainer.logprob_chunk_size
-            )
+            chunk_size = self.spec.trainer.logprob_chunk_size
+            logp = token_logprobs(agent.logprob_model, tb, agent.settings.temperature, chunk_size=chunk_size)
             out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
         return out
 
@@ -361,7 +371,7 @@ class AgentWorker:
         metrics = update(
             agent.optimizer,
             mini_batches(),
-            lambda m, mini, reducer: self._accumulate(rows, adv, mini, capabilities, m, reducer),
+            lambda m, mini, reducer: self.accumulate(rows, adv, mini, capabilities, m, reducer),
             lambda: agent.optimizer.clip_grad_norm(agent.cfg.grad_clip),  # float32 with masters
             stepped,
         )  # optimizer_steps: the steps taken (not the skipped ones, not empty mini-batches)
@@ -383,7 +393,7 @@ class AgentWorker:
         agent = self.agent
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, agent.device)
         chunk = self.spec.trainer.logprob_chunk_size
-        return token_logprobs(self._sampling_model(), tb, agent.settings.temperature, chunk_size=chunk), tb
+        return token_logprobs(self.agent.logprob_model, tb, agent.settings.temperature, chunk_size=chunk), tb
 
     def _relevance(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor) -> torch.Tensor:
         """`top_k`'s relevance of each foreign row to this learner (`hacrl.agent.sharing.relevance`)."""
@@ -391,15 +401,6 @@ class AgentWorker:
         return relevance(rows, adv, capabilities, learner=self.index, algorithm=self.algorithm, params=self.params,
                          mini_batch_size=trainer.mini_batch_size, batch_size=trainer.logprob_batch_size,
                          logprobs=self._logprobs_no_grad)  # fmt: skip
-
-    def _accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
-        """The gradient of mini-batch `mini` (row indices; optimizer step `m`), accumulated micro-batch by
-        micro-batch; each micro-batch's loss is divided by the mini-batch's sizes, so the sum is its gradient."""
-        num_own = sum(rows[i].source == self.index for i in mini)
-        size = self.spec.trainer.micro_batch_size
-        for micro_start in range(0, len(mini), size):
-            micro = mini[micro_start : micro_start + size]
-            reducer.add(self._micro_backward(rows, adv, micro, capabilities, m, len(mini), num_own))
 
     def _micro_backward(self, rows, adv, micro: list[int], capabilities, m: int, num_seqs: int, num_own: int):
         """Forward and backward of the micro-batch of rows `micro`, its loss divided by its mini-batch's sizes
@@ -421,7 +422,7 @@ class AgentWorker:
         device = agent.device
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
         chunk = self.spec.trainer.logprob_chunk_size
-        logp = self._logprobs(tb)
+        logp = self.training_logprobs(tb)
         old = torch.zeros_like(logp)
         for i, r in enumerate(rows):
             if r.old_logp is not None:

@@ -175,12 +175,14 @@ class AgentConfig:
     their rounded copy, refreshed after each optimizer step (mixed precision, as verl and DeepSpeed train). `none`:
     AdamW steps the bfloat16 weights themselves (pure low precision: an update below half a bf16 ulp of a weight,
     ~6e-5 at |w| = 0.02, rounds away; `hacrl train` warns when lr is below it). No effect on float32 agents, LoRA
-    adapters (float32 already) and frozen agents."""
+    adapters (float32 already), frozen agents and agents on `devices` (FSDP2 always keeps float32 master shards).
+    How each combination computes and steps: `hacrl.config.settings.Precision`."""
     offload: Literal["none", "optimizer"] = field(default="none", metadata=NOT_EXACT)
     """`optimizer`: the float32 master weights and AdamW's state live in host memory (pinned with CUDA) and the
     optimizer step runs there; the device holds the bfloat16 weights, the gradients during an update, activations
-    and the KV pool (for a 4B agent 48 GB move to the host). Needs `dtype: bfloat16` with float32 masters; the
-    moves cost time, logged as `time/offload`."""
+    and the KV pool (for a 4B agent 48 GB move to the host). Needs `dtype: bfloat16` with float32 masters, or
+    `devices` (FSDP2's CPU offload: the shards, their gradients and AdamW's state); the moves cost time (on one device
+    logged as `time/offload`)."""
     device: str = field(default="cpu", metadata=NOT_EXACT)
     """torch device of this agent: `cpu`, `cuda`, `cuda:1`, ..."""
     devices: list[str] | None = field(default=None, metadata=NOT_EXACT)
@@ -241,26 +243,12 @@ class AgentConfig:
             raise ConfigError(f"{where}.num_cpus and num_gpus must be >= 0, got {self.num_cpus}, {self.num_gpus}")
         if self.num_gpus > 0 and not self.device.startswith("cuda"):
             raise ConfigError(f"{where}.num_gpus={self.num_gpus} asks for a GPU: set {where}.device=cuda")
-        learns = not self.frozen
         check_device_name(self.device, f"{where}.device")
         if self.devices is not None:
             self._check_devices(where)
-        if learns and self.dtype == "float16":
-            raise ConfigError(
-                f"{where}.dtype=float16 cannot train: float16 gradients underflow without loss scaling, which hacrl "
-                f"does not do. Use {where}.dtype=bfloat16 (the same memory, float32's range; float32 master weights "
-                "by default) or float32; float16 is for frozen agents (sampling only)"
-            )
-        if self.offload == "optimizer" and not (learns and self.lora is None and self.dtype == "bfloat16"
-                                                and self.master_weights == "float32"):  # fmt: skip
-            raise ConfigError(
-                f"{where}.offload=optimizer moves float32 master weights and their AdamW state to the host, which only "
-                f"a fully trained bfloat16 agent with {where}.master_weights=float32 has (this one: dtype "
-                f"{self.dtype}, master_weights {self.master_weights}"
-                + (", LoRA" if self.lora is not None else "")
-                + (", frozen" if self.frozen else "")
-                + f"); set {where}.offload=none"
-            )
+        from hacrl.config.settings import Precision  # beside AgentSettings, which imports this module
+
+        Precision.resolve(self, where)  # float16 training, offload without masters: refused there, with the fix
         if self.lora is not None:
             if self.frozen:
                 raise ConfigError(f"{where}: a frozen agent trains nothing, so {where}.lora has nothing to do; "

@@ -3,6 +3,8 @@
 `AgentSettings.resolve(agent, rollout, trainer)` is the only place where `agents.<i>.temperature` falls back to
 `rollout.temperature` (and so on for every field below); the agent, its worker, the memory plan, the config's
 checks and the samplers all read the record it returns (a sampler through `SamplingAgent.settings`).
+`Precision.resolve(agent)` is the only place where an agent's dtype, master weights, offload, LoRA, frozen and devices
+settings become a mode (what it computes in, what AdamW steps, where the step runs).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hacrl.config.schema import AgentConfig, RolloutConfig, TrainerConfig
+from hacrl.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -55,4 +58,107 @@ class AgentSettings:
             rows_per_call=rows,
             kv_cache_margin=rollout.kv_cache_margin,
             cuda_graphs=rollout.cuda_graphs,
+        )
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How one agent computes and how its weights are stepped, decided here once from its config
+    (`Precision.resolve`); the agent, its worker (one device or a sharded group), `hacrl plan` and the config's
+    checks read this record, and no class rewrites a config to steer another.
+
+        mode      compute   loads     AdamW steps   masters         offload: optimizer keeps on the host
+        frozen    dtype     dtype     nothing       -               (not allowed)
+        float32   float32   float32   parameters    -               (not allowed)
+        pure      dtype     dtype     parameters    -               (not allowed)  master_weights: none
+        masters   dtype     float32   masters       float32, 1 dev  masters, AdamW state (and the step)
+        lora      dtype     dtype     adapters      -               (not allowed)  peft keeps adapters in float32
+        sharded   dtype     float32   shards        float32 shards  shards, their gradients, AdamW state (FSDP2's
+                                                                    CPUOffloadPolicy: each layer copied in to compute)
+    """
+
+    mode: Literal["frozen", "float32", "pure", "masters", "lora", "sharded"]
+    compute: str
+    """The dtype forward, backward, sampling and log-probs read (`agents.<i>.dtype`)."""
+    load: str
+    """The dtype the trained module loads in: float32 where it becomes masters or master shards."""
+    trains: Literal["nothing", "parameters", "adapters", "masters", "shards"]
+    """What AdamW steps: nothing (frozen), the model's parameters, LoRA adapters, float32 masters of the compute
+    weights (`hacrl.agent.precision.MasterStep`), or FSDP2's float32 shards (`hacrl.agent.sharded`)."""
+    steps_on: Literal["none", "device", "host"]
+    """Where AdamW's state lives and its step runs (`host`: `offload: optimizer`)."""
+    on_host: tuple[str, ...]
+    """What `offload: optimizer` keeps in host memory (empty: nothing)."""
+    sampling_copy: Literal["none", "merged", "gathered"]
+    """What the sampler decodes with: the trained module itself (`none`), a copy of the base with the LoRA deltas
+    merged in (`lora.merge_for_sampling`), or a whole compute-dtype copy gathered from the shards."""
+
+    @property
+    def float32_masters(self) -> bool:
+        """AdamW steps float32 copies of lower-precision (or sharded) compute weights: the checkpoint holds them."""
+        return self.trains in ("masters", "shards")
+
+    @property
+    def trained_bytes(self) -> int | None:
+        """Bytes per element of what AdamW steps (its gradients and both moments have the same); None: the
+        compute dtype's."""
+        return 4 if self.trains in ("adapters", "masters", "shards") else None
+
+    def describe(self) -> str:
+        """One line for `hacrl plan`: e.g. `bfloat16 + fp32 masters, offloaded`."""
+        offloaded = ", offloaded" if self.on_host else ""
+        return {
+            "frozen": f"{self.compute} (frozen)",
+            "float32": "float32",
+            "pure": f"{self.compute}, pure",
+            "masters": f"{self.compute} + fp32 masters{offloaded}",
+            "lora": f"LoRA, {self.compute} base",
+            "sharded": f"{self.compute}" + (" + fp32 masters" if self.compute != "float32" else "") + offloaded,
+        }[self.mode]
+
+    @classmethod
+    def resolve(cls, agent: AgentConfig, where: str = "agent") -> Precision:
+        """The precision of `agent`; a combination that cannot train is a ConfigError naming `where`'s keys."""
+        dtype, offload = agent.dtype, agent.offload == "optimizer"
+        if not agent.frozen and dtype == "float16":
+            raise ConfigError(
+                f"{where}.dtype=float16 cannot train: float16 gradients underflow without loss scaling, which hacrl "
+                f"does not do. Use {where}.dtype=bfloat16 (the same memory, float32's range; float32 master weights "
+                "by default) or float32; float16 is for frozen agents (sampling only)"
+            )
+        if agent.frozen:
+            mode = "frozen"
+        elif agent.lora is not None:
+            mode = "lora"
+        elif agent.devices:
+            mode = "sharded"
+        elif dtype == "float32":
+            mode = "float32"
+        else:
+            mode = "masters" if agent.master_weights == "float32" else "pure"
+        if offload and mode not in ("masters", "sharded"):
+            raise ConfigError(
+                f"{where}.offload=optimizer moves float32 master weights and their AdamW state to the host, which only "
+                f"a fully trained bfloat16 agent with {where}.master_weights=float32 (or one sharded over "
+                f"{where}.devices) has (this one: dtype {dtype}, master_weights {agent.master_weights}"
+                + (", LoRA" if agent.lora is not None else "")
+                + (", frozen" if agent.frozen else "")
+                + f"); set {where}.offload=none"
+            )
+        trains = {"frozen": "nothing", "lora": "adapters", "masters": "masters", "sharded": "shards"}
+        on_host = ()
+        if offload:
+            on_host = ("master weights", "optimizer state", *(("gradients",) if mode == "sharded" else ()))
+        return cls(
+            mode=mode,
+            compute=dtype,
+            load="float32" if mode in ("masters", "sharded") else dtype,
+            trains=trains.get(mode, "parameters"),
+            steps_on="none" if mode == "frozen" else "host" if offload else "device",
+            on_host=on_host,
+            sampling_copy="gathered"
+            if mode == "sharded"
+            else "merged"
+            if mode == "lora" and agent.lora.merge_for_sampling
+            else "none",  # fmt: skip
         )

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from hacrl.config import TrainConfig, require_model_dir
-from hacrl.config.settings import AgentSettings
+from hacrl.config.settings import AgentSettings, Precision
 from hacrl.errors import ModelError
 
 GIB = 2**30
@@ -96,7 +96,7 @@ class AgentPlan:
     device_total: int | None = None
     advice: list[str] = field(default_factory=list)
     precision: str = "float32"
-    """How it trains: float32, bfloat16 + float32 masters, pure bfloat16, LoRA, frozen."""
+    """How it trains (`Precision.describe`): float32, bfloat16 + float32 masters, pure bfloat16, LoRA, frozen."""
     host: dict[str, int] = field(default_factory=dict)
     """Bytes of each part kept in host memory (`agents.<i>.offload: optimizer`)."""
     resident: int = 0
@@ -235,44 +235,41 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
-    from hacrl.agent.model import DTYPES, uses_masters
+    from hacrl.agent.model import DTYPES
     from hacrl.agent.samplers.base import next_power_of_two
     from hacrl.agent.samplers.static import MIN_ROWS, auto_rows, row_bytes
 
     plans = []
     for i, agent in enumerate(config.agents):
-        dtype = DTYPES[agent.dtype]
-        lora = agent.lora if not agent.frozen else None
+        precision = Precision.resolve(agent, f"agents.{i}")
+        dtype = DTYPES[precision.compute]
+        lora = agent.lora if precision.trains == "adapters" else None
         require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
         shape = model_shape(agent.model, dtype, lora)
         settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
         tokens = settings.max_tokens
         p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
-                      devices=list(agent.devices or [agent.device]))  # fmt: skip
+                      devices=list(agent.devices or [agent.device]), precision=precision.describe())  # fmt: skip
         weights = shape.params * shape.dtype_bytes
         p.parts["weights"] = weights
-        learns = not agent.frozen  # a frozen agent keeps no reference, gradients or optimizer state
-        masters = uses_masters(agent)
-        p.precision = _precision(agent, masters)
+        learns = precision.trains != "nothing"  # a frozen agent keeps no reference, gradients or optimizer state
         p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
-        # peft keeps adapters in float32; masters: float32 gradient accumulators and float32 AdamW state
-        trained_bytes = 4 if lora is not None or masters else shape.dtype_bytes
+        trained_bytes = precision.trained_bytes or shape.dtype_bytes  # float32 adapters, masters, master shards
         if lora is not None:
             p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
-        offloaded = agent.offload == "optimizer"
         ranks = agent.num_ranks
-        if agent.devices:  # FSDP2: float32 master shards whatever the compute dtype, float32 gradient shards
-            masters, trained_bytes = True, 4
+        if precision.mode == "sharded":
             p.precision += f", FSDP2 x{ranks}"
             p.device = f"{agent.devices[0]} x{ranks}"
-        master_bytes = shape.trainable * 4 * masters // ranks
+        master_bytes = shape.trainable * 4 * precision.float32_masters // ranks
         state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
         gradient_bytes = shape.trainable * trained_bytes * learns // ranks
-        p.parts["master weights (float32)"] = 0 if offloaded else master_bytes
-        p.parts["gradients"] = 0 if offloaded and agent.devices else gradient_bytes
-        p.parts["optimizer state (AdamW)"] = 0 if offloaded else state_bytes
-        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if agent.devices else 0
-        if offloaded:
+        on_host = precision.on_host
+        p.parts["master weights (float32)"] = 0 if "master weights" in on_host else master_bytes
+        p.parts["gradients"] = 0 if "gradients" in on_host else gradient_bytes
+        p.parts["optimizer state (AdamW)"] = 0 if "optimizer state" in on_host else state_bytes
+        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if precision.mode == "sharded" else 0
+        if on_host:
             p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
                       "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip
         total = _device_total(p.devices[0], device_memory)
@@ -365,16 +362,6 @@ def render_ranks(peaks: dict[str, list[int]]) -> str:
     for name, values in peaks.items():
         lines.append(f"{name:<{width}}" + "".join(f"{v / GIB:>9.2f}" for v in values))
     return "\n".join(lines)
-
-
-def _precision(agent, masters: bool) -> str:
-    if agent.frozen:
-        return f"{agent.dtype} (frozen)"
-    if agent.lora is not None:
-        return f"LoRA, {agent.dtype} base"
-    if masters:
-        return f"{agent.dtype} + fp32 masters" + (", offloaded" if agent.offload == "optimizer" else "")
-    return agent.dtype if agent.dtype == "float32" else f"{agent.dtype}, pure"
 
 
 def _share_devices(plans: list[AgentPlan]) -> None:

@@ -8,8 +8,10 @@
 Every sampler keeps one contract (`Sampler.sample` -> `hacrl.agent.samplers.base.Sample`): a response runs up to
 and including its first stop token (the agent's EOS and the model's other EOS ids), `finished` says whether it
 ended there, the text is decoded with special tokens dropped; it honours the agent's temperature, top-p and
-length limit. `refresh` is called after each optimizer update (a no-op where the sampler shares the training
-module's weights, as both of these do; an engine holding its own copy, vLLM say, would load the new weights there).
+length limit. A sampler decodes with the module it is given (the agent's model, or its sampling copy:
+`hacrl.agent.model.SamplingCopy`); `refresh` is called before sampling when the weights changed since the last
+call (`Agent.sync_sampling_weights`; a no-op for both of these; an engine holding its own copy, vLLM say, would load
+the new weights there).
 
 Implementations load lazily: naming one imports its module.
 """
@@ -25,11 +27,12 @@ __all__ = ["AUTO_ROWS", "SAMPLERS", "Sample", "Sampler", "SamplingAgent", "make_
 SAMPLERS = {"hf": "hacrl.agent.samplers.hf:HFSampler", "static": "hacrl.agent.samplers.static:StaticSampler"}
 
 
-def make_sampler(name: str, agent: SamplingAgent) -> Sampler:
+def make_sampler(name: str, agent: SamplingAgent, model=None) -> Sampler:
+    """Sampler `name` for `agent`, decoding with `model` (None: `agent.model`)."""
     target = SAMPLERS.get(name)
     if target is None:
         from hacrl.errors import ConfigError
 
         raise ConfigError(f"rollout backend {name!r} is not one of {sorted(SAMPLERS)}")
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)(agent)
+    return getattr(importlib.import_module(module), cls)(agent, model)

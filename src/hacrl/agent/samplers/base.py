@@ -25,7 +25,7 @@ class SamplingAgent(Protocol):
     index: int
     """Its agent id (names its compiled decode step)."""
     model: Any
-    """The Hugging Face causal LM (the training module itself: samplers decode with its current weights)."""
+    """The Hugging Face causal LM it trains (a sampler decodes with it unless it is given a copy to decode with)."""
     device: torch.device
     pad_id: int
     stop_ids: list[int]
@@ -91,8 +91,11 @@ class Sampler:
 
     name = "base"
 
-    def __init__(self, agent: SamplingAgent) -> None:
+    def __init__(self, agent: SamplingAgent, model: Any = None) -> None:
+        """`model`: the module it decodes with, when it is not `agent.model` (the agent's sampling copy: a LoRA
+        agent's merged base, a sharded agent's gathered weights)."""
         self.agent = agent
+        self.model = agent.model if model is None else model
 
     def sample(
         self,
@@ -109,7 +112,7 @@ class Sampler:
         sampling (`Sample.logprobs`)."""
         import torch
 
-        model = self.agent.model
+        model = self.model
         was_training = model.training
         model.eval()
         rows = [p for p in prompts for _ in range(num_samples)]
@@ -150,5 +153,6 @@ class Sampler:
         return batch_size
 
     def refresh(self) -> None:
-        """The policy's weights changed (after an optimizer step); samplers that decode with the training module
-        itself (both of hacrl's) have nothing to do."""
+        """The weights it decodes with changed since the last sampling (called before the next one, once the
+        agent's sampling copy followed them); samplers that read the module's weights in place (both of hacrl's)
+        have nothing to do."""

@@ -61,7 +61,7 @@ class HFSampler(Sampler):
             use_cache=True,
         )
         input_ids, attention_mask = pad_left(rows, agent.pad_id, agent.device)
-        out = agent.model.generate(
+        out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=config,

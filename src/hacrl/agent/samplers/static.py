@@ -204,6 +204,7 @@ class StaticSampler(Sampler):
     def __init__(
         self,
         agent: SamplingAgent,
+        model=None,
         *,
         cuda_graphs: bool | None = None,
         sync_every: int = SYNC_EVERY,
@@ -212,8 +213,8 @@ class StaticSampler(Sampler):
         """`compile_backend`: compile the decode step with this torch.compile backend (tests count compilations
         on the CPU with "eager"); `cuda_graphs` (default: the agent's `settings.cuda_graphs`) compiles with inductor
         and captures CUDA graphs."""
-        super().__init__(agent)
-        reason = unsupported_reason(agent.model.config)
+        super().__init__(agent, model)
+        reason = unsupported_reason(self.model.config)
         if reason is not None:
             from hacrl.errors import ConfigError
 
@@ -229,7 +230,7 @@ class StaticSampler(Sampler):
         """Since the sampler was made: decode steps run, slots they computed (their rows summed), tokens kept
         (responses' lengths; each row's first comes from its prefill, the rest from decode steps, so (tokens - rows)
         / slot_steps is how busy the slots were) and prefills of waiting rows."""
-        use_static_decode(agent.model)
+        use_static_decode(self.model)
         self._step = _decode_step
         self.compiled = cuda_graphs or compile_backend is not None
         if self.compiled:
@@ -275,10 +276,10 @@ class StaticSampler(Sampler):
     def _auto_limit(self) -> int:
         if self._auto_rows is None:
             agent = self.agent
-            config = agent.model.config
-            dtype = next(agent.model.parameters()).dtype
+            config = self.model.config
+            dtype = next(self.model.parameters()).dtype
             length = agent.settings.max_tokens
-            vocab = agent.model.get_output_embeddings().weight.shape[0]
+            vocab = self.model.get_output_embeddings().weight.shape[0]
             per_row = row_bytes(KVPool.bytes_per_token(config, dtype), length, vocab)
             free, total = torch.cuda.mem_get_info(agent.device)
             held = self.pool.bytes if self.pool is not None else 0  # a pool it would replace
@@ -302,15 +303,15 @@ class StaticSampler(Sampler):
             if agent.device.type == "cuda":
                 torch.cuda.empty_cache()
             rows = next_power_of_two(rows)
-            dtype = next(agent.model.parameters()).dtype
-            self.pool = KVPool(agent.model.config, rows, length, agent.device, dtype)
+            dtype = next(self.model.parameters()).dtype
+            self.pool = KVPool(self.model.config, rows, length, agent.device, dtype)
         return self.pool
 
     def _prefill(self, pool: KVPool, rows: list[list[int]], slots: Tensor) -> Tensor:
         """The prompts into pool rows `slots` (row i into slots[i]); the logits of each prompt's last token."""
         from transformers import DynamicCache
 
-        agent, model = self.agent, self.agent.model
+        agent, model = self.agent, self.model
         width = max(len(r) for r in rows)
         chunk = max(1, PREFILL_TOKENS // width)
         logits = []
@@ -350,7 +351,7 @@ class StaticSampler(Sampler):
         rows = max(MIN_ROWS, rows)
         start = time.perf_counter()
         self._pool(rows, 0)  # the pool a real call allocates: the prompt limit + max_new_tokens positions
-        model = agent.model
+        model = self.model
         was_training = model.training
         model.eval()
         try:
@@ -453,7 +454,7 @@ class StaticSampler(Sampler):
                 torch._dynamo.mark_dynamic(tensor, 0, min=MIN_ROWS, max=pool.rows)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-        return self._step(self.agent.model, pool, token, position, *draw_args, self.agent.settings.top_p)
+        return self._step(self.model, pool, token, position, *draw_args, self.agent.settings.top_p)
 
 
 @dataclass
