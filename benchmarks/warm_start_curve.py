@@ -38,8 +38,8 @@ def curve(recipe_name: str, agent_name: str, steps: int, every: int, eval_size: 
 
     from hacrl.agent.model import Agent
     from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
-    from hacrl.driver.evaluation import evaluate
     from hacrl.driver.scoring import scorer_for
+    from hacrl.tools.evaluate import evaluate
     from hacrl.tools.testbed.demo import _warm_start_agent, sub_skill, with_seed, write_task_files
     from hacrl.tools.testbed.models import save_agent
 

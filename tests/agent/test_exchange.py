@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hacrl.agent.exchange import foreign_trajectories, learner_rows
+from hacrl.agent.exchange import learner_rows
 from hacrl.agent.model import Agent, load_tokenizer
 from hacrl.config import AgentConfig, RolloutConfig
 from hacrl.messages import Trajectory
@@ -98,12 +98,6 @@ def test_learner_rows_refuse_a_mismatched_pool(pair):
         learner_rows(char, [_traj("ab", 0)], [], prompt_ids, [[5], [6]], [None, None])
     with pytest.raises(ValueError, match="own responses came back as a foreign"):
         learner_rows(char, [], [_traj("ab", 0)], prompt_ids, [], [])
-
-
-def test_foreign_trajectories_are_the_others_in_config_order():
-    pool = [_traj("a", 2), _traj("b", 0), _traj("c", 1), _traj("d", 0), _traj("e", 2)]
-    assert [t.text for t in foreign_trajectories(pool, 1, shared=True)] == ["b", "d", "a", "e"]
-    assert foreign_trajectories(pool, 0, shared=False) == []
 
 
 @pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="shared/data/tokenizers is not beside this checkout")

@@ -12,9 +12,19 @@ from safetensors.torch import load_file
 from hacrl.checkpoint import latest_checkpoint
 from hacrl.config import load_config
 from hacrl.driver.metrics import unknown_keys
-from hacrl.driver.trainer import Trainer
+from hacrl.driver.trainer import Trainer, foreign_trajectories
+from hacrl.messages import Trajectory
 from hacrl.tools.cli import main
 from tests.conftest import records, write_config
+
+
+def test_foreign_trajectories_are_the_others_in_config_order():
+    """The driver's pool filter: learner k's foreign rows are every other agent's, sources in config order, each in
+    the order it sampled; none when the algorithm does not share."""
+    pool = [Trajectory(0, text, 1.0, source, -1.0, 1, "eos", 1) for text, source in
+            [("a", 2), ("b", 0), ("c", 1), ("d", 0), ("e", 2)]]  # fmt: skip
+    assert [t.text for t in foreign_trajectories(pool, 1, shared=True)] == ["b", "d", "a", "e"]
+    assert foreign_trajectories(pool, 0, shared=False) == []
 
 
 @pytest.mark.slow

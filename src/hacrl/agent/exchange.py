@@ -36,23 +36,6 @@ class LearnerRow:
     """The response text's UTF-8 byte count (at least 1)."""
 
 
-def foreign_trajectories(pool: list[Trajectory], learner: int, *, shared: bool) -> list[Trajectory]:
-    """The other agents' trajectories learner k trains on (spec 2, step 5a): when the algorithm shares, each other
-    agent's responses, agents in config order, within a source in the order they were sampled; none otherwise.
-    The learner's pool is its own responses, then these: mini-batches are taken in that order, so the own rows get
-    the first optimizer steps and m counts the same for every learner.
-
-    >>> pool = [Trajectory(0, "", 0.0, source, 0.0, 1, "eos", 0) for source in (0, 0, 1, 2, 2)]
-    >>> [t.source for t in foreign_trajectories(pool, 1, shared=True)]
-    [0, 0, 2, 2]
-    >>> foreign_trajectories(pool, 2, shared=False)
-    []
-    """
-    if not shared:
-        return []
-    return sorted((t for t in pool if t.source != learner), key=lambda t: t.source)
-
-
 def learner_rows(
     learner: Agent,
     own: list[Trajectory],

@@ -4,7 +4,8 @@
     loading      YAML and overrides into a TrainConfig (and its guards); the resolved config saved as YAML
     validation   the checks across groups
     docs         `hacrl train --help-config`, generated from the schema's docstrings
-    settings     each agent's effective settings, resolved once from its entry and the run-wide groups
+    settings     each agent's effective settings, resolved once from its entry and the run-wide groups, and its
+                 precision mode (`Precision`: compute dtype, what AdamW steps, where, what offload keeps on the host)
 
 Every field has a default and a docstring. `load_config` rejects unknown keys (with a suggestion), wrong types and
 inconsistent settings before any model loads, with a message that names the key and says what to set. The resolved

@@ -61,25 +61,7 @@ def validate(config: TrainConfig) -> None:
             f"algorithm.name={algo.name!r} shares rollouts between agents, so it needs at least 2 entries in "
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
-    sharing = config.sharing
-    if sharing.policy != "all" and not (shares and n > 1):
-        raise ConfigError(
-            f"sharing.policy={sharing.policy} chooses which of the other agents' rollouts a learner trains on, but "
-            f"algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) shares none. "
-            "Use algorithm.name=hacpo (or naive) with two or more agents, or sharing.policy=all."
-        )
-    if sharing.reads("min_reward") and sharing.min_reward is not None and sharing.min_reward > algo.r_max:
-        raise ConfigError(
-            f"sharing.min_reward={sharing.min_reward} is above algorithm.r_max={algo.r_max}, so `correct` would keep "
-            "no foreign row; set it to at most r_max (null: r_max)"
-        )
-    if sharing.reads("fail_below") and not 0 < sharing.fail_below <= algo.r_max:
-        raise ConfigError(
-            f"sharing.fail_below={sharing.fail_below} must be in (0, algorithm.r_max={algo.r_max}]: a learner "
-            "'fails' a prompt when its own mean reward there is below it"
-        )
-    if sharing.reads("margin") and sharing.margin >= algo.r_max:
-        raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
+    _check_sharing(config, shares)
     frozen = [i for i, a in enumerate(config.agents) if a.frozen]
     if frozen and not shares:
         raise ConfigError(
@@ -103,6 +85,29 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
     if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
         raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def _check_sharing(config: TrainConfig, shares: bool) -> None:
+    """The sharing policy's settings against the algorithm: a policy needs a sharing run, its thresholds r_max."""
+    algo, sharing, n = config.algorithm, config.sharing, len(config.agents)
+    if sharing.policy != "all" and not (shares and n > 1):
+        raise ConfigError(
+            f"sharing.policy={sharing.policy} chooses which of the other agents' rollouts a learner trains on, but "
+            f"algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) shares none. "
+            "Use algorithm.name=hacpo (or naive) with two or more agents, or sharing.policy=all."
+        )
+    if sharing.reads("min_reward") and sharing.min_reward is not None and sharing.min_reward > algo.r_max:
+        raise ConfigError(
+            f"sharing.min_reward={sharing.min_reward} is above algorithm.r_max={algo.r_max}, so `correct` would keep "
+            "no foreign row; set it to at most r_max (null: r_max)"
+        )
+    if sharing.reads("fail_below") and not 0 < sharing.fail_below <= algo.r_max:
+        raise ConfigError(
+            f"sharing.fail_below={sharing.fail_below} must be in (0, algorithm.r_max={algo.r_max}]: a learner "
+            "'fails' a prompt when its own mean reward there is below it"
+        )
+    if sharing.reads("margin") and sharing.margin >= algo.r_max:
+        raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
 
 
 def check_devices_here(config: TrainConfig) -> None:

@@ -91,28 +91,35 @@ def select_foreign(
         return torch.ones(n, dtype=torch.bool)
     if policy == "correct":
         return own | (rewards >= min_reward)
-    rewards = rewards.to(torch.float64)
-    groups = torch.unique(group_ids)
+    if policy == "top_k":
+        if relevance is None:
+            raise ValueError("the top_k policy needs `relevance`, one value per row")
+        check_1d("relevance", relevance, n)
+        check_finite("relevance", relevance, ~own)
     keep = own.clone()
-    for g in groups.tolist():
-        in_group = group_ids == g
-        mine = rewards[in_group & own]
-        own_mean = float(mine.mean()) if mine.numel() else float("-inf")
-        foreign = in_group & ~own
-        if policy == "learner_fails":
-            if own_mean < fail_below:
-                keep |= foreign
-        elif policy == "adaptive":
-            for j in torch.unique(source[foreign]).tolist():
-                rows = foreign & (source == j)
-                if float(rewards[rows].mean()) > own_mean + margin:
-                    keep |= rows
-        else:  # top_k
-            if relevance is None:
-                raise ValueError("the top_k policy needs `relevance`, one value per row")
-            check_1d("relevance", relevance, n)
-            check_finite("relevance", relevance, ~own)
-            index = foreign.nonzero().flatten()
-            order = sorted(range(index.numel()), key=lambda i: (-float(relevance[index[i]]), i))
-            keep[index[order[:k]]] = True
+    rewards = rewards.to(torch.float64)
+    for g in torch.unique(group_ids).tolist():
+        keep |= _kept_in_group(group_ids == g, rewards, source, own, policy, fail_below, k, margin, relevance)
+    return keep
+
+
+def _kept_in_group(in_group: Tensor, rewards: Tensor, source: Tensor, own: Tensor, policy: str, fail_below: float,
+                   k: int, margin: float, relevance: Tensor | None) -> Tensor:  # fmt: skip
+    """The foreign rows of one prompt's group that `policy` keeps (`select_foreign`, the per-group policies)."""
+    mine = rewards[in_group & own]
+    own_mean = float(mine.mean()) if mine.numel() else float("-inf")
+    foreign = in_group & ~own
+    if policy == "learner_fails":
+        return foreign if own_mean < fail_below else torch.zeros_like(foreign)
+    if policy == "adaptive":
+        keep = torch.zeros_like(foreign)
+        for j in torch.unique(source[foreign]).tolist():
+            rows = foreign & (source == j)
+            if float(rewards[rows].mean()) > own_mean + margin:
+                keep |= rows
+        return keep
+    index = foreign.nonzero().flatten()  # top_k
+    order = sorted(range(index.numel()), key=lambda i: (-float(relevance[index[i]]), i))
+    keep = torch.zeros_like(foreign)
+    keep[index[order[:k]]] = True
     return keep

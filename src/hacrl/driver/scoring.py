@@ -305,21 +305,10 @@ class Scorer:
                 f"the scoring process for reward function {self.name} exited while starting, twice ({message[1]})"
                 + address_space_note(self.settings.memory_mb)
             )
-        todo = job.indexes[job.next :]
         if job.mode == "batch":
-            where = f"samples {todo[0]}-{todo[-1]}, the first: {clip(completions[todo[0]], 77)!r}"
-            if kind == "raised":
-                raise RewardError(f"reward function {self.name} raised {message[1]} (while scoring {where})")
-            if kind == "died":
-                raise RewardError(
-                    f"the scoring process of reward function {self.name} died ({message[1]}) while scoring {where}"
-                    + address_space_note(self.settings.memory_mb)
-                )
-            values = self._checked(message[1], [completions[i] for i in todo], todo[0])
-            for i, value in zip(todo, values, strict=True):
-                result.rewards[i] = value
+            self._handle_batch(job, message, completions, result)
             return True
-        index = todo[0]
+        index = job.indexes[job.next]
         if kind == "item":
             result.rewards[index] = self._checked(message[1], [completions[index]], index)[0]
         elif kind == "raised" and self.builtin:
@@ -345,6 +334,21 @@ class Scorer:
         job.scored += 1
         job.since = time.monotonic()
         return job.next == len(job.indexes)
+
+    def _handle_batch(self, job, message, completions, result) -> None:
+        """A batch job's answer: every reward of its rows, or the error that stops the run."""
+        kind, todo = message[0], job.indexes[job.next :]
+        where = f"samples {todo[0]}-{todo[-1]}, the first: {clip(completions[todo[0]], 77)!r}"
+        if kind == "raised":
+            raise RewardError(f"reward function {self.name} raised {message[1]} (while scoring {where})")
+        if kind == "died":
+            raise RewardError(
+                f"the scoring process of reward function {self.name} died ({message[1]}) while scoring {where}"
+                + address_space_note(self.settings.memory_mb)
+            )
+        values = self._checked(message[1], [completions[i] for i in todo], todo[0])
+        for i, value in zip(todo, values, strict=True):
+            result.rewards[i] = value
 
     def _checked(self, raw: Any, texts: list[str], offset: int) -> list[float]:
         if isinstance(raw, _Unusable):  # not a list: say what it was

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from hacrl import faults, seeds
-from hacrl.agent.exchange import foreign_trajectories
 from hacrl.checkpoint import driver_state, remove_stale_temporaries, restoring, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
 from hacrl.config.validation import check_devices_here
@@ -325,3 +324,20 @@ class _Timer:
             yield
         finally:
             self.totals[name] += time.perf_counter() - start
+
+
+def foreign_trajectories(pool: list[Trajectory], learner: int, *, shared: bool) -> list[Trajectory]:
+    """The other agents' trajectories learner k trains on (spec 2, step 5a): when the algorithm shares, each other
+    agent's responses, agents in config order, within a source in the order they were sampled; none otherwise.
+    The learner's pool is its own responses, then these: mini-batches are taken in that order, so the own rows get
+    the first optimizer steps and m counts the same for every learner.
+
+    >>> pool = [Trajectory(0, "", 0.0, source, 0.0, 1, "eos", 0) for source in (0, 0, 1, 2, 2)]
+    >>> [t.source for t in foreign_trajectories(pool, 1, shared=True)]
+    [0, 0, 2, 2]
+    >>> foreign_trajectories(pool, 2, shared=False)
+    []
+    """
+    if not shared:
+        return []
+    return sorted((t for t in pool if t.source != learner), key=lambda t: t.source)

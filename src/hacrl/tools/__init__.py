@@ -1,3 +1,4 @@
-"""The command line and the tools around a run: `cli` (every `hacrl` command), `plan` (device and host memory per
-agent), `export` (a trained agent as a plain Hugging Face model), `plot` (training curves).
+"""The command line and the tools around a run: `cli` (every `hacrl` command), `evaluate` (`hacrl eval`: saved agents
+loaded into this process), `plan` (device and host memory per agent), `export` (a trained agent as a plain Hugging
+Face model), `plot` (training curves).
 """

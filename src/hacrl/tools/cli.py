@@ -18,13 +18,24 @@ import warnings
 
 
 def _parser() -> argparse.ArgumentParser:
-    from hacrl.config import GROUPS
-    from hacrl.tools.testbed.demo import RECIPES  # plain data: imports no torch
-
-    recipe_names = list(RECIPES)
-
     parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO).")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_train,
+        _add_eval,
+        _add_bootstrap_and_demo,
+        _add_plan,
+        _add_data,
+        _add_export,
+        _add_control_and_plot,
+    ):
+        add(sub)
+    return parser
+
+
+def _add_train(sub) -> None:
+    from hacrl.config import GROUPS
+
     train = sub.add_parser(
         "train",
         help="train N agents together (or a baseline)",
@@ -36,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
     train.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
 
+
+def _add_eval(sub) -> None:
     ev = sub.add_parser(
         "eval",
         help="evaluate saved agents alone on the eval split and print a table",
@@ -54,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--out", default=None, help="with --benchmarks: directory for benchmarks_step_*.md / .json")
 
+
+def _add_bootstrap_and_demo(sub) -> None:
+    from hacrl.tools.testbed.demo import RECIPES  # plain data: imports no torch
+
+    recipe_names = list(RECIPES)
     boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
     boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
     boot.add_argument(
@@ -70,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     demo.add_argument("--recipe", default="demo", choices=recipe_names, help="bootstrap recipe")
 
+
+def _add_plan(sub) -> None:
     plan = sub.add_parser(
         "plan",
         help="where each agent's device memory goes (weights, optimizer, activations, KV cache); does it fit",
@@ -84,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
         "--ranks", action="store_true", help="also each agent's peak per rank on K = 1..8 devices (agents.<i>.devices)"
     )
 
+
+def _add_data(sub) -> None:
     data = sub.add_parser("data", help="the paper's named datasets: list them, or prepare local copies")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     data_sub.add_parser("list", help="the named sets: Hub id, split, rows, how the gold answer is read")
@@ -98,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", required=True, help="output directory (use it as data.datasets_dir)")
     prepare.add_argument("--from", dest="source", default=None, help="read DIR/<set> instead of the Hub")
 
+
+def _add_export(sub) -> None:
     export = sub.add_parser(
         "export",
         help="write a trained agent as a plain Hugging Face model directory (LoRA adapters merged)",
@@ -117,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         "weights are rounded to it unless you ask for float32)",
     )
 
+
+def _add_control_and_plot(sub) -> None:
     control = sub.add_parser(
         "control",
         help="train heterogeneous control policies together on a particle environment (optional extra)",
@@ -131,7 +157,6 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="write PNG training curves of a run directory")
     plot.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     plot.add_argument("--out", default=None, help="output .png file or directory (default: RUN_DIR/curves.png)")
-    return parser
 
 
 def _gib(text: str) -> float:
@@ -354,10 +379,10 @@ def _eval(args) -> int:
 
     config = load_config(args.config, args.overrides)
     _quiet_transformers()
-    from hacrl.driver.evaluation import evaluate_paths
+    from hacrl.tools.evaluate import evaluate_paths
 
     if args.benchmarks:
-        from hacrl.driver.evaluation import evaluate_benchmarks
+        from hacrl.tools.evaluate import evaluate_benchmarks
 
         evaluate_benchmarks(config, [Path(p) for p in args.paths], args.benchmarks, out=args.out)
         return 0

@@ -235,88 +235,102 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
-    from hacrl.agent.model import DTYPES
-    from hacrl.agent.samplers.base import next_power_of_two
-    from hacrl.agent.samplers.static import MIN_ROWS, auto_rows, row_bytes
-
-    plans = []
-    for i, agent in enumerate(config.agents):
-        precision = Precision.resolve(agent, f"agents.{i}")
-        dtype = DTYPES[precision.compute]
-        lora = agent.lora if precision.trains == "adapters" else None
-        require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
-        shape = model_shape(agent.model, dtype, lora)
-        settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
-        tokens = settings.max_tokens
-        p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
-                      devices=list(agent.devices or [agent.device]), precision=precision.describe())  # fmt: skip
-        weights = shape.params * shape.dtype_bytes
-        p.parts["weights"] = weights
-        learns = precision.trains != "nothing"  # a frozen agent keeps no reference, gradients or optimizer state
-        p.parts["reference model (KL)"] = weights if config.algorithm.kl_coef > 0 and learns else 0
-        trained_bytes = precision.trained_bytes or shape.dtype_bytes  # float32 adapters, masters, master shards
-        if lora is not None:
-            p.parts["weights"] = weights = weights + shape.trainable * trained_bytes  # the adapters beside the base
-        ranks = agent.num_ranks
-        if precision.mode == "sharded":
-            p.precision += f", FSDP2 x{ranks}"
-            p.device = f"{agent.devices[0]} x{ranks}"
-        master_bytes = shape.trainable * 4 * precision.float32_masters // ranks
-        state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
-        gradient_bytes = shape.trainable * trained_bytes * learns // ranks
-        on_host = precision.on_host
-        p.parts["master weights (float32)"] = 0 if "master weights" in on_host else master_bytes
-        p.parts["gradients"] = 0 if "gradients" in on_host else gradient_bytes
-        p.parts["optimizer state (AdamW)"] = 0 if "optimizer state" in on_host else state_bytes
-        p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if precision.mode == "sharded" else 0
-        if on_host:
-            p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
-                      "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip
-        total = _device_total(p.devices[0], device_memory)
-        p.device_total = total
-        per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
-        rows = settings.rows_per_call
-        auto_on_gpu = rows == "auto" and total is not None and agent.device.startswith("cuda")
-        if rows == "auto":
-            if auto_on_gpu:
-                free = (
-                    total - p.parts["weights"] - p.parts["reference model (KL)"] - p.parts["master weights (float32)"]
-                )
-                pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
-                try:
-                    rows = auto_rows(free=free, total=total, pending=pending, margin=settings.kv_cache_margin,
-                                     bytes_per_row=per_row)  # fmt: skip
-                except Exception as e:  # noqa: BLE001 - the sampler would refuse the same way: say so here
-                    p.advice.append(str(e))
-                    rows = MIN_ROWS
-            else:
-                rows = 64
-        p.rows = int(rows)
-        pool_rows = next_power_of_two(p.rows) if settings.sampler == "static" else p.rows
-        p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
-        p.parts["sampling step floats"] = p.rows * shape.vocab * 16
-        micro = config.trainer.micro_batch_size
-        p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
-        p.parts["activations, gradient checkpointing"] = (
-            activation_bytes(shape, micro, tokens, checkpointing=True) * learns
-        )
-        p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, config.trainer.logprob_chunk_size)
-        held = (
-            p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
-            + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]
-        )  # fmt: skip
-        p.resident = held
-        p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
-        update = held + p.parts["gradients"] + p.parts["log-prob head"] + p.parts["gathered for the update (FSDP2)"]
-        p.update_peak = update + p.parts["activations, one micro-batch"]
-        p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
-        plans.append((p, i, micro, auto_on_gpu and (free - pending, per_row)))
-    _share_devices([p for p, *_ in plans])
-    for p, i, micro, margin in plans:
-        _advise(p, i, micro)
+    plans = [_plan_agent(config, i, agent, device_memory) for i, agent in enumerate(config.agents)]
+    _share_devices([p for p, _ in plans])
+    for i, (p, margin) in enumerate(plans):
+        _advise(p, i, config.trainer.micro_batch_size)
         if margin and p.fits:
             _suggest_margin(p, config.rollout.kv_cache_margin, *margin)
-    return [p for p, *_ in plans]
+    return [p for p, _ in plans]
+
+
+def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None):
+    """Agent i's plan, alone on its devices; with `rollout.batch_size: auto` on a GPU also (the memory left for
+    the KV pool, its bytes per row) for `_suggest_margin`, else None."""
+    from hacrl.agent.model import DTYPES
+    from hacrl.agent.samplers.base import next_power_of_two
+    from hacrl.agent.samplers.static import row_bytes
+
+    precision = Precision.resolve(agent, f"agents.{i}")
+    lora = agent.lora if precision.trains == "adapters" else None
+    require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
+    shape = model_shape(agent.model, DTYPES[precision.compute], lora)
+    settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+    tokens = settings.max_tokens
+    p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
+                  devices=list(agent.devices or [agent.device]), precision=precision.describe())  # fmt: skip
+    learns = precision.trains != "nothing"  # a frozen agent keeps no reference, gradients or optimizer state
+    _trained_parts(p, precision, agent, with_reference=config.algorithm.kl_coef > 0 and learns)
+    p.device_total = _device_total(p.devices[0], device_memory)
+    per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
+    budget = _rows_per_call(p, settings, agent, per_row)
+    pool_rows = next_power_of_two(p.rows) if settings.sampler == "static" else p.rows
+    p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
+    p.parts["sampling step floats"] = p.rows * shape.vocab * 16
+    micro = config.trainer.micro_batch_size
+    p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
+    p.parts["activations, gradient checkpointing"] = activation_bytes(shape, micro, tokens, checkpointing=True) * learns
+    p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, config.trainer.logprob_chunk_size)
+    held = (
+        p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
+        + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]
+    )  # fmt: skip
+    p.resident = held
+    p.sampling_peak = held + p.parts["sampling step floats"]  # gradients are freed after each update
+    update = held + p.parts["gradients"] + p.parts["log-prob head"] + p.parts["gathered for the update (FSDP2)"]
+    p.update_peak = update + p.parts["activations, one micro-batch"]
+    p.update_peak_checkpointed = update + p.parts["activations, gradient checkpointing"]
+    return p, None if budget is None else (budget, per_row)
+
+
+def _trained_parts(p: AgentPlan, precision: Precision, agent, *, with_reference: bool) -> None:
+    """The weights, the reference, and what training keeps (masters, gradients, AdamW state; on the device or the
+    host), as the agent's precision says, per rank."""
+    shape, learns = p.shape, precision.trains != "nothing"
+    weights = shape.params * shape.dtype_bytes
+    p.parts["weights"] = weights
+    p.parts["reference model (KL)"] = weights if with_reference else 0
+    trained_bytes = precision.trained_bytes or shape.dtype_bytes  # float32 adapters, masters, master shards
+    if precision.trains == "adapters":
+        p.parts["weights"] = weights + shape.trainable * trained_bytes  # the adapters beside the base
+    ranks = agent.num_ranks
+    if precision.mode == "sharded":
+        p.precision += f", FSDP2 x{ranks}"
+        p.device = f"{agent.devices[0]} x{ranks}"
+    master_bytes = shape.trainable * 4 * precision.float32_masters // ranks
+    state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
+    gradient_bytes = shape.trainable * trained_bytes * learns // ranks
+    on_host = precision.on_host
+    p.parts["master weights (float32)"] = 0 if "master weights" in on_host else master_bytes
+    p.parts["gradients"] = 0 if "gradients" in on_host else gradient_bytes
+    p.parts["optimizer state (AdamW)"] = 0 if "optimizer state" in on_host else state_bytes
+    p.parts["gathered for the update (FSDP2)"] = _gathered_bytes(shape) if precision.mode == "sharded" else 0
+    if on_host:
+        p.host = {"master weights (float32)": master_bytes, "optimizer state (AdamW)": state_bytes,
+                  "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip
+
+
+def _rows_per_call(p: AgentPlan, settings: AgentSettings, agent, per_row: int) -> int | None:
+    """`p.rows`: the configured rows per call, or `auto` resolved as the static sampler resolves it on the device
+    (64 where memory is not measured). Returns the memory left for the KV pool where `auto` sized it, else None."""
+    from hacrl.agent.samplers.static import MIN_ROWS, auto_rows
+
+    rows, total = settings.rows_per_call, p.device_total
+    if rows != "auto":
+        p.rows = int(rows)
+        return None
+    if total is None or not agent.device.startswith("cuda"):
+        p.rows = 64
+        return None
+    free = total - p.parts["weights"] - p.parts["reference model (KL)"] - p.parts["master weights (float32)"]
+    pending = p.parts["gradients"] + p.parts["optimizer state (AdamW)"]
+    try:
+        p.rows = int(auto_rows(free=free, total=total, pending=pending, margin=settings.kv_cache_margin,
+                               bytes_per_row=per_row))  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - the sampler would refuse the same way: say so here
+        p.advice.append(str(e))
+        p.rows = MIN_ROWS
+    return free - pending
 
 
 def _gathered_bytes(shape: Shape) -> int:

@@ -378,39 +378,15 @@ def _warm_start_agent(
     there; it must leave the model's weights and the warm-start's random state alone)."""
     import torch
 
-    from hacrl.agent.model import Agent
-    from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
-    from hacrl.driver.evaluation import evaluate
-    from hacrl.driver.scoring import scorer_for
     from hacrl.tasks.data import load_task
-    from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+    from hacrl.tools.testbed.models import save_agent
     from hacrl.tools.testbed.sft import SFTConfig, supervised_finetune
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
     recipe_agent = next(a for a in recipe.agents if a.name == name)
     task = load_task(data_config(recipe, out))
-    expressions = [
-        ex.columns["expression"] if "expression" in ex.columns else ex.columns["entry"]["metadata"]["expression"]
-        for ex in task.train
-    ]
-    pairs = [(ex.messages, worked_solution(e)) for ex, e in zip(task.train, expressions, strict=True)]
-    texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
-    if recipe_agent.sft_mix:
-        pairs = _mix(pairs, [sub_skill(e) for e in expressions], recipe_agent.sft_mix)
-    if recipe_agent.tokenizer == "char":
-        tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
-    else:
-        tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
-    model = tiny_model(
-        recipe_agent.family,
-        tokenizer,
-        hidden=recipe_agent.hidden,
-        layers=recipe_agent.layers,
-        heads=recipe_agent.heads,
-        kv_heads=recipe_agent.kv_heads,
-        seed=recipe_agent.seed,
-    )
+    pairs, tokenizer, model = _untrained_agent(recipe_agent, task)
     params = sum(p.numel() for p in model.parameters())
     log(
         f"bootstrap: {name}: {recipe_agent.family}, {recipe_agent.tokenizer} tokenizer ({len(tokenizer)} tokens), "
@@ -434,20 +410,57 @@ def _warm_start_agent(
     )
     supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
     directory = save_agent(model, tokenizer, Path(out) / name)
-    accuracy = None
-    if evaluate_agent:
-        scorer = scorer_for(task, ScoringConfig(), r_max=1.0).start()
-        try:
-            agent = Agent(0, AgentConfig(name=name, model=str(directory)), RolloutConfig(max_new_tokens=24))
-            accuracy = evaluate(agent, task.eval, scorer)["pass@1"]
-        finally:
-            scorer.close()
+    accuracy = _greedy_accuracy(name, directory, task) if evaluate_agent else None
     seconds = time.perf_counter() - start
     if accuracy is None:
         log(f"  {name}: warm-started in {seconds:.0f}s")
     else:
         log(f"  {name}: greedy accuracy {100 * accuracy:.1f}% on {len(task.eval)} eval prompts after {seconds:.0f}s")
     return name, {"parameters": params, "vocab": len(tokenizer), "seconds": seconds, "eval_pass@1": accuracy}
+
+
+def _untrained_agent(recipe_agent, task):
+    """A recipe agent's supervised pairs (prompt messages, worked solution; with its sub-skill mix), its tokenizer
+    (characters, or a BPE trained on the train split) and its randomly initialised model."""
+    from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, tiny_model
+
+    expressions = [
+        ex.columns["expression"] if "expression" in ex.columns else ex.columns["entry"]["metadata"]["expression"]
+        for ex in task.train
+    ]
+    pairs = [(ex.messages, worked_solution(e)) for ex, e in zip(task.train, expressions, strict=True)]
+    texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
+    if recipe_agent.sft_mix:
+        pairs = _mix(pairs, [sub_skill(e) for e in expressions], recipe_agent.sft_mix)
+    if recipe_agent.tokenizer == "char":
+        tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
+    else:
+        tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
+    model = tiny_model(
+        recipe_agent.family,
+        tokenizer,
+        hidden=recipe_agent.hidden,
+        layers=recipe_agent.layers,
+        heads=recipe_agent.heads,
+        kv_heads=recipe_agent.kv_heads,
+        seed=recipe_agent.seed,
+    )
+    return pairs, tokenizer, model
+
+
+def _greedy_accuracy(name: str, directory, task) -> float:
+    """Greedy pass@1 of the saved agent in `directory` on the task's eval split."""
+    from hacrl.agent.model import Agent
+    from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
+    from hacrl.driver.scoring import scorer_for
+    from hacrl.tools.evaluate import evaluate
+
+    scorer = scorer_for(task, ScoringConfig(), r_max=1.0).start()
+    try:
+        agent = Agent(0, AgentConfig(name=name, model=str(directory)), RolloutConfig(max_new_tokens=24))
+        return evaluate(agent, task.eval, scorer)["pass@1"]
+    finally:
+        scorer.close()
 
 
 def _check_task(data, expected, config_path, recipe: BootstrapRecipe) -> None:
