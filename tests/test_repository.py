@@ -58,6 +58,15 @@ def test_no_function_is_longer_than_60_lines():
     assert long == []
 
 
+def test_no_class_inside_an_agent_is_longer_than_400_lines():
+    long = []
+    for path in sorted((ROOT / "src/hacrl/agent").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= 400:
+                long.append(f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+
+
 def test_every_test_a_document_names_exists():
     """docs/reliability.md maps each promise to its test (`<file>::<test>` under tests/): each must exist."""
     named = set()
