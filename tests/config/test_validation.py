@@ -28,6 +28,10 @@ from tests.conftest import fails_cleanly, pair_config, records, write_config
         # issue 61, 9: device names were not checked (tracebacks from inside torch)
         ("agents.0.device=banana", "agents.0.device='banana' is not a torch device name"),
         ("agents.1.devices=[cuda:x]", "agents.1.devices.0='cuda:x' is not a torch device name"),
+        # issue 58: a rollout budget per agent
+        ("agents.1.group_size=0", "agents.1.group_size must be >= 1 or null, got 0"),
+        ("agents.0.group_size=3", "trainer.prompts_per_step x agents.0.group_size = 6; choose one of [1, 2, 3, 6]"),
+        ("agents.0.group_size=100000", "2 x 100000 = 200,000 responses per agent and step is past hacrl's limits"),
     ],
 )
 def test_values_that_would_fail_late_are_refused_at_validation(override, message, tiny_agents, tmp_path, capsys):

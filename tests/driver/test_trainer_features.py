@@ -15,7 +15,7 @@ from hacrl.driver.metrics import unknown_keys
 from hacrl.driver.trainer import Trainer, foreign_trajectories
 from hacrl.messages import Trajectory
 from hacrl.tools.cli import main
-from tests.conftest import records, write_config
+from tests.conftest import pair_config, records, without_timings, write_config
 
 
 def test_foreign_trajectories_are_the_others_in_config_order():
@@ -216,10 +216,37 @@ def test_every_agents_rewards_come_back_with_its_own_timeouts_and_errors():
 
     fake = SimpleNamespace(scorer=SimpleNamespace(score=score))
     batch = [Example(messages=[], prompt=f"p{i}", columns={"answer": str(i)}) for i in range(2)]
-    per_agent = [[SimpleNamespace(text=f"a{i}") for i in range(4)], [SimpleNamespace(text=f"b{i}") for i in range(2)]]
-    first, second = Trainer._score_all(fake, batch, per_agent, 2)
+    # agent a draws 2 answers per prompt, agent b 1 (`agents.<i>.group_size`): each row is scored on its own prompt
+    per_agent = [[SimpleNamespace(text=f"a{i}", group=i // 2) for i in range(4)],
+                 [SimpleNamespace(text=f"b{i}", group=i) for i in range(2)]]  # fmt: skip
+    first, second = Trainer._score_all(fake, batch, per_agent)
     assert len(calls) == 1 and calls[0][1] == ["a0", "a1", "a2", "a3", "b0", "b1"]
-    prompts, _, columns = calls[0]  # each agent's rows in prompt-major groups of 2
-    assert prompts == ["p0", "p0", "p1", "p1", "p0", "p0"] and columns == {"answer": ["0", "0", "1", "1", "0", "0"]}
+    prompts, _, columns = calls[0]
+    assert prompts == ["p0", "p0", "p1", "p1", "p0", "p1"] and columns == {"answer": ["0", "0", "1", "1", "0", "1"]}
     assert (first.rewards, first.timeouts, first.errors) == ([0.0, 1.0, 2.0, 3.0], [1], [3])
     assert (second.rewards, second.timeouts, second.errors) == ([4.0, 5.0], [0], [])
+
+
+@pytest.mark.slow
+def test_agents_with_unequal_rollout_budgets_train_on_each_others_answers(tiny_agents, tmp_path, capsys):
+    """`agents.0.group_size: 8` beside `rollout.group_size: 4`: llama samples 8 answers per prompt, qwen 4; each
+    learner's pool holds both (its own first), the scoring matches every answer to its prompt, the groups' counts
+    are unequal. Budgets equal to `rollout.group_size` give exactly the numbers of not setting them. A resume with
+    another budget is refused (it changes the numbers), naming the key."""
+    (tmp_path / "plain").mkdir()
+    plain = pair_config(tiny_agents, tmp_path / "plain", trainer={"steps": 2})
+    assert main(["train", str(plain)]) == 0
+    assert main(["train", str(plain), f"trainer.output_dir={tmp_path / 'equal'}", "agents.0.group_size=4",
+                 "agents.1.group_size=4"]) == 0  # fmt: skip
+    assert [without_timings(r) for r in records(tmp_path / "equal")] == [
+        without_timings(r) for r in records(tmp_path / "plain" / "run")
+    ]
+    run = tmp_path / "unequal"
+    assert main(["train", str(plain), f"trainer.output_dir={run}", "agents.0.group_size=8"]) == 0
+    for r in records(run):
+        assert r["qwen/shared_offered"] == 2 * 8 and r["llama/shared_offered"] == 2 * 4
+        assert r["llama/trained_sequences"] + r["llama/foreign_empty"] == 2 * 8 + 2 * 4
+        assert 0 <= r["llama/informative_group_frac"] <= 1
+    capsys.readouterr()
+    assert main(["train", str(plain), f"trainer.output_dir={run}", "--resume", "trainer.steps=3"]) == 2
+    assert "agents.0.group_size: 8 in the checkpoint, None now" in capsys.readouterr().err

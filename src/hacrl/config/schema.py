@@ -203,6 +203,11 @@ class AgentConfig:
     """Response length limit for this agent, in its own tokens; None: `rollout.max_new_tokens`."""
     max_prompt_tokens: int | None = None
     """Prompt length limit for this agent (prompts are cut from the left); None: `rollout.max_prompt_tokens`."""
+    group_size: int | None = None
+    """Answers this agent samples per prompt, its rollout budget; None: `rollout.group_size`. A fast agent can draw
+    more than a slow one so that neither waits (`hacrl plan --measure` proposes budgets). Pools then hold unequal
+    counts per source: every baseline is the mean over the prompt's pooled answers (docs/design.md, "Unequal
+    rollout budgets"); equal budgets give exactly the numbers of `rollout.group_size`."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
     rollout_backend: Literal["hf", "static"] | None = field(default=None, metadata=NOT_EXACT)
@@ -231,7 +236,7 @@ class AgentConfig:
             raise ConfigError(f"{where}.betas must be two numbers in [0, 1), got {self.betas}")
         if not self.grad_clip > 0:
             raise ConfigError(f"{where}.grad_clip must be positive, got {self.grad_clip}")
-        for key in ("max_new_tokens", "max_prompt_tokens"):
+        for key in ("max_new_tokens", "max_prompt_tokens", "group_size"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"{where}.{key} must be >= 1 or null, got {value}")

@@ -28,6 +28,8 @@ class AgentSettings:
     """Response length limit in its own tokens (foreign responses are cut to it too)."""
     max_prompt_tokens: int
     """Prompt length limit in its own tokens (cut from the left)."""
+    group_size: int
+    """Answers it samples per prompt (its rollout budget)."""
     sampler: Literal["hf", "static"]
     """The sampler's name (`hacrl.agent.samplers`)."""
     rows_per_call: int | Literal["auto"]
@@ -54,6 +56,7 @@ class AgentSettings:
             top_p=agent.top_p if agent.top_p is not None else rollout.top_p,
             max_new_tokens=agent.max_new_tokens or rollout.max_new_tokens,
             max_prompt_tokens=agent.max_prompt_tokens or rollout.max_prompt_tokens,
+            group_size=agent.group_size or rollout.group_size,
             sampler=sampler,
             rows_per_call=rows,
             kv_cache_margin=rollout.kv_cache_margin,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from hacrl.config.schema import GROUPS, RolloutConfig, TrainConfig, TrainerConfig
+from hacrl.config.schema import GROUPS, TrainConfig
 from hacrl.config.settings import AgentSettings
 from hacrl.errors import ConfigError
 
@@ -48,7 +48,7 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")
     for group in GROUPS[1:]:
         if group == "trainer":  # the sizes across groups first: the mini-batch before the micro-batch inside it
-            _check_batch_sizes(config.trainer, config.rollout, len(config.agents))
+            _check_batch_sizes(config)
         check = getattr(getattr(config, group), "check", None)
         if check is not None:  # logging has nothing to check
             check()
@@ -136,20 +136,27 @@ def check_devices_here(config: TrainConfig) -> None:
                 raise ConfigError(f"{key}={name!r}: hacrl runs agents on cpu, cuda or mps devices")
 
 
-def _check_batch_sizes(t: TrainerConfig, r: RolloutConfig, num_agents: int) -> None:
-    per_agent = t.prompts_per_step * r.group_size
-    if r.group_size > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
-        tokens = per_agent * num_agents * (r.max_prompt_tokens + r.max_new_tokens)
-        raise ConfigError(
-            f"trainer.prompts_per_step x rollout.group_size = {t.prompts_per_step} x {r.group_size} = {per_agent:,} "
-            f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
-            f"agent and step <= {MAX_RESPONSES_PER_STEP:,}): up to {tokens:,} tokens per step, "
-            f"{tokens * 8 / 2**20:,.0f} MiB of token ids alone before any model runs. The paper uses 128 x 8; "
-            "lower one of them"
-        )
-    if t.mini_batch_size < 1 or per_agent % t.mini_batch_size:
-        divisors = [d for d in range(1, per_agent + 1) if per_agent % d == 0]
-        raise ConfigError(
-            f"trainer.mini_batch_size={t.mini_batch_size} must divide the responses per agent and step, "
-            f"trainer.prompts_per_step x rollout.group_size = {per_agent}; choose one of {divisors}"
-        )
+def _check_batch_sizes(config: TrainConfig) -> None:
+    """Each agent's responses per step (prompts x its group size) within hacrl's limits and a whole number of
+    mini-batches (so that a mini-batch never mixes sources and m counts the same for every learner)."""
+    t, r, n = config.trainer, config.rollout, len(config.agents)
+    for i, agent in enumerate(config.agents):
+        g = AgentSettings.resolve(agent, r, t).group_size
+        key = f"agents.{i}.group_size" if agent.group_size else "rollout.group_size"
+        per_agent = t.prompts_per_step * g
+        if g > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:
+            tokens = per_agent * n * (r.max_prompt_tokens + r.max_new_tokens)
+            raise ConfigError(
+                f"trainer.prompts_per_step x {key} = {t.prompts_per_step} x {g} = {per_agent:,} "
+                f"responses per agent and step is past hacrl's limits (group_size <= {MAX_GROUP_SIZE}, responses per "
+                f"agent and step <= {MAX_RESPONSES_PER_STEP:,}): up to {tokens:,} tokens per step, "
+                f"{tokens * 8 / 2**20:,.0f} MiB of token ids alone before any model runs. The paper uses 128 x 8; "
+                "lower one of them"
+            )
+        if t.mini_batch_size < 1 or per_agent % t.mini_batch_size:
+            divisors = [d for d in range(1, per_agent + 1) if per_agent % d == 0]
+            raise ConfigError(
+                f"trainer.mini_batch_size={t.mini_batch_size} must divide the responses per agent and step, "
+                f"trainer.prompts_per_step x {key} = {per_agent}; choose one of {divisors}"
+                + (" (or a group size that makes it one)" if agent.group_size else "")
+            )

@@ -32,6 +32,7 @@ import torch
 from hacrl import faults, seeds
 from hacrl.checkpoint import driver_state, remove_stale_temporaries, restoring, save_checkpoint
 from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
+from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.driver.backends import Workers, start_workers
@@ -87,6 +88,8 @@ class Trainer(RunLoop):
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.names = names
+        self.group_sizes = [AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents]
+        """Each agent's answers per prompt (`agents.<i>.group_size`, else `rollout.group_size`)."""
         specs = [
             WorkerSpec(
                 index=i,
@@ -136,9 +139,9 @@ class Trainer(RunLoop):
         prompts = [ex.messages for ex in batch]
 
         with timer("sampling"):  # 2. every agent samples (and keeps its old log-probs) before any update
-            sampled = self.workers.sample([SampleCall(step, prompts, cfg.rollout.group_size)] * n)
+            sampled = self.workers.sample([SampleCall(step, prompts, g) for g in self.group_sizes])
         with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
-            scored = self._score_all(batch, [s.trajectories for s in sampled], cfg.rollout.group_size)
+            scored = self._score_all(batch, [s.trajectories for s in sampled])
             faults.hit("scoring")
         pool = [
             replace(t, reward=reward)
@@ -219,10 +222,10 @@ class Trainer(RunLoop):
 
     # -- phases ----------------------------------------------------------------------------------------------------
 
-    def _score_all(self, batch: list[Example], per_agent: list[list[Trajectory]], group_size: int) -> list[ScoreResult]:
+    def _score_all(self, batch: list[Example], per_agent: list[list[Trajectory]]) -> list[ScoreResult]:
         """Every agent's completions in one scoring call (the scoring processes take slices of them side by side),
         split back per agent."""
-        examples = [batch[i // group_size] for trajectories in per_agent for i in range(len(trajectories))]
+        examples = [batch[t.group] for trajectories in per_agent for t in trajectories]
         columns = {key: [ex.columns.get(key) for ex in examples] for key in examples[0].columns}
         texts = [t.text for trajectories in per_agent for t in trajectories]
         whole = self.scorer.score([ex.prompt for ex in examples], texts, columns)
@@ -238,9 +241,11 @@ class Trainer(RunLoop):
         return out
 
     def _rollout_metrics(self, j: int, own: list[Trajectory], capabilities) -> dict[str, float]:
-        g = self.config.rollout.group_size
         rewards = [t.reward for t in own]
-        groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
+        by_prompt: dict[int, list[float]] = defaultdict(list)
+        for t in own:
+            by_prompt[t.group].append(t.reward)
+        groups = list(by_prompt.values())
         out = {
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(r >= self.params.r_max for r in rewards) / len(rewards),

@@ -508,9 +508,10 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
 
         _log(f"removing the previous demo run in {run_dir}")
         shutil.rmtree(run_dir)
+    sizes = sorted({a.group_size or config.rollout.group_size for a in config.agents})
     _log(
         f"training {len(config.agents)} agents with {config.algorithm.name} for {config.trainer.steps} steps "
-        f"({config.trainer.prompts_per_step} prompts x {config.rollout.group_size} samples per agent and step)"
+        f"({config.trainer.prompts_per_step} prompts x {'/'.join(map(str, sizes))} samples per agent and step)"
     )
     train_start = time.perf_counter()
     history = Trainer(config).train()
@@ -533,7 +534,9 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
                 "before": before,
                 "after": after,
                 "change_se": se,
-                "rollouts": len(history) * config.trainer.prompts_per_step * config.rollout.group_size,
+                "rollouts": len(history)
+                * config.trainer.prompts_per_step
+                * (agent.group_size or config.rollout.group_size),
                 "seconds": train_seconds,
             }
         )
