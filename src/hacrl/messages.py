@@ -133,6 +133,8 @@ class Learned:
 
     metrics: dict[str, float]
     update_s: float
+    span: tuple[float, float] = (0.0, 0.0)
+    """Wall-clock (time.time()) start and end of the call: how long the worker was busy (`hacrl.driver.pace`)."""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,11 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
     same_numbers(records(runs["ray"]), records(runs["local"]))
     same_weights(runs["ray"], runs["local"], 3, names)
     assert records(runs["ray"])[-1][f"{names[0]}/optimizer_steps"] > 0
+    for r in records(runs["ray"]):  # concurrent workers: each phase's wall time, less the agent's busy time
+        for phase in ("sampling", "update"):
+            for a in names:
+                assert r[f"{a}/time/busy_{phase}"] + r[f"{a}/time/wait_{phase}"] == pytest.approx(r[f"time/{phase}"])
+        assert 0 <= r["time/idle_frac"] < 1
 
 
 @pytest.mark.slow

@@ -152,7 +152,7 @@ class AgentWorker:
         """One training step's update of this learner on its pool: advantages, then one optimizer step per
         mini-batch in pool order (own rows first, then `call.foreign`), each accumulated over micro-batches (spec 2,
         step 5)."""
-        rollout, step = self._rollout, call.step
+        rollout, step, began = self._rollout, call.step, time.time()
         if rollout is None or rollout.step != step:
             raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
         if len(call.rewards) != len(rollout.trajectories):
@@ -162,7 +162,7 @@ class AgentWorker:
             )
         if self.agent.frozen:  # a peer that shares without learning (agents.<i>.frozen)
             self._rollout = None
-            return Learned({}, 0.0)
+            return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
         rows = learner_rows(
@@ -182,7 +182,7 @@ class AgentWorker:
             metrics["time/update_saved_est"] = (
                 update_s * metrics["shared_tokens_saved"] / max(metrics["trained_tokens"], 1)
             )
-        return Learned(metrics, update_s)
+        return Learned(metrics, update_s, (began, time.time()))
 
     def generate(self, call: GenerateCall) -> list[Completion]:
         """Completions for evaluation: greedy, or sampled from a stream seeded by `call.seed` (never the training

@@ -109,7 +109,7 @@ class MetricsLogger:
         if any(skipped.values()):
             parts.append("SKIPPED non-finite grad: " + ", ".join(f"{n} x{k}" for n, k in skipped.items() if k))
         if "time/step" in metrics:
-            parts.append(f"{metrics['time/step']:.1f}s")
+            parts.append(f"{metrics['time/step']:.1f}s" + _slowest(metrics, self.agent_names))
         self.print(" | ".join(parts))
         if self._progress is not None:
             self._progress.update(self._task, completed=step)
@@ -132,6 +132,18 @@ class MetricsLogger:
 
 
 _QUIET = False
+
+
+def _slowest(metrics: dict[str, Any], names: list[str]) -> str:
+    """` (idle 35 %; slowest: sampling qwen, update qwen)`: which agent each phase waited for (`hacrl.driver.pace`);
+    empty with one agent."""
+    if len(names) < 2 or "time/idle_frac" not in metrics:
+        return ""
+    slowest = [
+        f"{phase} {max(names, key=lambda n: metrics.get(agent_key(n, f'time/busy_{phase}'), 0.0))}"
+        for phase in ("sampling", "update")
+    ]
+    return f" (idle {100 * metrics['time/idle_frac']:.0f} %; slowest: {', '.join(slowest)})"
 
 
 def _quiet_writer_thread_errors() -> None:

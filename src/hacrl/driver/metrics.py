@@ -52,6 +52,12 @@ AGENT = _table(
     ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off)"),
     ("reward_timeouts", "its responses whose scoring ran past scoring.timeout"),
     ("reward_errors", "its responses whose scoring raised or whose scoring process died (reward 0)"),
+    ("time/busy_{phase}", "seconds its worker computed in the step's sampling / update phase (its call, start to end)"),
+    (
+        "time/wait_{phase}",
+        "seconds it waited in the sampling / update phase for the slowest agent (hacrl.driver.pace; on the local "
+        "backend, which runs agents one after another, the wait it would have with a device of its own)",
+    ),
     (
         "time/{phase}",
         "seconds its worker spent in a phase: generate, logprobs, update; offload: moving gradients "
@@ -114,13 +120,28 @@ STEP = _table(
         "seconds of a phase of the step on the driver: sampling, scoring, update; offload: the agents' "
         "offload seconds, summed (part of update)",
     ),
+    ("time/idle_frac", "idle worker-seconds / worker-seconds of the sampling and update phases (hacrl.driver.pace)"),
+    (
+        "time/critical_path",
+        "seconds of the step with each agent on devices of its own: slowest sampling + scoring + slowest update",
+    ),  # fmt: skip
     ("tokens_per_second/sampling", "response tokens of all agents per second of the sampling phase"),
     ("foreign_ratio_mode", "algorithm.foreign_ratio, logged when agents share"),
 )
 
 PHASES = {
-    "agent": ("generate", "logprobs", "update", "offload", "update_saved_est"),
-    "step": ("sampling", "scoring", "update", "offload"),
+    "agent": (
+        "generate",
+        "logprobs",
+        "update",
+        "offload",
+        "update_saved_est",
+        "busy_sampling",
+        "busy_update",
+        "wait_sampling",
+        "wait_update",
+    ),
+    "step": ("sampling", "scoring", "update", "offload", "idle_frac", "critical_path"),
 }
 
 

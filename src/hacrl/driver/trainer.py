@@ -38,6 +38,7 @@ from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
+from hacrl.driver.pace import pace_metrics, pace_summary
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
@@ -128,7 +129,22 @@ class Trainer(RunLoop):
         save_config(self.config, path)
 
     def _finished(self) -> str | None:
-        return self.sharing_summary() if self.config.sharing.policy != "all" else None
+        records = self._run_records()
+        parts = [self.sharing_summary(records) if self.config.sharing.policy != "all" else None]
+        if len(self.names) > 1:
+            t, concurrent = self.config.trainer, self.workers.concurrent
+            parts.append(pace_summary(records, self.names, self.group_sizes, prompts_per_step=t.prompts_per_step,
+                                      mini_batch_size=t.mini_batch_size, concurrent=concurrent))  # fmt: skip
+        return "\n".join(p for p in parts if p) or None
+
+    def _run_records(self) -> list[dict[str, Any]]:
+        """Every record of the run, resumed parts included (metrics.jsonl where it is written)."""
+        import json
+
+        path = self.run_dir / "metrics.jsonl"
+        if self.config.logging.jsonl and path.is_file():
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return self.history
 
     # -- one step --------------------------------------------------------------------------------------------------
 
@@ -168,6 +184,16 @@ class Trainer(RunLoop):
                 ]
             )
 
+        return self._step_metrics(pool, sampled, scored, learned, capabilities, timer.totals, shared=shared)
+
+    def _step_metrics(self, pool, sampled, scored, learned, capabilities, totals, *, shared: bool) -> dict[str, Any]:
+        """The step's record: each agent's rollout, update, timing and pace metrics, then the step's own."""
+        n = len(self.names)
+        busy = {
+            "sampling": [s.span[1] - s.span[0] for s in sampled],
+            "update": [r.span[1] - r.span[0] for r in learned],
+        }
+        pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.workers.concurrent)
         metrics: dict[str, Any] = {}
         for j, name in enumerate(self.names):
             own = [t for t in pool if t.source == j]
@@ -179,30 +205,25 @@ class Trainer(RunLoop):
                 "time/generate": sampled[j].generate_s,
                 "time/logprobs": sampled[j].logprobs_s,
                 "time/update": learned[j].update_s,
+                **pace[j],
             }
             metrics.update({agent_key(name, k): v for k, v in agent.items()})
         if shared and n > 1:
             metrics["foreign_ratio_mode"] = self.params.foreign_ratio
-        metrics.update({f"time/{k}": v for k, v in timer.totals.items()})
-        metrics["time/step"] = sum(timer.totals.values())
+        metrics.update({f"time/{k}": v for k, v in totals.items()})
+        metrics["time/step"] = sum(totals.values())
+        metrics.update(step_pace)
         offload = [learned[j].metrics["time/offload"] for j in range(n) if "time/offload" in learned[j].metrics]
         if offload:  # inside the update phase: not added to time/step
             metrics["time/offload"] = sum(offload)
-        metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(
-            timer.totals["sampling"], 1e-9
-        )
+        metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(totals["sampling"], 1e-9)
         return metrics
 
-    def sharing_summary(self) -> str:
+    def sharing_summary(self, history: list[dict[str, Any]] | None = None) -> str:
         """The run's sharing in one line per learner: foreign rows kept of those offered, tokens not trained, update
         seconds and the seconds the policy saved (estimated from each update's speed); over the whole run, resumed
-        parts included (read from metrics.jsonl when it is written)."""
-        import json
-
-        path = self.run_dir / "metrics.jsonl"
-        history = self.history
-        if self.config.logging.jsonl and path.is_file():
-            history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        parts included (`history`: the run's records; None: read them)."""
+        history = self._run_records() if history is None else history
         lines = [f"sharing.policy={self.config.sharing.policy}:"]
         for name in self.names:
 

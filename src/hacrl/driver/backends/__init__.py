@@ -26,6 +26,8 @@ class Workers(Protocol):
     (`evaluating at step 3`), for the error message if a worker fails."""
 
     names: list[str]
+    concurrent: bool
+    """Whether the workers run a call at the same time (Ray) or one after another (local)."""
 
     def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]: ...
 
@@ -47,6 +49,7 @@ class WorkerGroup:
     `worker_i.method(*args[i])` on every worker (concurrently where it can) and returns the results in order."""
 
     names: list[str]
+    concurrent = False
 
     def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
         raise NotImplementedError

@@ -78,6 +78,8 @@ def _import_ray():
 
 
 class RayWorkers(WorkerGroup):
+    concurrent = True
+
     def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
         ray = self._ray = _import_ray()
         self.names = [s.agent.name for s in specs]
