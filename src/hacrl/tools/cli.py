@@ -103,6 +103,15 @@ def _add_plan(sub) -> None:
     plan.add_argument(
         "--ranks", action="store_true", help="also each agent's peak per rank on K = 1..8 devices (agents.<i>.devices)"
     )
+    plan.add_argument(
+        "--measure",
+        action="store_true",
+        help="instead: time 2 steps of the config on this machine and propose a rollout budget per agent "
+        "(agents.<i>.group_size) under which the agents' phases end together",
+    )
+    plan.add_argument(
+        "--slack", type=float, default=0.1, help="with --measure: the step may grow by this fraction (default 0.1)"
+    )
 
 
 def _add_data(sub) -> None:
@@ -251,6 +260,8 @@ def _run(args) -> int:
 
         config = load_config(args.config, args.overrides)
         _quiet_transformers()
+        if args.measure:
+            return _measure(config, args.slack)
         from hacrl.tools.plan import plan, plan_ranks, render, render_ranks
 
         plans = plan(config, device_memory=args.device_memory)
@@ -387,6 +398,23 @@ def _eval(args) -> int:
         evaluate_benchmarks(config, [Path(p) for p in args.paths], args.benchmarks, out=args.out)
         return 0
     evaluate_paths(config, [Path(p) for p in args.paths])
+    return 0
+
+
+def _measure(config, slack: float) -> int:
+    """`hacrl plan CONFIG --measure`: the measured costs and the proposed budgets (`hacrl.tools.budgets`)."""
+    import math
+
+    from hacrl.errors import ConfigError
+    from hacrl.tools.budgets import measure, propose, render
+
+    if not (math.isfinite(slack) and slack >= 0):
+        raise ConfigError(f"--slack {slack}: give a fraction >= 0 by which the step may grow (0.1: 10 %)")
+    if len(config.agents) < 2:
+        raise ConfigError("--measure balances several agents' budgets; this config has one agent")
+    print(f"measuring: 2 steps of {config.trainer.prompts_per_step} prompts on this machine ...", flush=True)
+    costs = measure(config)
+    print(render(costs, *propose(costs, slack=slack)))
     return 0
 
 

@@ -1,0 +1,65 @@
+"""`hacrl plan --measure` (issue 58, 3): the time model of a lockstep step by hand, the budgets it proposes with and
+without sharing, and the command on a real config."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacrl.tools.budgets import Costs, predict, propose
+
+
+def _costs(shared: bool, **kw) -> Costs:
+    """Agent a samples at 0.1 s per answer and learns at 0.01 s per row; agent b is 4x faster at both."""
+    fields = dict(names=["a", "b"], group_sizes=[8, 8], per_answer=[0.1, 0.025], per_row=[0.01, 0.0025], scoring=0.0,
+                  shared=shared, learns=[True, True], prompts=4, mini_batch_size=4, concurrent=True)  # fmt: skip
+    return Costs(**{**fields, **kw})
+
+
+def test_the_time_model_by_hand():
+    """B = 4, G = 8 each. Sampling: a 0.1 x 32 = 3.2 s, b 0.8 s. Shared pools of 16 per prompt: updates a 0.01 x 64
+    = 0.64 s, b 0.16 s. Step 3.84 s; idle (2.4 + 0.48) / (2 x 3.84) = 0.375; 64 answers / 3.84 s."""
+    p = predict(_costs(shared=True), [8, 8])
+    assert p.sampling == pytest.approx([3.2, 0.8]) and p.update == pytest.approx([0.64, 0.16])
+    assert p.step == pytest.approx(3.84) and p.idle_frac == pytest.approx(0.375)
+    assert p.answers_per_second == pytest.approx(64 / 3.84)
+    alone = predict(_costs(shared=False, scoring=0.01), [8, 8])  # own pools; scoring 0.01 s x 64 answers
+    assert alone.update == pytest.approx([0.32, 0.08]) and alone.step == pytest.approx(3.2 + 0.64 + 0.32)
+
+
+def test_without_sharing_the_fast_agent_gets_four_times_the_answers_and_nothing_waits():
+    now, proposed = propose(_costs(shared=False))
+    assert proposed.group_sizes == [8, 32]
+    assert proposed.step == pytest.approx(now.step) and proposed.idle_frac == pytest.approx(0.0)
+    assert proposed.answers_per_second == pytest.approx(2.5 * now.answers_per_second)
+
+
+def test_with_sharing_every_added_answer_lengthens_the_slowest_update_so_the_slack_decides():
+    """Each answer per prompt b adds lengthens a's update by 0.01 x 4 = 0.04 s; 10 % of 3.84 s allows 9 of them
+    (b's sampling, 0.1 s per answer per prompt, stays under a's 3.2 s up to G = 32)."""
+    now, proposed = propose(_costs(shared=True))
+    assert proposed.group_sizes == [8, 17] and proposed.step <= 1.1 * now.step
+    assert propose(_costs(shared=True), slack=0.0)[1].group_sizes == [8, 8]
+    assert propose(_costs(shared=True), slack=1.0)[1].group_sizes == [8, 32]  # sampling ends with a's
+
+
+def test_budgets_grow_by_whole_mini_batches():
+    now, proposed = propose(_costs(shared=False, mini_batch_size=32))  # B x G a multiple of 32: G in steps of 8
+    assert proposed.group_sizes == [8, 32]
+    assert propose(_costs(shared=False, mini_batch_size=64))[1].group_sizes == [8, 32]
+    assert propose(_costs(shared=False, mini_batch_size=48))[1].group_sizes == [8, 24]
+
+
+@pytest.mark.slow
+def test_plan_measure_times_the_real_config_and_prints_the_settings(tiny_agents, tmp_path, capsys):
+    from hacrl.tools.cli import main
+    from tests.conftest import fails_cleanly, pair_config
+
+    cfg = pair_config(tiny_agents, tmp_path, algorithm={"name": "gspo"})
+    assert main(["plan", str(cfg), "--measure"]) == 0
+    out = capsys.readouterr().out
+    assert "measured (step 2 of 2 on this machine; B = 2 prompts per step)" in out
+    assert "answers per second" in out and ("set: agents." in out or "no budget change" in out)
+    assert not (tmp_path / "run").exists()  # measured in a temporary directory
+    fails_cleanly(capsys, ["plan", str(cfg), "--measure", "--slack", "-1"], "--slack -1.0")
+    one = "agents=[{name: a, model: " + str(tiny_agents["llama"]) + "}]"
+    fails_cleanly(capsys, ["plan", str(cfg), "--measure", one], "has one agent")
