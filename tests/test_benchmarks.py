@@ -966,3 +966,26 @@ def test_control_benchmark_compares_at_equal_environment_steps():
     one = {"curve": [[0, 0.0], [75, 0.2], [150, 0.5]], "env_steps_per_step": 1600}
     assert control.success_at(x2, 150 * 1600) == 0.4 and control.success_at(one, 150 * 1600) == 0.5
     assert control.env_steps_to(one, 0.5) == 240_000 and control.env_steps_to(one, 0.6) is None
+
+
+def _pace():
+    spec = importlib.util.spec_from_file_location("pace_benchmark", ROOT / "benchmarks" / "pace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_pace_benchmark_renders_its_table_and_the_paper_pairs_model():
+    """benchmarks/pace.py: the table of a result (ratios against equal budgets), and `--paper-model`'s placement
+    of both paper pairs on 8 x 80 GB (config.json shapes only: no weights, no GPU)."""
+    pace = _pace()
+    run = {"step_s": 2.0, "idle_frac": 0.4, "answers_per_s": 64.0, "sampling_s": 1.0, "update_s": 1.0}
+    faster = {**run, "step_s": 2.2, "idle_frac": 0.05, "answers_per_s": 160.0}
+    result = {"machine": "m", "args": {"rounds": 1, "steps": 4},
+              "algorithms": {"gspo": {"group_sizes": {"a": [8, 8], "b": [40, 8]}, "plan_output": "set: x",
+                                      "median": {"a": run, "b": faster}}}}  # fmt: skip
+    text = pace.render(result, ["--rounds", "1"])
+    assert "| gspo | (b) proposed 40/8 | 2.20 | 5 % | 160 | 1.10x | 2.50x |" in text
+    model = pace.paper_model()
+    assert model.count("chosen: ") == 2 and "even split (4 each)" in model and "set: agents.0.devices=" in model

@@ -110,6 +110,13 @@ def _add_plan(sub) -> None:
         "(agents.<i>.group_size) under which the agents' phases end together",
     )
     plan.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="instead: how to place the agents on N GPUs of --device-memory GiB (or this machine's) and their "
+        "rollout budgets, from a time model",
+    )
+    plan.add_argument(
         "--slack", type=float, default=0.1, help="with --measure: the step may grow by this fraction (default 0.1)"
     )
 
@@ -262,6 +269,8 @@ def _run(args) -> int:
         _quiet_transformers()
         if args.measure:
             return _measure(config, args.slack)
+        if args.devices is not None:
+            return _place(config, args.devices, args.device_memory, args.slack)
         from hacrl.tools.plan import plan, plan_ranks, render, render_ranks
 
         plans = plan(config, device_memory=args.device_memory)
@@ -416,6 +425,20 @@ def _measure(config, slack: float) -> int:
     costs = measure(config)
     print(render(costs, *propose(costs, slack=slack)))
     return 0
+
+
+def _place(config, devices: int, device_memory, slack: float) -> int:
+    """`hacrl plan CONFIG --devices N`: the time model's placement and budgets (`hacrl.tools.placement`)."""
+    from hacrl.errors import ConfigError
+    from hacrl.tools.placement import place, render
+
+    if not 1 <= devices <= 64:
+        raise ConfigError(f"--devices {devices}: give the number of GPUs to place the agents on (1 to 64)")
+    if not (slack >= 0):
+        raise ConfigError(f"--slack {slack}: give a fraction >= 0 by which the step may grow (0.1: 10 %)")
+    tried, chosen = place(config, devices, device_memory, slack=slack)
+    print(render(config, devices, tried, chosen))
+    return 0 if chosen is not None else 3
 
 
 def _quiet_transformers() -> None:
