@@ -4,6 +4,7 @@ the budgets `hacrl plan --measure` proposes (issue 58, 4).
     python benchmarks/pace.py                          # hacpo and gspo, 2 alternated rounds, 8 steps per run
     python benchmarks/pace.py --algorithms gspo --rounds 3 --steps 10
     python benchmarks/pace.py --paper-model        # the time model on 8 x 80 GB for the paper's two pairs (no run)
+    python benchmarks/pace.py --learning           # pace round 1 (benchmarks/results/analysis.md): 5 seeds x 2 arms
 
 The pair: the demo's 1.1M Llama on characters (warm-started, `hacrl bootstrap`) and a ~10M Qwen2 on the demo's BPE
 tokenizer (random weights, built here into .cache/pace-agents; timing needs no training), each a Ray actor with
@@ -134,13 +135,77 @@ def paper_model(devices: int = 8, memory: float = 80.0) -> str:
     return "\n".join(lines)
 
 
+LEARNING_ARMS = {"A": (40, []), "B": (34, ["agents.1.group_size=12"])}
+"""Pace round 1 as pre-registered in benchmarks/results/analysis.md: (steps, overrides) of each arm."""
+LEARNING_BASE = ["runtime.backend=ray", "agents.0.num_cpus=1", "agents.1.num_cpus=1", "runtime.torch_threads=1",
+                 "eval.every=0", "eval.at_start=true", "checkpoint.every=0", "logging.console=false",
+                 "logging.tensorboard=false"]  # fmt: skip
+
+
+def learning(seeds: range) -> dict:
+    """Pace round 1: each seed's two arms (alternated), their final greedy pass@1 and training seconds."""
+    if not (DEMO / "llama-char" / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "hacrl", "bootstrap"], cwd=ROOT, check=True)
+    scratch = RESULTS / ".runs" / "pace-learning"
+    scratch.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for seed in seeds:
+        for arm in ("A", "B") if seed % 2 == 0 else ("B", "A"):
+            steps, overrides = LEARNING_ARMS[arm]
+            settings = [*LEARNING_BASE, f"trainer.steps={steps}", f"trainer.seed={seed}", *overrides]
+            records = run_once(ROOT / "configs" / "demo.yaml", settings, scratch)
+            last = records[-1]
+            row = {"seed": seed, "arm": arm, "steps": steps,
+                   "train_s": sum(r.get("time/step", 0.0) for r in records),
+                   "idle_frac": statistics.mean(r["time/idle_frac"] for r in records if "time/idle_frac" in r),
+                   **{f"{a}/pass@1": last[f"eval/{a}/pass@1"] for a in ("llama-char", "qwen-bpe")},
+                   **{f"{a}/pass@1_start": records[0][f"eval/{a}/pass@1"]
+                      for a in ("llama-char", "qwen-bpe")}}  # fmt: skip
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+    return {"runs": runs}
+
+
+def render_learning(result: dict) -> str:
+    runs = result["runs"]
+    seeds = sorted({r["seed"] for r in runs})
+    lines = ["# Pace round 1: a larger rollout budget for the faster sampler, at equal wall-clock", "",
+             "Pre-registered in `benchmarks/results/analysis.md` (Pace round 1). `python benchmarks/pace.py "
+             "--learning`. (A) 8 / 8 answers per prompt, 40 steps; (B) qwen-bpe 12, llama-char 8, 34 steps.", "",
+             "| seed | arm | steps | training s | idle | llama-char pass@1 | qwen-bpe pass@1 |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sorted(runs, key=lambda r: (r["seed"], r["arm"])):
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['steps']} | {r['train_s']:.1f} | "
+                     f"{100 * r['idle_frac']:.0f} % | {100 * r['llama-char/pass@1']:.1f} % | "
+                     f"{100 * r['qwen-bpe/pass@1']:.1f} % |")  # fmt: skip
+    lines.append("")
+    for agent in ("qwen-bpe", "llama-char"):
+        value = {(r["seed"], r["arm"]): r[f"{agent}/pass@1"] for r in runs}
+        diffs = [value[(s, "B")] - value[(s, "A")] for s in seeds]
+        mean = statistics.mean(diffs)
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        verdict = "B better" if mean > 2 * se else "B worse" if mean < -2 * se else "no difference detected"
+        lines.append(f"{agent}: B - A = {100 * mean:+.1f} points (standard error {100 * se:.1f}, {len(diffs)} seeds): "
+                     f"{verdict}")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithms", nargs="+", default=["hacpo", "gspo"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--paper-model", action="store_true", help="only the time model for the paper's pairs")
+    parser.add_argument("--learning", action="store_true", help="pace round 1 (pre-registered in analysis.md)")
+    parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.learning:
+        result = learning(range(args.seeds))
+        (RESULTS / "pace-learning.json").write_text(json.dumps(result, indent=1) + "\n")
+        text = render_learning(result)
+        (RESULTS / "pace-learning.md").write_text(text)
+        print(text)
+        return 0
     if args.paper_model:
         text = paper_model()
         (RESULTS / "pace-gpu-model.md").write_text(text)
