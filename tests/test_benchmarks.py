@@ -987,5 +987,11 @@ def test_pace_benchmark_renders_its_table_and_the_paper_pairs_model():
                                       "median": {"a": run, "b": faster}}}}  # fmt: skip
     text = pace.render(result, ["--rounds", "1"])
     assert "| gspo | (b) proposed 40/8 | 2.20 | 5 % | 160 | 1.10x | 2.50x |" in text
+    runs = [{"seed": seed, "arm": arm, "steps": 40, "train_s": 50.0, "idle_frac": 0.1, "llama-char/pass@1": 0.3,
+             "qwen-bpe/pass@1": 0.2 + 0.01 * seed * (arm == "B") + 0.02 * (arm == "B")}
+            for seed in range(3) for arm in ("A", "B")]  # fmt: skip
+    learning = pace.render_learning({"runs": runs})  # qwen: B - A = 2, 3, 4 points: mean 3, se 0.58
+    assert "qwen-bpe: B - A = +3.0 points (standard error 0.6, 3 seeds): B better" in learning
+    assert "llama-char: B - A = +0.0 points (standard error 0.0, 3 seeds): no difference detected" in learning
     model = pace.paper_model()
     assert model.count("chosen: ") == 2 and "even split (4 each)" in model and "set: agents.0.devices=" in model
