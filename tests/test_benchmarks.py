@@ -13,11 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("learning_benchmark", ROOT / "benchmarks" / "learning.py")
+def _script(stem: str, name: str):
+    """benchmarks/<stem>.py imported as module `name` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load():
+    return _script("learning", "learning_benchmark")
 
 
 @pytest.mark.slow
@@ -968,18 +973,11 @@ def test_control_benchmark_compares_at_equal_environment_steps():
     assert control.env_steps_to(one, 0.5) == 240_000 and control.env_steps_to(one, 0.6) is None
 
 
-def _pace():
-    spec = importlib.util.spec_from_file_location("pace_benchmark", ROOT / "benchmarks" / "pace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_pace_benchmark_renders_its_table_and_the_paper_pairs_model():
     """benchmarks/pace.py: the table of a result (ratios against equal budgets), and `--paper-model`'s placement
     of both paper pairs on 8 x 80 GB (config.json shapes only: no weights, no GPU)."""
-    pace = _pace()
+    pace = _script("pace", "pace_benchmark")
     run = {"step_s": 2.0, "idle_frac": 0.4, "answers_per_s": 64.0, "sampling_s": 1.0, "update_s": 1.0}
     faster = {**run, "step_s": 2.2, "idle_frac": 0.05, "answers_per_s": 160.0}
     result = {"machine": "m", "args": {"rounds": 1, "steps": 4},
