@@ -104,3 +104,36 @@ def test_a_non_finite_reward_is_refused():
     bad = torch.tensor([float("nan")] + REWARDS[1:])
     with pytest.raises(ValueError, match="rewards contains 1 non-finite"):
         select_foreign(bad, torch.tensor(GROUPS), torch.tensor(SOURCE), learner=1, policy="correct", num_agents=3)
+
+
+# -- the sharing budget (`within_budget`, issue 64 / 58) ------------------------------------------------------------
+
+
+def _budget(per_prompt, weight=None, kept=None):
+    from hacrl.core import within_budget
+
+    weight = torch.tensor(weight if weight is not None else [0.0] * 6 + [float(i) for i in range(12)])
+    kept = torch.tensor(kept if kept is not None else [True] * 18)
+    return within_budget(kept, weight, torch.tensor(GROUPS), torch.tensor(SOURCE), learner=1,
+                         per_prompt=per_prompt).tolist()  # fmt: skip
+
+
+def test_a_budget_keeps_per_prompt_the_foreign_rows_of_largest_weight_over_all_sources():
+    """Weights rise with pool position: prompt 0's foreign rows are 6, 7, 8 (agent 0) and 12, 13, 14 (agent 2),
+    prompt 1's 9, 10, 11 and 15, 16, 17; a budget of 2 keeps 13, 14 and 16, 17."""
+    assert _budget(2) == rows(13, 14, 16, 17)
+    assert _budget(0) == rows()  # only the learner's own rows
+    assert _budget(6) == rows(*range(6, 18)) == _budget(100)  # a budget above what is offered changes nothing
+
+
+def test_a_budget_breaks_ties_by_pool_order_and_never_brings_back_a_row_the_policy_dropped():
+    flat = [0.0] * 18
+    assert _budget(1, weight=flat) == rows(6, 9)  # ties: the first foreign row of each prompt
+    kept = rows(7, 12, 14, 15)
+    assert _budget(1, kept=kept) == rows(14, 15)
+    assert _budget(3, kept=kept) == kept
+
+
+def test_a_budget_below_zero_is_refused():
+    with pytest.raises(ValueError, match="per_prompt must be >= 0"):
+        _budget(-1)

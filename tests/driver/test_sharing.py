@@ -13,9 +13,10 @@ POLICIES = ["correct", "learner_fails", "top_k", "adaptive"]
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sharing",
-    [{"policy": "all"}, {"policy": "correct", "min_reward": 0.0}, {"policy": "top_k", "k": 4}],
-    ids=["all", "correct-min0", "top_k-every-row"],
-)
+    [{"policy": "all"}, {"policy": "correct", "min_reward": 0.0}, {"policy": "top_k", "k": 4},
+     {"budget_per_prompt": 4}],
+    ids=["all", "correct-min0", "top_k-every-row", "budget-every-row"],
+)  # fmt: skip
 def test_a_policy_that_keeps_every_row_changes_no_number(sharing, reference, tiny_agents, tmp_path):
     """The reference run is the default (`all`, the paper); `correct` with min_reward 0 and `top_k` with k = the 4
     foreign rows a prompt has keep every row, and end with every training number of it (top_k's extra no-grad
@@ -39,6 +40,27 @@ def test_every_policy_resumes_exactly(policy, tiny_agents, tmp_path):
         tmp_path,
         2,
     )
+
+
+@pytest.mark.slow
+def test_a_sharing_budget_bounds_every_learners_foreign_rows_and_resumes_exactly(tiny_agents, tmp_path):
+    """`sharing.budget_per_prompt: 1` beside unequal rollout budgets (llama 8 answers per prompt, qwen 4): each
+    learner trains on its own rows and at most one foreign row per prompt, whatever the other agent draws; the rule
+    draws nothing at random, so a stopped and resumed run ends with the uninterrupted run's numbers."""
+    import yaml
+
+    def config(run):
+        path = pair_config(tiny_agents, tmp_path, sharing={"budget_per_prompt": 1},
+                           trainer={"steps": 2, "output_dir": str(run)})  # fmt: skip
+        cfg = yaml.safe_load(path.read_text())
+        cfg["agents"][0]["group_size"] = 8
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    full, _ = assert_resumes_exactly(config, tmp_path, 2)
+    for r in records(full):
+        assert r["qwen/shared_offered"] == 16 and 0 < r["qwen/shared_kept"] <= 2
+        assert r["llama/shared_offered"] == 8 and r["llama/shared_kept"] <= 2
 
 
 @pytest.mark.slow
@@ -67,6 +89,8 @@ def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_pa
         ),
         (["sharing.policy=adaptive", "sharing.margin=1"], "sharing.margin=1.0 must be below algorithm.r_max=1.0"),
         (["sharing.k=0"], "sharing.k must be >= 1"),
+        (["sharing.budget_per_prompt=-1"], "sharing.budget_per_prompt must be >= 0"),
+        (["algorithm.name=gspo", "sharing.budget_per_prompt=2"], "sharing.budget_per_prompt=2 bounds the other"),
         (["sharing.policy=best"], "sharing.policy"),
     ],
 )

@@ -63,3 +63,16 @@ def test_plan_measure_times_the_real_config_and_prints_the_settings(tiny_agents,
     fails_cleanly(capsys, ["plan", str(cfg), "--measure", "--slack", "-1"], "--slack -1.0")
     one = "agents=[{name: a, model: " + str(tiny_agents["llama"]) + "}]"
     fails_cleanly(capsys, ["plan", str(cfg), "--measure", one], "has one agent")
+
+
+def test_a_sharing_budget_keeps_the_slow_learners_update_from_growing_so_the_fast_agent_fills_its_wait():
+    """`sharing.budget_per_prompt: 8`: a trains on its 8 + at most 8 of b's answers per prompt, b on its own + 8 of
+    a's. With G = (8, 32): a's update 0.01 x 4 x 16 = 0.64 s (as with 8 / 8), b's 0.0025 x 4 x 40 = 0.4 s; so the
+    proposal reaches b's sampling limit (32) at an unchanged step, where without the budget the slack stopped it
+    at 17."""
+    capped = _costs(shared=True, foreign_cap=8)
+    p = predict(capped, [8, 32])
+    assert p.update == pytest.approx([0.64, 0.4]) and p.step == pytest.approx(3.84)
+    now, proposed = propose(capped)
+    assert proposed.group_sizes == [8, 32] and proposed.step == pytest.approx(now.step)
+    assert proposed.answers_per_second == pytest.approx(2.5 * now.answers_per_second)

@@ -17,7 +17,7 @@ import torch
 from hacrl.agent.exchange import LearnerRow
 from hacrl.agent.logprobs import TokenBatch
 from hacrl.config import SharingConfig
-from hacrl.core import select_foreign
+from hacrl.core import select_foreign, within_budget
 from hacrl.learner import loss_inputs
 
 
@@ -31,21 +31,24 @@ def select_rows(
     r_max: float,
     names: Sequence[str],
     relevance: Callable[[], torch.Tensor],
+    rho: torch.Tensor | None = None,
 ) -> tuple[list[LearnerRow], list[float], dict[str, Any]]:
     """The sharing policy `sharing.policy` applied to learner `learner`'s pool: the rows that enter the loss (own
     rows and the kept foreign ones, in pool order), their advantages, and per source (named by `names`): rows
     offered, kept, the kept rows' mean reward, the tokens (prompt + response, in this learner's tokens) not trained.
-    `relevance()` is called for `top_k` only (it costs a forward)."""
+    `relevance()` is called for `top_k` only (it costs a forward). `sharing.budget_per_prompt` then keeps per prompt
+    the foreign rows of largest |rho A| (`rho`: each source's loss coefficient for this learner; None: 1)."""
     sources = sorted({r.source for r in rows if r.source != learner})
     if not sources:
         return rows, adv, {}
+    groups, source = torch.tensor([r.group for r in rows]), torch.tensor([r.source for r in rows])
     if sharing.policy == "all":
         keep = [True] * len(rows)
     else:
         keep = select_foreign(
             torch.tensor([r.reward for r in rows], dtype=torch.float64),
-            torch.tensor([r.group for r in rows]),
-            torch.tensor([r.source for r in rows]),
+            groups,
+            source,
             learner=learner,
             policy=sharing.policy,
             num_agents=len(capabilities),
@@ -55,6 +58,11 @@ def select_rows(
             margin=sharing.margin,
             relevance=relevance() if sharing.policy == "top_k" else None,
         ).tolist()
+    if sharing.budget_per_prompt is not None:  # |rho_j A_i| of each row (rho: 1 with capability_coef off)
+        rho = torch.ones(len(capabilities), dtype=torch.float64) if rho is None else rho.to(torch.float64)
+        weight = rho[source] * torch.tensor(adv, dtype=torch.float64).abs()
+        keep = within_budget(torch.tensor(keep), weight, groups, source, learner=learner,
+                             per_prompt=sharing.budget_per_prompt).tolist()  # fmt: skip
     metrics: dict[str, Any] = {}
     for j in sources:
         key = f"shared/{names[j] if j < len(names) else j}"

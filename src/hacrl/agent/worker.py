@@ -354,6 +354,7 @@ class AgentWorker:
         rows, adv, shared = select_rows(  # after the advantages: over every scored row
             rows, adv, capabilities, learner=self.index, sharing=self.spec.sharing, r_max=self.params.r_max,
             names=self.spec.agent_names, relevance=lambda: self._relevance(rows, adv, capabilities),
+            rho=self._rho(capabilities),
         )  # fmt: skip
 
         def mini_batches():
@@ -394,6 +395,14 @@ class AgentWorker:
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, agent.device)
         chunk = self.spec.trainer.logprob_chunk_size
         return token_logprobs(self.agent.logprob_model, tb, agent.settings.temperature, chunk_size=chunk), tb
+
+    def _rho(self, capabilities: torch.Tensor) -> torch.Tensor | None:
+        """Each source's coefficient in this learner's loss (spec 3.3): HACPO's rho, None (all 1) otherwise."""
+        if self.algorithm.name != "hacpo" or not self.params.capability_coef:
+            return None
+        from hacrl.core.capability import loss_coefficients
+
+        return loss_coefficients(capabilities, self.index)
 
     def _relevance(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor) -> torch.Tensor:
         """`top_k`'s relevance of each foreign row to this learner (`hacrl.agent.sharing.relevance`)."""

@@ -348,6 +348,11 @@ class SharingConfig:
     """`top_k`: foreign rows kept per prompt (over all other agents together)."""
     margin: float = 0.0
     """`adaptive`: a source's rows of a prompt are kept when its mean reward there exceeds the learner's by more."""
+    budget_per_prompt: int | None = None
+    """After the policy: per prompt, at most this many of the foreign rows it kept, those of largest |rho A| (the
+    bound of their weight in HACPO's loss; no forward pass, no random draw; `hacrl.core.sharing.within_budget`);
+    a learner's update is then its own rows + this many per prompt, whatever the number of agents or their
+    `group_size`. None: no budget."""
 
     def reads(self, key: str) -> bool:
         """Whether this policy reads `sharing.<key>` (`hacrl.core.sharing.SETTINGS`): the others are neither
@@ -369,6 +374,9 @@ class SharingConfig:
             raise ConfigError(f"{where}.min_reward must be >= 0 or null (algorithm.r_max), got {self.min_reward}")
         if self.margin < 0:
             raise ConfigError(f"{where}.margin must be >= 0, got {self.margin}")
+        if self.budget_per_prompt is not None and self.budget_per_prompt < 0:
+            budget = self.budget_per_prompt
+            raise ConfigError(f"{where}.budget_per_prompt must be >= 0 (foreign rows per prompt) or null, got {budget}")
 
     def min_reward_or(self, r_max: float) -> float:
         return r_max if self.min_reward is None else self.min_reward

@@ -90,6 +90,12 @@ def validate(config: TrainConfig) -> None:
 def _check_sharing(config: TrainConfig, shares: bool) -> None:
     """The sharing policy's settings against the algorithm: a policy needs a sharing run, its thresholds r_max."""
     algo, sharing, n = config.algorithm, config.sharing, len(config.agents)
+    if sharing.budget_per_prompt is not None and not (shares and n > 1):
+        raise ConfigError(
+            f"sharing.budget_per_prompt={sharing.budget_per_prompt} bounds the other agents' rows a learner trains "
+            f"on, but algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) "
+            "shares none. Use algorithm.name=hacpo (or naive) with two or more agents, or remove the budget."
+        )
     if sharing.policy != "all" and not (shares and n > 1):
         raise ConfigError(
             f"sharing.policy={sharing.policy} chooses which of the other agents' rollouts a learner trains on, but "

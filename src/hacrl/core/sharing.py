@@ -21,6 +21,10 @@ Policies (`POLICIES`):
                    learner's own mean there by more than `margin` (sharing follows the gap, prompt by prompt)
 A prompt on which the learner has no own row (it never happens in the trainer) counts as failed by it (its own
 mean is taken as -inf).
+
+After the policy, an optional budget (`sharing.budget_per_prompt`, `within_budget`) keeps per prompt at most that
+many of the kept foreign rows, those of largest |rho A|: a learner's update is bounded by its own rows plus the
+budget whatever the number of agents and their rollout budgets.
 """
 
 from __future__ import annotations
@@ -123,3 +127,35 @@ def _kept_in_group(in_group: Tensor, rewards: Tensor, source: Tensor, own: Tenso
     keep = torch.zeros_like(foreign)
     keep[index[order[:k]]] = True
     return keep
+
+
+def within_budget(keep: Tensor, weight: Tensor, group_ids: Tensor, source: Tensor, *, learner: int,
+                  per_prompt: int) -> Tensor:  # fmt: skip
+    """The sharing budget (`sharing.budget_per_prompt`, applied after the policy): of the foreign rows `keep` holds,
+    per prompt the `per_prompt` of largest `weight` (ties: pool order); own rows always stay. The trainer's weight
+    is |rho_j A_i|: in the learner's loss a foreign row's term is s_hat sg(s_hat)^alpha rho A with s_hat clipped
+    into [lo_m, 1], so |rho A| bounds the row's pull up to a factor in [lo_m^(1+alpha), 1], and a row with A = 0
+    (a uniform group) pulls nothing. It needs no forward pass (top_k's exact relevance does) and no random draw
+    (so a resume repeats it). The learner's update is then at most its own rows + `per_prompt` per prompt, whatever
+    the number of agents or their budgets.
+
+    >>> keep = torch.tensor([True, True, True, True, True, False, True])
+    >>> weight = torch.tensor([0.0, 0.0, 0.5, 0.9, 0.5, 2.0, 0.1])
+    >>> groups, source = torch.tensor([0, 1, 0, 0, 0, 0, 1]), torch.tensor([0, 0, 1, 1, 2, 2, 1])
+    >>> within_budget(keep, weight, groups, source, learner=0, per_prompt=2).int().tolist()
+    [1, 1, 1, 1, 0, 0, 1]
+    """
+    n = keep.shape[0]
+    for name, t in (("weight", weight), ("group_ids", group_ids), ("source", source)):
+        check_1d(name, t, n)
+    if per_prompt < 0:
+        raise ValueError(f"per_prompt must be >= 0, got {per_prompt}")
+    own = source == learner
+    out = keep.clone()
+    foreign = keep & ~own
+    for g in torch.unique(group_ids[foreign]).tolist():
+        index = (foreign & (group_ids == g)).nonzero().flatten().tolist()
+        order = sorted(range(len(index)), key=lambda i: (-float(weight[index[i]]), i))
+        for i in order[per_prompt:]:
+            out[index[i]] = False
+    return out

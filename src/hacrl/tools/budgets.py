@@ -5,8 +5,10 @@ The time model (per step, B = `trainer.prompts_per_step`, G_j = agent j's group 
 
     sampling of agent j      S_j = a_j * B * G_j           a_j: its measured seconds per answer
     update of learner k      U_k = b_k * B * P_k           b_k: its measured seconds per trained row; P_k the answers
-                                                           per prompt in its pool: sum_j G_j when the algorithm shares,
-                                                           G_k when it does not, 0 for a frozen agent
+                                                           per prompt in its pool: sum_j G_j when the algorithm shares
+                                                           (G_k + at most `sharing.budget_per_prompt` of the others'
+                                                           with a budget), G_k when it does not, 0 for a frozen agent;
+                                                           a policy that keeps fewer rows makes this an upper bound
     scoring                  C = c * B * sum_j G_j         c: seconds per answer
     a lockstep step          T = max_j S_j + C + max_k U_k (agents concurrent: Ray, or a device each)
 
@@ -14,7 +16,8 @@ An agent that samples faster than the slowest one waits max S - S_j each step; m
 a sharing run every learner trains on every answer, so each answer added also lengthens the slowest update: the
 proposal adds answers (whole mini-batches) to the agent with the most sampling wait while its sampling still ends
 within the slowest agent's and the step stays within `slack` of today's, and reports the predicted idle fraction,
-answers per second and step time before and after. Without sharing (gspo, grpo) a fast agent's extra answers only
+answers per second and step time before and after. Without sharing (gspo, grpo), or with a sharing budget
+(`sharing.budget_per_prompt`) that bounds what the other learners take of them, a fast agent's extra answers only
 lengthen its own, faster update, so both phases can end together.
 
 The measurements are the second step of a 2-step run of the config as given (backend, threads, devices), in a
@@ -47,6 +50,8 @@ class Costs:
     concurrent: bool
     measured: dict[str, float] = field(default_factory=dict)
     """The measured step: time/step, time/idle_frac."""
+    foreign_cap: int | None = None
+    """`sharing.budget_per_prompt`: the foreign answers per prompt a learner trains on at most (None: all)."""
 
 
 @dataclass
@@ -63,8 +68,9 @@ def predict(costs: Costs, group_sizes: list[int]) -> Prediction:
     """The time model of the module docstring for these group sizes."""
     b, total = costs.prompts, sum(group_sizes)
     sampling = [a * b * g for a, g in zip(costs.per_answer, group_sizes, strict=True)]
-    pools = [(total if costs.shared else g) if learns else 0 for g, learns in zip(group_sizes, costs.learns,
-                                                                                  strict=True)]  # fmt: skip
+    cap = total if costs.foreign_cap is None else costs.foreign_cap
+    pools = [(g + min(cap, total - g) if costs.shared else g) if learns else 0
+             for g, learns in zip(group_sizes, costs.learns, strict=True)]  # fmt: skip
     update = [r * b * p for r, p in zip(costs.per_row, pools, strict=True)]
     s, u = max(sampling), max(update)
     step = s + costs.scoring * b * total + u
@@ -132,6 +138,7 @@ def measure(config: TrainConfig) -> Costs:
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], concurrent=concurrent,
         measured={"time/step": record["time/step"], "time/idle_frac": record["time/idle_frac"]},
+        foreign_cap=config.sharing.budget_per_prompt,
     )  # fmt: skip
 
 

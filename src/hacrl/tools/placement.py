@@ -78,7 +78,7 @@ def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float
         group_sizes=[AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents],
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], prompts=config.trainer.prompts_per_step,
-        mini_batch_size=config.trainer.mini_batch_size, concurrent=True,
+        mini_batch_size=config.trainer.mini_batch_size, concurrent=True, foreign_cap=config.sharing.budget_per_prompt,
     )  # fmt: skip
 
 
