@@ -1,7 +1,8 @@
 """Agents of different speed, side by side on Ray with one CPU each: lockstep with equal rollout budgets against
 the budgets `hacrl plan --measure` proposes (issue 58, 4).
 
-    python benchmarks/pace.py                          # hacpo and gspo, 2 alternated rounds, 8 steps per run
+    python benchmarks/pace.py                          # hacpo, hacpo with a sharing budget of 8 per prompt, gspo:
+                                                       # 2 alternated rounds, 8 steps per run
     python benchmarks/pace.py --algorithms gspo --rounds 3 --steps 10
     python benchmarks/pace.py --paper-model        # the time model on 8 x 80 GB for the paper's two pairs (no run)
     python benchmarks/pace.py --learning           # pace round 1 (benchmarks/results/analysis.md): 5 seeds x 2 arms
@@ -55,7 +56,10 @@ def write_config(path: Path, algorithm: str, steps: int) -> Path:
         {"name": "llama-1m", "model": str(DEMO / "llama-char"), "lr": 3e-5, "num_cpus": 1},
         {"name": "qwen2-10m", "model": str(BIG), "tokenizer": str(DEMO / "qwen-bpe"), "lr": 3e-5, "num_cpus": 1},
     ]
-    demo["algorithm"] = {**demo.get("algorithm", {}), "name": algorithm}
+    name, _, budget = algorithm.partition("+budget")  # `hacpo+budget8`: sharing.budget_per_prompt=8
+    demo["algorithm"] = {**demo.get("algorithm", {}), "name": name}
+    if budget:
+        demo["sharing"] = {"budget_per_prompt": int(budget)}
     demo["trainer"] = {**demo["trainer"], "steps": steps}
     demo["eval"] = {"every": 0, "at_start": False, "max_prompts": 16, "save_completions": False}
     demo["checkpoint"] = {"every": 0}
@@ -192,7 +196,8 @@ def render_learning(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithms", nargs="+", default=["hacpo", "gspo"])
+    parser.add_argument("--algorithms", nargs="+", default=["hacpo", "hacpo+budget8", "gspo"],
+                        help="algorithm names; `hacpo+budget8` adds sharing.budget_per_prompt=8")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--paper-model", action="store_true", help="only the time model for the paper's pairs")
