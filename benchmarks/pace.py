@@ -276,7 +276,8 @@ def render(result: dict, argv: list[str]) -> str:
                          f"{m['answers_per_s'] / a['answers_per_s']:.2f}x |")  # fmt: skip
     lines += ["", "What `hacrl plan --measure` printed, per algorithm:", ""]
     for algorithm, r in result["algorithms"].items():
-        lines += [f"{algorithm}:", "", "```", r["plan_output"].strip(), "```", ""]
+        output = [x for x in r["plan_output"].strip().splitlines() if "(_Actor pid=" not in x]  # Ray actors' logs
+        lines += [f"{algorithm}:", "", "```", *output, "```", ""]
     return "\n".join(lines)
 
 
