@@ -993,3 +993,17 @@ def test_pace_benchmark_renders_its_table_and_the_paper_pairs_model():
     assert "llama-char: B - A = +0.0 points (standard error 0.0, 3 seeds): no difference detected" in learning
     model = pace.paper_model()
     assert model.count("chosen: ") == 2 and "even split (4 each)" in model and "set: agents.0.devices=" in model
+
+
+def test_many_agents_fits_the_update_exponent_and_renders_its_table():
+    """benchmarks/many_agents.py: the slope of log(update seconds) over log(N) by hand, and the table."""
+    many = _script("many_agents", "many_agents_benchmark")
+    assert many.exponent({4: 1.0, 16: 16.0}, 4, 16) == pytest.approx(2.0)
+    assert many.exponent({4: 1.0, 16: 4.0}, 4, 16) == pytest.approx(1.0)
+    assert many.exponent({4: 1.0}, 4, 16) is None
+    row = {"sampling": 0.1, "scoring": 0.0, "update": 1.0, "step": 1.2, "trained_rows_per_learner": 96, "cpu_s": 9,
+           "peak_mib": 800}  # fmt: skip
+    text = many.render({"machine": "m", "table": {"all": {4: row, 16: {**row, "update": 16.0}}},
+                        "update_exponent_4_16": {"all": 2.0}}, [])  # fmt: skip
+    assert "| all | 16 | 0.10 | 0.00 | 16.00 | 96 | 1.20 | 9 | 800 |" in text
+    assert "Update seconds ~ N^2.00 between N = 4 and 16 with `all`." in text
