@@ -47,6 +47,9 @@ def test_the_summary_names_each_agents_wait_and_the_setting_that_would_use_it():
     assert "agents.0.group_size=32 would fill its sampling wait" in lines[1]
     assert "its update waits on b: give it more devices (agents.1.devices)" in lines[1]
     assert lines[2] == "  b: waited 0 % of its sampling and update time (sampling 0 %, update 0 %)"
+    frozen = pace_summary(_records(3), ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64, concurrent=True,
+                          frozen=[True, False])  # fmt: skip
+    assert "group_size=32" in frozen and "its update waits" not in frozen  # a frozen agent's update wait: no fix
     local = pace_summary(_records(1), ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64, concurrent=False)
     assert "one after another (runtime.backend=local); these are the waits of the critical path" in local
     assert pace_summary([{"step": 1}], ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64,

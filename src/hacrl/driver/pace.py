@@ -67,9 +67,10 @@ def pace_summary(
     prompts_per_step: int,
     mini_batch_size: int,
     concurrent: bool,
+    frozen: Sequence[bool] = (),
 ) -> str | None:
     """The run's waits in one line per agent, with the setting that would use them (see the module docstring);
-    None before any step logged them."""
+    None before any step logged them. A frozen agent (`frozen[i]`) learns nothing, so its update wait has no fix."""
     from hacrl.driver.metrics import agent_key
 
     def total(name: str, metric: str) -> float:
@@ -97,7 +98,8 @@ def pace_summary(
             if budget is not None:
                 advice.append(f"agents.{i}.group_size={budget} would fill its sampling wait (the other learners then "
                               "train on more of its answers, so every update grows)")  # fmt: skip
-        if wait["update"] >= SUMMARY_THRESHOLD * spent and name != slowest_update:
+        learns = not (i < len(frozen) and frozen[i])
+        if wait["update"] >= SUMMARY_THRESHOLD * spent and name != slowest_update and learns:
             j = list(names).index(slowest_update)
             advice.append(f"its update waits on {slowest_update}: give it more devices (agents.{j}.devices)")
         lines.append(line + ("; " + "; ".join(advice) if advice else ""))

@@ -134,7 +134,8 @@ class Trainer(RunLoop):
         if len(self.names) > 1:
             t, concurrent = self.config.trainer, self.workers.concurrent
             parts.append(pace_summary(records, self.names, self.group_sizes, prompts_per_step=t.prompts_per_step,
-                                      mini_batch_size=t.mini_batch_size, concurrent=concurrent))  # fmt: skip
+                                      mini_batch_size=t.mini_batch_size, concurrent=concurrent,
+                                      frozen=self.frozen))  # fmt: skip
         return "\n".join(p for p in parts if p) or None
 
     def _run_records(self) -> list[dict[str, Any]]:
