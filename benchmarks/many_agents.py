@@ -5,8 +5,10 @@ per-step sampling / scoring / update seconds under `sharing.policy: all` and wit
     python benchmarks/many_agents.py                       # N = 2 4 8 16, all and budget 8, 4 steps per run
     python benchmarks/many_agents.py --agents 2 4 8 16 32 --budgets 8 16
 
-The agents: random weights (timing needs no training), a character tokenizer, families and widths cycling through
-llama / qwen2 / qwen3 and hidden 32 / 48 / 64 (two layers), built into .cache/many-agents. HACPO, 8 prompts x 8
+The agents: random weights (timing needs no training), a character tokenizer, widths cycling through hidden
+32 / 48 / 64 agent by agent (so that every N holds about the same mix of sizes and the cost per agent does not
+grow with N) and families through llama / qwen2 / qwen3 every three agents (two layers), built into
+.cache/many-agents. HACPO, 8 prompts x 8
 answers of up to 16 characters per agent, mini-batches of 64, the local backend with one torch thread (the
 workers run one after another in the driver's process, so each phase's seconds are the sum over agents: the
 total work). Each run is `hacrl train` in its own process under /usr/bin/time (its peak resident memory); steps 2
@@ -41,7 +43,7 @@ def build_agents(n: int) -> list[Path]:
 
     out = []
     for i in range(n):
-        family, hidden = FAMILIES[i % 3], WIDTHS[(i // 3) % 3]
+        family, hidden = FAMILIES[(i // 3) % 3], WIDTHS[i % 3]  # sizes cycle fastest: every N has the same mix
         path = AGENTS / f"agent{i:02d}-{family}-{hidden}"
         if not (path / "config.json").is_file():
             tokenizer = char_tokenizer(ALPHABET)

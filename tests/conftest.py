@@ -83,14 +83,13 @@ def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
     import hacrl.agent.worker
 
     seen: dict[int, list[int]] = {}
-    real_rows = hacrl.agent.worker.learner_rows
+    real_select = hacrl.agent.worker.select_pool
 
-    def recording_rows(learner, *args):
-        rows = real_rows(learner, *args)
-        seen[learner.index] = [r.source for r in rows]
-        return rows
+    def recording_select(learner, own_rows, foreign, *args, **kwargs):
+        seen[learner.index] = [r.source for r in own_rows] + [t.source for t in foreign]
+        return real_select(learner, own_rows, foreign, *args, **kwargs)
 
-    monkeypatch.setattr(hacrl.agent.worker, "learner_rows", recording_rows)
+    monkeypatch.setattr(hacrl.agent.worker, "select_pool", recording_select)
     return seen
 
 

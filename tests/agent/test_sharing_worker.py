@@ -78,11 +78,11 @@ def test_the_update_reports_what_was_offered_kept_and_saved(tiny_agents, tmp_pat
     rows = learner_rows(qwen.agent, own, foreign, rollout.prompt_ids, [s.response_ids for s in rollout.samples],
                         rollout.old_logp)  # fmt: skip
     _, metrics = _learn(spec, rollout, foreign)
-    dropped = [r for r in rows[12:] if r.reward < 1 and r.response_ids]
     assert metrics["shared/llama/offered"] == metrics["shared_offered"] == 12
     assert metrics["shared/llama/kept"] == metrics["shared_kept"] == sum(FOREIGN) == 5
     assert metrics["shared/llama/kept_reward_mean"] == 1.0
-    saved = sum(len(r.prompt_ids) + len(r.response_ids) for r in dropped)
+    # dropped rows are never re-tokenized: the prompt in qwen's tokens + the response in llama's (its source's)
+    saved = sum(len(rollout.prompt_ids[t.group]) + t.source_num_tokens for t in foreign if t.reward < 1)
     assert metrics["shared/llama/tokens_saved"] == metrics["shared_tokens_saved"] == saved > 0
     kept = [r for r in rows if (r.source == 1 or r.reward >= 1) and r.response_ids]
     assert metrics["trained_sequences"] == len(kept)

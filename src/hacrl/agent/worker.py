@@ -35,7 +35,7 @@ from hacrl.agent.model import Agent, first_nonfinite
 from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
-from hacrl.agent.sharing import relevance, select_rows
+from hacrl.agent.sharing import relevance, select_pool
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
@@ -165,17 +165,12 @@ class AgentWorker:
             return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
-        rows = learner_rows(
-            self.agent,
-            own,
-            call.foreign,
-            rollout.prompt_ids,
-            [s.response_ids for s in rollout.samples],
-            rollout.old_logp,
+        own_rows = learner_rows(
+            self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], rollout.old_logp
         )
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):
-            metrics = self._update(rows, caps)
+            metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps)
         self._rollout = None
         update_s = time.perf_counter() - start
         if metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
@@ -337,25 +332,28 @@ class AgentWorker:
         """Out of memory or NaN / inf in `phase` of `step`: one clear stop (`hacrl.agent.guards.phase`)."""
         return guards.phase(self.name, self.index, self.agent.device, phase, step)
 
-    def _update(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> dict[str, Any]:
-        """Advantages over the learner's pool, then one optimizer step per mini-batch in pool order."""
+    def _update(self, own_rows: list[LearnerRow], foreign: list[Trajectory], prompt_ids: list[list[int]],
+                capabilities: torch.Tensor) -> dict[str, Any]:  # fmt: skip
+        """Advantages over the learner's pool (its own rows, then `foreign`), the sharing policy's selection, then
+        one optimizer step per mini-batch in pool order."""
         agent, cfg = self.agent, self.spec.trainer
+        pool = [*own_rows, *foreign]  # what the advantages and the selection read: reward, group, source
         adv = self.algorithm.advantages(
-            torch.tensor([r.reward for r in rows], dtype=torch.float64),
-            torch.tensor([r.group for r in rows]),
-            torch.tensor([r.source for r in rows]),
+            torch.tensor([r.reward for r in pool], dtype=torch.float64),
+            torch.tensor([r.group for r in pool]),
+            torch.tensor([r.source for r in pool]),
             learner=self.index,
             capabilities=capabilities,
             params=self.params,
         ).tolist()
+        advantage_abs_mean = sum(abs(a) for a in adv) / len(adv)
+        rows, adv, shared = select_pool(  # after the advantages: over every scored answer
+            agent, own_rows, foreign, prompt_ids, adv, capabilities, sharing=self.spec.sharing,
+            r_max=self.params.r_max, names=self.spec.agent_names, rho=self._rho(capabilities),
+            relevance=lambda rows: self._relevance(rows, adv, capabilities),
+        )  # fmt: skip
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
-        advantage_abs_mean = sum(abs(a) for a in adv) / len(adv)
-        rows, adv, shared = select_rows(  # after the advantages: over every scored row
-            rows, adv, capabilities, learner=self.index, sharing=self.spec.sharing, r_max=self.params.r_max,
-            names=self.spec.agent_names, relevance=lambda: self._relevance(rows, adv, capabilities),
-            rho=self._rho(capabilities),
-        )  # fmt: skip
 
         def mini_batches():
             for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):

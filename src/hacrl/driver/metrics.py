@@ -85,7 +85,11 @@ AGENT = _table(
     ("shared/{agent}/offered", "that agent's rows offered to its pool this step (sharing.policy decides)"),
     ("shared/{agent}/kept", "that agent's rows its sharing policy let into its loss"),
     ("shared/{agent}/kept_reward_mean", "mean reward of the kept rows of that agent (absent when none was kept)"),
-    ("shared/{agent}/tokens_saved", "tokens of that agent's rows left out of its loss (prompt + response)"),
+    (
+        "shared/{agent}/tokens_saved",
+        "tokens of that agent's rows left out of its loss: the prompt in its own tokens + "
+        "the response in the source's (a dropped answer is never re-tokenized; top_k: the response in its own)",
+    ),
     ("shared_offered", "foreign rows offered to its pool, all sources"),
     ("shared_kept", "foreign rows kept by its sharing policy, all sources"),
     ("shared_tokens_saved", "tokens of foreign rows left out of its loss, all sources"),
