@@ -60,3 +60,29 @@ def test_plan_devices_prints_the_split_and_the_settings(tiny_agents, tmp_path, c
     assert "a model, not a measurement" in out and "chosen: llama on 1, qwen on 1" in out
     assert "set: agents.0.device=cuda:0 agents.1.device=cuda:1" in out
     fails_cleanly(capsys, ["plan", str(cfg), "--devices", "0"], "--devices 0")
+
+
+def test_each_agent_is_planned_once_per_device_count_and_many_devices_take_the_greedy_search(
+    tiny_agents, tmp_path, monkeypatch
+):
+    """The exhaustive search over 3 devices plans each (agent, devices) once (2 agents x 2 device counts that fit a
+    split: 4 plans, not one per split); past EXHAUSTIVE_SPLITS the greedy search (one device at a time to the agent
+    whose extra device shortens the step most) reaches the same split, and 64 devices stay a few dozen plans."""
+    import hacrl.tools.placement as placement
+
+    calls = []
+    real = placement.agent_costs
+
+    def counting(config, i, k, memory):
+        calls.append((i, k))
+        return real(config, i, k, memory)
+
+    monkeypatch.setattr(placement, "agent_costs", counting)
+    config = _config(tiny_agents, tmp_path)
+    assert place(config, 3, 80)[1].devices == [1, 2] and sorted(calls) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    monkeypatch.setattr(placement, "EXHAUSTIVE_SPLITS", 1)
+    calls.clear()
+    assert place(config, 3, 80)[1].devices == [1, 2]
+    calls.clear()
+    tried, chosen = place(config, 64, 80)
+    assert chosen is not None and sum(chosen.devices) <= 64 and len(calls) == len(set(calls)) <= 2 * 64

@@ -20,7 +20,7 @@ what waiting is left in sampling.
 from __future__ import annotations
 
 import copy
-import itertools
+import math
 from dataclasses import dataclass
 
 from hacrl.config import TrainConfig
@@ -51,30 +51,49 @@ class Placement:
     proposed: Prediction
 
 
-def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float | None) -> Costs | None:
-    """The time model's costs with agent j on `devices[j]` GPUs; None when an agent does not fit there."""
+EXHAUSTIVE_SPLITS = 20_000
+"""Up to this many splits of the devices (C(N, agents)) are all tried; beyond it, a greedy search (each step gives
+one more device to the agent whose extra device shortens the predicted step most)."""
+
+
+def agent_costs(config: TrainConfig, i: int, k: int, device_memory: float | None) -> tuple[float, float] | None:
+    """(seconds per answer sampled, per row trained) of agent i on k GPUs; None when it does not fit there."""
     from hacrl.config.settings import AgentSettings
-    from hacrl.core import get_algorithm
     from hacrl.tools.plan import plan
 
-    per_answer, per_row = [], []
-    for i, (agent, k) in enumerate(zip(config.agents, devices, strict=True)):
-        one = copy.deepcopy(config)
-        one.agents = [one.agents[i]]
-        one.agents[0].devices = [f"cuda:{r}" for r in range(k)] if k > 1 else None
-        one.agents[0].device = "cuda:0"
-        (p,) = plan(one, device_memory=device_memory)
-        if p.fits is False or not p.rows:
-            return None
-        settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
-        length, prompt = settings.max_new_tokens, min(PROMPT_TOKENS, settings.max_prompt_tokens)
-        weights = p.shape.params * p.shape.dtype_bytes
-        step = (weights + p.rows * (prompt + length / 2) * p.shape.kv_bytes_per_token) / DECODE_BYTES_PER_S
-        per_answer.append(length * step / (p.rows * k))
-        per_row.append(6 * p.shape.params * (prompt + length) / (k * TRAIN_FLOPS_PER_S) * (not agent.frozen))
+    agent = config.agents[i]
+    one = copy.deepcopy(config)
+    one.agents = [one.agents[i]]
+    one.agents[0].devices = [f"cuda:{r}" for r in range(k)] if k > 1 else None
+    one.agents[0].device = "cuda:0"
+    (p,) = plan(one, device_memory=device_memory)
+    if p.fits is False or not p.rows:
+        return None
+    settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+    length, prompt = settings.max_new_tokens, min(PROMPT_TOKENS, settings.max_prompt_tokens)
+    weights = p.shape.params * p.shape.dtype_bytes
+    step = (weights + p.rows * (prompt + length / 2) * p.shape.kv_bytes_per_token) / DECODE_BYTES_PER_S
+    per_row = 6 * p.shape.params * (prompt + length) / (k * TRAIN_FLOPS_PER_S) * (not agent.frozen)
+    return length * step / (p.rows * k), per_row
+
+
+def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float | None, *,
+                   cache: dict | None = None) -> Costs | None:  # fmt: skip
+    """The time model's costs with agent j on `devices[j]` GPUs; None when an agent does not fit there. `cache`
+    keeps each (agent, devices)'s `agent_costs` across calls."""
+    from hacrl.config.settings import AgentSettings
+    from hacrl.core import get_algorithm
+
+    cache = {} if cache is None else cache
+    for key in enumerate(devices):
+        if key not in cache:
+            cache[key] = agent_costs(config, *key, device_memory)
+    if any(cache[key] is None for key in enumerate(devices)):
+        return None
     names = [a.name for a in config.agents]
     return Costs(
-        names=names, per_answer=per_answer, per_row=per_row, scoring=SCORING_S_PER_ANSWER,
+        names=names, per_answer=[cache[key][0] for key in enumerate(devices)],
+        per_row=[cache[key][1] for key in enumerate(devices)], scoring=SCORING_S_PER_ANSWER,
         group_sizes=[AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents],
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], prompts=config.trainer.prompts_per_step,
@@ -82,23 +101,69 @@ def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float
     )  # fmt: skip
 
 
+def _splits(num_devices: int, most: list[int]):
+    """Every split of at most `num_devices` devices giving agent j 1..most[j] (each agent at least one)."""
+    if not most:
+        yield []
+        return
+    for k in range(1, min(most[0], num_devices - len(most) + 1) + 1):
+        for rest in _splits(num_devices - k, most[1:]):
+            yield [k, *rest]
+
+
 def place(config: TrainConfig, num_devices: int, device_memory: float | None, *, slack: float = 0.1):
     """(the splits tried, best first: (devices per agent, prediction at equal budgets); the chosen placement with
-    its proposed budgets, or None when no split fits)."""
+    its proposed budgets, or None when no split fits). Each (agent, devices) is planned once."""
     n = len(config.agents)
-    single = [a.frozen or a.lora is not None for a in config.agents]  # LoRA and frozen agents: one device
-    tried = []
-    for split in itertools.product(range(1, num_devices + 1), repeat=n):
-        if sum(split) > num_devices or any(k > 1 and s for k, s in zip(split, single, strict=True)):
-            continue
-        costs = modelled_costs(config, list(split), device_memory)
-        if costs is not None:
-            tried.append((list(split), costs, predict(costs, costs.group_sizes)))
+    most = [1 if a.frozen or a.lora is not None else num_devices for a in config.agents]  # LoRA, frozen: one device
+    cache: dict = {}
+    tried: dict[tuple[int, ...], tuple[Costs, Prediction]] = {}
+
+    def attempt(split: list[int]) -> Prediction | None:
+        if tuple(split) not in tried:
+            costs = modelled_costs(config, split, device_memory, cache=cache)
+            if costs is None:
+                return None
+            tried[tuple(split)] = (costs, predict(costs, costs.group_sizes))
+        return tried[tuple(split)][1]
+
+    if n <= num_devices and math.comb(num_devices, n) <= EXHAUSTIVE_SPLITS:
+        for split in _splits(num_devices, most):
+            attempt(split)
+    else:
+
+        def fits(j: int, k: int) -> bool:
+            if (j, k) not in cache:
+                cache[(j, k)] = agent_costs(config, j, k, device_memory)
+            return cache[(j, k)] is not None
+
+        _greedy(num_devices, most, fits, attempt)
     if not tried:
         return [], None
-    tried.sort(key=lambda t: (round(t[2].step, 6), sum(t[0])))
-    split, costs, equal = tried[0]
-    return [(s, p) for s, _, p in tried], Placement(split, costs, equal, propose(costs, slack=slack)[1])
+    ranked = sorted(tried.items(), key=lambda t: (round(t[1][1].step, 6), sum(t[0])))
+    split, (costs, equal) = ranked[0]
+    return [(list(s), p) for s, (_, p) in ranked], Placement(list(split), costs, equal,
+                                                             propose(costs, slack=slack)[1])  # fmt: skip
+
+
+def _greedy(num_devices: int, most: list[int], fits, attempt) -> None:
+    """Each agent on the fewest devices it fits on (`fits(j, k)`), then one device at a time to the agent whose extra
+    device shortens the predicted step most, while that helps."""
+    split = []
+    for j, limit in enumerate(most):
+        k = next((k for k in range(1, limit + 1) if fits(j, k)), None)
+        if k is None:
+            return
+        split.append(k)
+    if sum(split) > num_devices or (best := attempt(split)) is None:
+        return
+    while sum(split) < num_devices:
+        options = [(p.step, j) for j in range(len(split)) if split[j] < most[j]
+                   and (p := attempt([*split[:j], split[j] + 1, *split[j + 1 :]])) is not None]  # fmt: skip
+        if not options or min(options)[0] >= best.step:
+            return
+        split[min(options)[1]] += 1
+        best = attempt(split)
 
 
 def render(config: TrainConfig, num_devices: int, tried, chosen: Placement | None) -> str:
