@@ -17,6 +17,10 @@ from typing import Any, Protocol
 
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled
 
+PEER_GRACE_S = 10.0
+"""How long a rank's error waits for news of a peer's death before it is raised as itself: a kill -9 of one rank
+reaches its peers as a collective's error ('Connection reset by peer') sooner than as the death it is."""
+
 BACKENDS = {"local": "hacrl.driver.backends.local:LocalWorkers", "ray": "hacrl.driver.backends.ray:RayWorkers"}
 
 

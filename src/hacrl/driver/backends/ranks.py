@@ -23,6 +23,7 @@ from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any, NoReturn
 
+from hacrl.driver.backends import PEER_GRACE_S
 from hacrl.errors import WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
 
@@ -196,10 +197,22 @@ class LocalRanks:
                     pending.discard(rank)
                     continue
                 if status == "error":
+                    self._raise_if_a_peer_died(rank, what)
                     self.close(force=True)
                     raise value
                 self._died(rank, what)
         return replies
+
+    def _raise_if_a_peer_died(self, rank: int, what: str) -> None:
+        """A rank's error may be a peer's death seen through the collective (gloo: 'Connection reset by peer'):
+        give the other ranks a grace to die, and report the death as the cause."""
+        peers = [r for r in range(len(self.processes)) if r != rank]
+        if not peers:
+            return
+        wait([self.processes[r].sentinel for r in peers], timeout=PEER_GRACE_S)
+        for r in peers:
+            if not self.processes[r].is_alive():
+                self._died(r, what)
 
     def close(self, *, force: bool = False) -> None:
         """Stop the ranks (idempotent): ask them to exit, then kill what is still there."""

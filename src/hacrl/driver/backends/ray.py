@@ -22,10 +22,10 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from hacrl.agent.worker import AgentWorker
-from hacrl.driver.backends import WorkerGroup
+from hacrl.driver.backends import PEER_GRACE_S, WorkerGroup
 from hacrl.errors import ConfigError, WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
 
@@ -199,19 +199,39 @@ class RayWorkers(WorkerGroup):
                 try:
                     results[i] = ray.get(ref)
                 except ray.exceptions.RayTaskError as e:  # an exception inside the worker: raise it as itself
+                    self._raise_if_a_peer_died(i, refs, what)
                     cause = getattr(e, "cause", None)
                     if cause is not None:
                         raise cause from None
                     raise
                 except ray.exceptions.RayActorError as e:  # the worker process is gone
-                    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    agent, rank = self.owners[i]
-                    who = f"the worker of agent {self.names[agent]!r}" + ("" if rank is None else f" (rank {rank})")
-                    raise WorkerError(
-                        f"{who} died while {what} ({reason}). The latest checkpoint is intact: continue with "
-                        "`hacrl train <config> --resume`."
-                    ) from None
+                    self._raise_died(i, e, what)
         return results
+
+    def _raise_died(self, i: int, error: Exception, what: str) -> NoReturn:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        agent, rank = self.owners[i]
+        who = f"the worker of agent {self.names[agent]!r}" + ("" if rank is None else f" (rank {rank})")
+        raise WorkerError(
+            f"{who} died while {what} ({reason}). The latest checkpoint is intact: continue with "
+            "`hacrl train <config> --resume`."
+        ) from None
+
+    def _raise_if_a_peer_died(self, i: int, refs: list, what: str) -> None:
+        """A rank's error may be its peer's death seen through the collective (gloo: 'Connection reset by peer',
+        NCCL: a timeout): give the other ranks of its group a grace to answer, and report a death as the cause."""
+        agent, rank = self.owners[i]
+        if rank is None:
+            return
+        peers = [r for j, r in enumerate(refs) if j != i and self.owners[j][0] == agent]
+        ready, _ = self._ray.wait(peers, num_returns=len(peers), timeout=PEER_GRACE_S)
+        for ref in ready:
+            try:
+                self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as e:
+                self._raise_died(refs.index(ref), e, what)
+            except Exception:  # noqa: BLE001 - the peer's own error: the first one is raised
+                pass
 
     def pids(self) -> list[int]:
         """The actors' process ids (tests kill one to check that the driver stops)."""
