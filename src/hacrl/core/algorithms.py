@@ -50,6 +50,8 @@ class Algorithm:
     loss: LossFn
     shares_rollouts: bool
     """Whether a learner's pool holds the other agents' responses (before `params.share_rollouts`)."""
+    takes_stale_rows: bool = True
+    """Whether its loss weights own rows sampled by older weights (`LossInputs.behaviour_logp`, `trainer.lag` > 0)."""
 
     def pool_is_shared(self, params: AlgorithmParams) -> bool:
         """Whether learner k's pool holds other agents' responses under these params (spec 2, step 5a)."""
@@ -99,7 +101,7 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-register(Algorithm("grpo", _own_group_advantages, grpo_loss, shares_rollouts=False))
+register(Algorithm("grpo", _own_group_advantages, grpo_loss, shares_rollouts=False, takes_stale_rows=False))
 register(Algorithm("gspo", _own_group_advantages, gspo_loss, shares_rollouts=False))
 register(Algorithm("naive", _naive_advantages, gspo_loss, shares_rollouts=True))
 register(Algorithm("hacpo", _hacpo_advantages, hacpo_loss, shares_rollouts=True))

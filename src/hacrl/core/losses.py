@@ -18,6 +18,10 @@ Choices, in order (spec 3.4-3.6, 4, 5):
    nothing here calls .item(). Means over an empty subset (a mini-batch with no foreign rows, say) read 0;
    `num_own` and `num_foreign` let a logger weight them.
 6. GRPO (spec 4) is token-level: ratio pi/pi_old per token, PPO clip, token mean per sequence, mean over sequences.
+7. Stale own rows (`trainer.lag` > 0; docs/design.md, "Stale own rows"): when `behaviour_logp` is given, `old_logp`
+   is the proximal policy (the learner's weights when its update starts: clipping is around it) and each own row's
+   objective is multiplied by w = min(exp(l_prox - l_behav), behaviour_cap) (`behaviour_weight`); foreign rows are
+   unchanged (their ratio is already taken against the policy that sampled them). Without it nothing changes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from torch import Tensor
 from hacrl.core._checks import check_1d, check_2d, check_finite, check_ids, check_index, check_integer
 from hacrl.core.capability import loss_coefficients
 from hacrl.core.params import AlgorithmParams
-from hacrl.core.ratios import foreign_lower_bound, foreign_terms, k3_kl, masked_mean, sequence_ratio
+from hacrl.core.ratios import (
+    behaviour_weight,
+    foreign_lower_bound,
+    foreign_terms,
+    k3_kl,
+    masked_mean,
+    sequence_ratio,
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,10 @@ class LossInputs:
     num_bytes: Tensor | None = None
     """(B,) UTF-8 bytes of each response's text (>= 1); read on foreign rows only, by the `bytes` normalisation
     (`AlgorithmParams.foreign_ratio`, spec 3.4b)."""
+    behaviour_logp: Tensor | None = None
+    """(B, T) per-token log-probs of the weights that sampled each own row, when they are older than `old_logp`'s (the
+    proximal policy: the learner's weights when its update starts; `trainer.lag` > 0); read on own rows only. None:
+    `old_logp` is the behaviour policy (today's loop)."""
     check_values: bool = True
     """Check values (finite, known ids, no empty row): each check reads the device once. A trainer that checked its
     inputs once per update passes False, so the micro-batch loop never waits for the device (shapes are always
@@ -98,6 +113,8 @@ class LossInputs:
         object.__setattr__(self, "is_own", is_own)
         if self.ref_logp is not None:
             check_2d("ref_logp", self.ref_logp, shape)
+        if self.behaviour_logp is not None:
+            check_2d("behaviour_logp", self.behaviour_logp, shape)
         for name in ("num_seqs", "num_own"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -133,6 +150,16 @@ class LossInputs:
         check_finite("adv", self.adv)
         if self.ref_logp is not None:
             check_finite("ref_logp", self.ref_logp, own_tokens)
+        if self.behaviour_logp is not None:
+            check_finite("behaviour_logp", self.behaviour_logp, own_tokens)
+
+    def own_weights(self, cap: float) -> Tensor | None:
+        """(B,) each row's behaviour weight: `behaviour_weight` on own rows, 1 on foreign rows; None without
+        `behaviour_logp` (every weight 1: nothing is multiplied)."""
+        if self.behaviour_logp is None:
+            return None
+        w = behaviour_weight(self.old_logp, self.behaviour_logp, self.mask, cap=cap).to(self.logp.dtype)
+        return torch.where(self.is_own, w, torch.ones_like(w))
 
     def behaviour_terms(self, mode: str) -> tuple[Tensor, Tensor | None]:
         """The behaviour side of each row's sequence log-ratio, (B,), and the divisor of the learner's summed
@@ -226,7 +253,10 @@ def gspo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int = 
     objective, clipped = gspo_objective(
         ratio, inputs.adv.to(ratio.dtype), eps_low=params.eps_low, eps_high=params.eps_high
     )
-    return _finish(inputs, params, objective, ratio, clipped_own=clipped, clipped_foreign=clipped)
+    weights = inputs.own_weights(params.behaviour_cap)
+    if weights is not None:
+        objective = objective * weights
+    return _finish(inputs, params, objective, ratio, clipped_own=clipped, clipped_foreign=clipped, weights=weights)
 
 
 def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) -> LossOutput:
@@ -240,6 +270,9 @@ def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) 
     ratio = sequence_ratio(inputs.logp, inputs.mask, old_seq_logp, divisor=divisor)
     adv = inputs.adv.to(ratio.dtype)
     own_objective, own_clipped = gspo_objective(ratio, adv, eps_low=params.eps_low, eps_high=params.eps_high)
+    weights = inputs.own_weights(params.behaviour_cap)
+    if weights is not None:  # 1 on foreign rows
+        own_objective = own_objective * weights
     if params.capability_coef:
         rho = loss_coefficients(inputs.capabilities, inputs.learner).to(ratio.device, ratio.dtype)[inputs.source]
     else:
@@ -249,7 +282,9 @@ def hacpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int) 
         ratio, adv, rho, lower=lower, alpha=params.alpha, clip=params.foreign_clip
     )
     objective = torch.where(inputs.is_own, own_objective, foreign_obj)
-    out = _finish(inputs, params, objective, ratio, clipped_own=own_clipped, clipped_foreign=foreign_clipped)
+    out = _finish(
+        inputs, params, objective, ratio, clipped_own=own_clipped, clipped_foreign=foreign_clipped, weights=weights
+    )
     foreign = ~inputs.is_own
     out.metrics["foreign_below_frac"] = _subset_mean((ratio.detach() < lower).float(), foreign)  # s < lo_m
     out.metrics["foreign_above_frac"] = _subset_mean((ratio.detach() > 1.0).float(), foreign)  # s > 1
@@ -264,6 +299,11 @@ def grpo_loss(inputs: LossInputs, *, params: AlgorithmParams, step_index: int = 
     r_t = exp(logp_t - old_logp_t); per token min(r_t A, clamp(r_t, 1 - eps, 1 + eps) A); token mean per sequence;
     L = -(1/B) sum over sequences [+ kl_coef * KL]. Rows from other agents are an error: GRPO does not share.
     """
+    if inputs.behaviour_logp is not None:
+        raise ValueError(
+            "grpo takes no stale own rows (its ratio is token-level; the behaviour correction is GSPO's "
+            "sequence-level form): use trainer.lag=0 or algorithm gspo / hacpo / naive"
+        )
     if not bool(inputs.is_own.all()):
         raise ValueError(
             "grpo trains on the learner's own responses only, but the batch has rows from other "
@@ -290,6 +330,7 @@ def _finish(
     *,
     clipped_own: Tensor | None,
     clipped_foreign: Tensor | None,
+    weights: Tensor | None = None,
 ) -> LossOutput:
     """Reduce per-sequence objectives to the loss, add the KL term, and collect the shared metrics."""
     is_own = inputs.is_own
@@ -319,6 +360,9 @@ def _finish(
         metrics["own_clip_frac"] = _subset_mean(clipped_own.float(), is_own)
     if clipped_foreign is not None:
         metrics["foreign_clip_frac"] = _subset_mean(clipped_foreign.float(), ~is_own)
+    if weights is not None:  # stale own rows (trainer.lag > 0)
+        metrics["behaviour_weight_mean"] = _subset_mean(weights, is_own)
+        metrics["behaviour_capped_frac"] = _subset_mean((weights >= params.behaviour_cap).float(), is_own)
     return LossOutput(loss=loss, metrics=metrics)
 
 

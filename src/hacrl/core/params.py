@@ -44,6 +44,10 @@ class AlgorithmParams:
     """Largest possible reward; rewards outside [0, r_max] are an error (spec 5)."""
     adv_eps: float = 1e-6
     """Added to the group std of the advantage (spec 3.2)."""
+    behaviour_cap: float = 2.0
+    """With `trainer.lag` > 0, a learner's own rows were sampled by older weights than its update starts from: each is
+    weighted by min(exp(l_prox - l_behav), behaviour_cap), sequence-level means (docs/design.md, "Stale own rows");
+    >= 1. Unused at lag 0 (the weight is exactly 1)."""
 
     def __post_init__(self) -> None:
         for name in ("eps_low", "eps_high", "grpo_eps", "delta_step", "alpha", "kl_coef"):
@@ -58,6 +62,10 @@ class AlgorithmParams:
             raise ValueError(f"algorithm.delta must be in [0, 1] (lower bound 1 - delta), got {self.delta}")
         if not self.r_max > 0:
             raise ValueError(f"algorithm.r_max must be positive, got {self.r_max}")
+        if not self.behaviour_cap >= 1:
+            raise ValueError(
+                f"algorithm.behaviour_cap must be >= 1 (a weight of 1 is on-policy), got {self.behaviour_cap}"
+            )
         if not self.adv_eps > 0:
             raise ValueError(f"algorithm.adv_eps must be positive, got {self.adv_eps}")
         if self.foreign_ratio not in ("source_mean", "learner_length", "bytes"):

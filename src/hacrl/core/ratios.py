@@ -11,6 +11,9 @@ Choices, in order:
 4. The foreign lower bound rises with the optimizer-step index m inside a training step (Eq. 52):
    lo_m = min(1, 1 - delta + m * delta_step).
 5. KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL Divergence"), >= 0.
+6. A learner's own row sampled by older weights than its update starts from (`trainer.lag` > 0) is weighted by the
+   truncated behaviour ratio w = min(exp(clamp(mean_t l_prox - mean_t l_behav, -10, 10)), cap), GSPO's sequence-level
+   form of the decoupled objective (docs/design.md, "Stale own rows"); constant in the gradient.
 """
 
 from __future__ import annotations
@@ -94,6 +97,26 @@ def foreign_terms(
     if mode == "bytes":
         return source_logp_sum / num_bytes, num_bytes
     raise ValueError(f"foreign ratio mode must be one of {FOREIGN_RATIO_MODES}, got {mode!r}")
+
+
+def behaviour_weight(prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, cap: float) -> Tensor:
+    """w = min(exp(clamp(mean_t prox - mean_t behav, -10, 10)), cap) per row, detached: the truncated sequence-level
+    ratio of the proximal policy (the learner's weights when its update starts) to the behaviour policy (the weights
+    that sampled the row). Identical log-probs give exactly 1.
+
+    prox_logp, behav_logp: (B, T) per-token log-probs of the same tokens
+    mask:                  (B, T) response tokens
+    returns:               (B,)
+
+    >>> prox = torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-2.0, -2.0]])
+    >>> behav = torch.tensor([[-1.0, -1.0], [-2.0, -2.0], [-0.5, -0.5]])
+    >>> behaviour_weight(prox, behav, torch.ones(3, 2), cap=2.0).tolist()  # 1; exp(0) = 1; exp(-1.5)
+    [1.0, 1.0, 0.22313016653060913]
+    >>> float(behaviour_weight(behav[2:], prox[2:], torch.ones(1, 2), cap=2.0)[0])  # exp(1.5) = 4.48, capped
+    2.0
+    """
+    log_w = masked_mean(prox_logp.detach(), mask) - masked_mean(behav_logp.detach(), mask)
+    return log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().clamp(max=cap)
 
 
 def foreign_lower_bound(step_index: int, *, delta: float, delta_step: float) -> float:
