@@ -3,8 +3,9 @@ import (it imports nothing of hacrl but the config's dataclasses).
 
     driver -> worker                                    worker -> driver
     WorkerSpec (once, to build it)                      WorkerInfo
-    SampleCall(step, prompts, group_size)               Sampled(trajectories, generate_s, logprobs_s, span)
-    LearnCall(step, rewards, foreign, capabilities)     Learned(metrics, update_s)
+    SampleCall(step, prompts, group_size)               Sampled(trajectories, generate_s, logprobs_s, span, rollout)
+    LearnCall(step, rewards, foreign, capabilities,     Learned(metrics, update_s)
+              rollout)
     GenerateCall(prompts, num_samples, greedy, seed)    list[Completion]
     save(directory) / load(directory)                   nothing
 
@@ -12,6 +13,10 @@ Nothing a worker has comes back to it. After `sample` it keeps its responses' to
 trajectories; `LearnCall` brings only what is new to it: the rewards of its own responses (in the order it sampled
 them) and, when the algorithm shares, the other agents' scored trajectories. No tensor crosses: only text, numbers
 and paths, so the same calls work in the driver's process and in a Ray actor (`hacrl.driver.backends`).
+
+With `trainer.lag` > 0 a batch is trained k steps after it was sampled: the worker hands its own rollout over
+(`Sampled.rollout`: token ids and the sampling weights' log-probs, as lists) and the driver gives it back with the
+batch's `LearnCall`; in between it lives in the driver, and in every checkpoint.
 """
 
 from __future__ import annotations
@@ -101,6 +106,20 @@ class SampleCall:
 
 
 @dataclass(frozen=True)
+class OwnRollout:
+    """An agent's own responses of one step in its tokens, for an update `trainer.lag` steps later."""
+
+    step: int
+    prompt_ids: list[list[int]]
+    """The agent's rendering of each prompt of the step."""
+    response_ids: list[list[int]]
+    """Each response's sampled ids (prompt-major, as `Sampled.trajectories`)."""
+    behaviour_logp: list[list[float]]
+    """Each response's per-token log-probs under the weights that sampled it (float32 values)."""
+    trajectories: list[Trajectory]
+
+
+@dataclass(frozen=True)
 class Sampled:
     """A worker's responses of one step (prompt-major, unscored) and how long it took."""
 
@@ -111,6 +130,8 @@ class Sampled:
     """Seconds spent on the pre-update log-prob pass (0 with trainer.old_logprobs=sampler)."""
     span: tuple[float, float]
     """Wall-clock (time.time()) start and end of the call, to see whether workers overlapped."""
+    rollout: OwnRollout | None = None
+    """With `trainer.lag` > 0: the rollout the worker does not keep (the driver gives it back in the `LearnCall`)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +146,8 @@ class LearnCall:
     algorithm does not share)."""
     capabilities: list[float]
     """P_hat of every agent after this step's update (spec 3.1)."""
+    rollout: OwnRollout | None = None
+    """With `trainer.lag` > 0: the learner's own rollout of this batch (`Sampled.rollout`); None: the one it kept."""
 
 
 @dataclass(frozen=True)

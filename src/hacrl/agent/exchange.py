@@ -34,6 +34,9 @@ class LearnerRow:
     """The response's length in the source's tokens."""
     num_bytes: int = 1
     """The response text's UTF-8 byte count (at least 1)."""
+    behaviour_logp: Tensor | None = None
+    """(len(response_ids),) an own row's log-probs under the weights that sampled it, when older than `old_logp`'s
+    (`trainer.lag` > 0); None otherwise."""
 
 
 def learner_rows(

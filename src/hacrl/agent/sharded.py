@@ -79,14 +79,14 @@ class ShardedWorker(AgentWorker):
         mine, generate_s, logprobs_s = self._sample_share(call, _share(len(call.prompts), self.rank, self.world))
         parts: list = [None] * self.world
         dist.all_gather_object(parts, mine)  # every rank: the whole step's rollout, in one worker's order
-        self._rollout = _Rollout(
+        rollout = _Rollout(
             call.step,
             [ids for part in parts for ids in part.prompt_ids],
             [s for part in parts for s in part.samples],
             [t for part in parts for t in part.old_logp],
             [t for part in parts for t in part.trajectories],
         )
-        return Sampled(self._rollout.trajectories, generate_s, logprobs_s, (began, time.time()))
+        return self._sampled(rollout, generate_s, logprobs_s, began)
 
     def learn(self, call: LearnCall) -> Learned:
         learned = super().learn(call)

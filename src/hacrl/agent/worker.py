@@ -46,6 +46,7 @@ from hacrl.messages import (
     GenerateCall,
     LearnCall,
     Learned,
+    OwnRollout,
     SampleCall,
     Sampled,
     Trajectory,
@@ -64,6 +65,26 @@ class _Rollout:
     samples: list[Sample]
     old_logp: list[torch.Tensor | None]
     trajectories: list[Trajectory]
+
+    def portable(self) -> OwnRollout:
+        """The rollout as lists (`trainer.lag` > 0: it waits in the driver, and in checkpoints, until its update);
+        every row's log-probs are those of the sampling weights."""
+        return OwnRollout(
+            self.step,
+            self.prompt_ids,
+            [s.response_ids for s in self.samples],
+            [t.tolist() for t in self.old_logp],
+            self.trajectories,
+        )
+
+    @classmethod
+    def from_portable(cls, rollout: OwnRollout) -> _Rollout:
+        samples = [
+            Sample(rollout.prompt_ids[t.group], ids, t.text, t.finish_reason == "eos")
+            for ids, t in zip(rollout.response_ids, rollout.trajectories, strict=True)
+        ]
+        behaviour = [torch.tensor(x, dtype=torch.float32) for x in rollout.behaviour_logp]
+        return cls(rollout.step, rollout.prompt_ids, samples, behaviour, rollout.trajectories)
 
 
 class AgentWorker:
@@ -105,8 +126,16 @@ class AgentWorker:
         """G responses per prompt from the current policy, and their pre-update log-probs (spec 2, steps 1 and 3)."""
         began = time.time()
         self.agent.sync_sampling_weights()
-        self._rollout, generate_s, logprobs_s = self._sample_share(call, range(len(call.prompts)))
-        return Sampled(self._rollout.trajectories, generate_s, logprobs_s, (began, time.time()))
+        rollout, generate_s, logprobs_s = self._sample_share(call, range(len(call.prompts)))
+        return self._sampled(rollout, generate_s, logprobs_s, began)
+
+    def _sampled(self, rollout: _Rollout, generate_s: float, logprobs_s: float, began: float) -> Sampled:
+        """Keep the rollout for this step's `learn`, or, with `trainer.lag` > 0, hand it over with the result (the
+        driver gives it back with the batch's `LearnCall`, k steps later)."""
+        lagged = self.spec.trainer.lag > 0
+        self._rollout = None if lagged else rollout
+        portable = rollout.portable() if lagged else None
+        return Sampled(rollout.trajectories, generate_s, logprobs_s, (began, time.time()), rollout=portable)
 
     def _sample_share(self, call: SampleCall, groups: range) -> tuple[_Rollout, float, float]:
         """Prompts `groups` of `call` (all of them on one worker; a rank's share in a worker group), sampled from
@@ -152,7 +181,9 @@ class AgentWorker:
         """One training step's update of this learner on its pool: advantages, then one optimizer step per
         mini-batch in pool order (own rows first, then `call.foreign`), each accumulated over micro-batches (spec 2,
         step 5)."""
-        rollout, step, began = self._rollout, call.step, time.time()
+        step, began = call.step, time.time()
+        stale = call.rollout is not None  # trainer.lag > 0: sampled by older weights, handed back by the driver
+        rollout = _Rollout.from_portable(call.rollout) if stale else self._rollout
         if rollout is None or rollout.step != step:
             raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
         if len(call.rewards) != len(rollout.trajectories):
@@ -165,9 +196,16 @@ class AgentWorker:
             return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
+        old_logp = rollout.old_logp
+        if stale:  # the proximal policy: these weights, before this update's first step (never skipped here)
+            with self._guarded("proximal log-probs", step):
+                old_logp = self._old_logprobs(rollout.samples)
         own_rows = learner_rows(
-            self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], rollout.old_logp
+            self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
+        if stale:
+            for row, behaviour in zip(own_rows, rollout.old_logp, strict=True):
+                row.behaviour_logp = behaviour
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):
             metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps)
@@ -309,8 +347,8 @@ class AgentWorker:
         (a sharing algorithm with several agents): all. Otherwise only the rows trained after the first optimizer
         step of the update: the first mini-batch's rows are trained before any update, so their old log-probs are
         the training forward's own (detached), and their ratio is exactly 1."""
-        if self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1:
-            return list(range(count))
+        if self.spec.trainer.lag or (self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1):
+            return list(range(count))  # lag: every row's behaviour log-probs (its update starts from other weights)
         return list(range(min(count, self.spec.trainer.mini_batch_size), count))
 
     @torch.no_grad()
@@ -431,11 +469,14 @@ class AgentWorker:
         chunk = self.spec.trainer.logprob_chunk_size
         logp = self.training_logprobs(tb)
         old = torch.zeros_like(logp)
+        behaviour = torch.zeros_like(logp) if self.spec.trainer.lag else None
         for i, r in enumerate(rows):
             if r.old_logp is not None:
                 old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
             elif r.source == self.index:  # trained before any update: the policy is the sampling one
                 old[i, tb.response_mask[i]] = logp[i, tb.response_mask[i]].detach()
+            if behaviour is not None and r.behaviour_logp is not None:
+                behaviour[i, tb.response_mask[i]] = r.behaviour_logp.to(device, old.dtype)
         ref = None
         if agent.ref_model is not None:
             with torch.no_grad():
@@ -451,6 +492,7 @@ class AgentWorker:
             ref_logp=ref,
             num_seqs=num_seqs,
             num_own=num_own,
+            behaviour_logp=behaviour,
             check_values=False,  # `_check_rows` checked them for the whole update
         )
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
@@ -468,5 +510,8 @@ def _check_rows(name: str, learner: int, rows: list[LearnerRow], adv: list[float
     own = [r.old_logp for r in rows if r.old_logp is not None]
     if own and not bool(torch.isfinite(torch.cat(own)).all()):
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
+    behaviour = [r.behaviour_logp for r in rows if r.behaviour_logp is not None]
+    if behaviour and not bool(torch.isfinite(torch.cat(behaviour)).all()):
+        raise ValueError(f"agent {name!r}: the log-probs of its stale rows' sampling hold non-finite values")
     if not all(math.isfinite(r.source_logp_sum) for r in rows if r.source != learner and r.response_ids):
         raise ValueError(f"agent {name!r}: a foreign trajectory's source log-prob sum is not finite")

@@ -611,6 +611,14 @@ class TrainerConfig:
     `sampler`: the log-probs the sampler computed while drawing each token (no extra pass; equal to the recomputed
     ones up to float rounding: <= 2e-5 per token in float32 on the CPU, larger in bf16: measure before relying on
     it). Rows of the first optimizer step always use the training forward's own (ratio exactly 1)."""
+    lag: int = 0
+    """k: the rollouts of step t + k are sampled while step t's update runs (a fixed-lag pipeline, docs/design.md
+    "The fixed-lag pipeline"). Batch s is always sampled by the weights after update s - 1 - k (the first k + 1
+    batches by the starting weights), so which weights sample which batch, and what each update trains on, depend on
+    the step number only: a run repeats bit for bit and resumes exactly (the k sampled-but-untrained batches are in
+    every checkpoint). An own row is then off-policy by k updates: clipped around the weights its update starts
+    from and weighted by the truncated behaviour ratio (`algorithm.behaviour_cap`); foreign rows are unchanged.
+    0: sample, then learn, every step (the paper's loop). Not with grpo."""
     seed: int = 0
     """Seeds sampling, prompt order, new LoRA adapters and sampled evaluation (not the starting agents); every
     stream is derived from it in `hacrl.seeds`."""
@@ -631,6 +639,11 @@ class TrainerConfig:
             )
         if self.logprob_batch_size < 1:
             raise ConfigError(f"{where}.logprob_batch_size must be >= 1, got {self.logprob_batch_size}")
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or not 0 <= self.lag <= 16:
+            raise ConfigError(
+                f"{where}.lag must be an integer in [0, 16] (0: sample then learn; k: batch t + k is sampled during "
+                f"update t), got {self.lag!r}"
+            )
         chunk = self.logprob_chunk_size
         if (
             chunk is not None

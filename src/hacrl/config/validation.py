@@ -62,6 +62,12 @@ def validate(config: TrainConfig) -> None:
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
     _check_sharing(config, shares)
+    if t.lag and not get_algorithm(algo.name).takes_stale_rows:
+        raise ConfigError(
+            f"trainer.lag={t.lag} trains each learner on own rows sampled {t.lag} update(s) ago, and "
+            f"algorithm.name={algo.name!r} has no correction for them (its ratio is token-level); use gspo, naive "
+            "or hacpo, or trainer.lag=0"
+        )
     frozen = [i for i, a in enumerate(config.agents) if a.frozen]
     if frozen and not shares:
         raise ConfigError(

@@ -38,6 +38,8 @@ METRIC_KINDS: dict[str, str] = {
     "foreign_lower_bound": "foreign",
     "rho_foreign_mean": "foreign",
     "foreign_ratios": "values",
+    "behaviour_weight_mean": "own",
+    "behaviour_capped_frac": "own",
 }
 QUANTILES = (0.1, 0.5, 0.9)
 _WEIGHT = {"own": "num_own", "foreign": "num_foreign"}

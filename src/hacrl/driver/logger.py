@@ -139,6 +139,12 @@ def _slowest(metrics: dict[str, Any], names: list[str]) -> str:
     empty with one agent."""
     if len(names) < 2 or "time/idle_frac" not in metrics:
         return ""
+    if agent_key(names[0], "time/wait_step") in metrics:  # trainer.lag: no barrier between sampling and update
+
+        def busy(n: str) -> float:
+            return sum(metrics.get(agent_key(n, f"time/busy_{p}"), 0.0) for p in ("sampling", "update"))
+
+        return f" (idle {100 * metrics['time/idle_frac']:.0f} %; slowest: {max(names, key=busy)}, sampling + update)"
     slowest = [
         f"{phase} {max(names, key=lambda n: metrics.get(agent_key(n, f'time/busy_{phase}'), 0.0))}"
         for phase in ("sampling", "update")

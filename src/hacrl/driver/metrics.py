@@ -56,7 +56,8 @@ AGENT = _table(
     (
         "time/wait_{phase}",
         "seconds it waited in the sampling / update phase for the slowest agent (hacrl.driver.pace; on the local "
-        "backend, which runs agents one after another, the wait it would have with a device of its own)",
+        "backend, which runs agents one after another, the wait it would have with a device of its own); "
+        "trainer.lag > 0: wait_step, the step's length less its sampling and update (no barrier between them)",
     ),
     (
         "time/{phase}",
@@ -71,6 +72,11 @@ AGENT = _table(
     ("own_ratio_mean", "mean sequence ratio s of its own rows"),
     ("own_clip_frac", "share of own rows whose clipped term is taken (GRPO: of own tokens)"),
     ("foreign_ratio_mean", "mean sequence ratio s of foreign rows"),
+    (
+        "behaviour_weight_mean",
+        "trainer.lag > 0: mean weight min(exp(l_prox - l_behav), algorithm.behaviour_cap) of its own (stale) rows",
+    ),
+    ("behaviour_capped_frac", "trainer.lag > 0: share of its own rows whose behaviour weight is capped"),
     ("foreign_clip_frac", "share of foreign rows outside [lo_m, 1]"),
     ("foreign_below_frac", "share of foreign rows with s < lo_m"),
     ("foreign_above_frac", "share of foreign rows with s > 1"),
@@ -122,7 +128,9 @@ STEP = _table(
     (
         "time/{phase}",
         "seconds of a phase of the step on the driver: sampling, scoring, update; offload: the agents' "
-        "offload seconds, summed (part of update)",
+        "offload seconds, summed (part of update). trainer.lag > 0: sampling lasts until every agent has sampled "
+        "the new batch, update the rest of the step; scoring_overlapped: the new batch's scoring, inside update; "
+        "fill: the first step's sampling and scoring of batches 1..k",
     ),
     ("time/idle_frac", "idle worker-seconds / worker-seconds of the sampling and update phases (hacrl.driver.pace)"),
     (
@@ -144,8 +152,9 @@ PHASES = {
         "busy_update",
         "wait_sampling",
         "wait_update",
+        "wait_step",
     ),
-    "step": ("sampling", "scoring", "update", "offload", "idle_frac", "critical_path"),
+    "step": ("sampling", "scoring", "update", "offload", "idle_frac", "critical_path", "fill", "scoring_overlapped"),
 }
 
 

@@ -59,6 +59,24 @@ def pace_metrics(
     return per_agent, step
 
 
+def pipeline_pace(
+    busy: dict[str, Sequence[float]], wall: float, *, concurrent: bool
+) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """`trainer.lag` > 0: each agent samples, then learns, with no barrier between, so an agent waits only for the
+    step's end: `time/wait_step` = the step's length less its busy time (the step's length: its wall time where the
+    agents run concurrently, else the busiest agent's sampling + update)."""
+    totals = [s + u for s, u in zip(busy["sampling"], busy["update"], strict=True)]
+    length = wall if concurrent else max(totals, default=0.0)
+    waits = [max(0.0, length - b) for b in totals]
+    per_agent = [
+        {"time/busy_sampling": s, "time/busy_update": u, "time/wait_step": w}
+        for s, u, w in zip(busy["sampling"], busy["update"], waits, strict=True)
+    ]
+    total = length * len(waits)
+    step = {"time/idle_frac": sum(waits) / total if total > 0 else 0.0, "time/critical_path": max(totals, default=0.0)}
+    return per_agent, step
+
+
 def pace_summary(
     records: list[dict[str, Any]],
     names: Sequence[str],

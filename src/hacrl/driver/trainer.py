@@ -21,7 +21,7 @@ checkpoint and raise `TrainingInterrupted`.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -38,11 +38,12 @@ from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.pace import pace_metrics, pace_summary
+from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace
+from hacrl.driver.pipeline import Pending, read_pending, write_pending
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
-from hacrl.messages import LearnCall, SampleCall, Trajectory, WorkerSpec
+from hacrl.messages import LearnCall, SampleCall, Sampled, Trajectory, WorkerSpec
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
 
 
@@ -88,6 +89,8 @@ class Trainer(RunLoop):
         )
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        self.pending: deque[Pending] = deque()
+        """trainer.lag > 0: the batches sampled and scored but not yet trained on (steps step + 1 .. step + k)."""
         self.names = names
         self.group_sizes = [AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents]
         """Each agent's answers per prompt (`agents.<i>.group_size`, else `rollout.group_size`)."""
@@ -116,6 +119,8 @@ class Trainer(RunLoop):
             with restoring(plan.checkpoint, "capability history and data position"):
                 self.tracker.load_state_dict(plan.state["capability"])
                 self.stream.load_state_dict(plan.state["data"])
+            if config.trainer.lag:
+                self.pending = deque(read_pending(plan.checkpoint, self.step, config.trainer.lag, names))
 
     def close(self) -> None:
         """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in
@@ -150,16 +155,31 @@ class Trainer(RunLoop):
     # -- one step --------------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
-        cfg, n, step = self.config, len(self.names), self.step + 1
+        if self.config.trainer.lag:
+            return self._lagged_step()
+        step = self.step + 1
         timer = _Timer()
-        batch = self.stream.next_batch(cfg.trainer.prompts_per_step)  # 1. prompts
-        prompts = [ex.messages for ex in batch]
-
-        with timer("sampling"):  # 2. every agent samples (and keeps its old log-probs) before any update
-            sampled = self.workers.sample([SampleCall(step, prompts, g) for g in self.group_sizes])
+        with timer("sampling"):  # 1-2. prompts; every agent samples (and keeps its old log-probs) before any update
+            batch, sampled = self._sample(step)
         with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
             scored = self._score_all(batch, [s.trajectories for s in sampled])
             faults.hit("scoring")
+        pool, capabilities, calls = self._learn_calls(Pending(step, sampled, scored))  # 4. capabilities
+        with timer("update"):  # 5. each learner: its own rewards, the others' scored responses (when it shares)
+            learned = self.workers.learn(calls)
+        return self._step_metrics(pool, sampled, scored, learned, capabilities, timer.totals)
+
+    def _sample(self, step: int) -> tuple[list[Example], list[Sampled]]:
+        """The next B prompts of the stream, and every agent's answers to them as batch `step`."""
+        batch = self.stream.next_batch(self.config.trainer.prompts_per_step)
+        prompts = [ex.messages for ex in batch]
+        return batch, self.workers.sample([SampleCall(step, prompts, g) for g in self.group_sizes])
+
+    def _learn_calls(self, batch: Pending) -> tuple[list[Trajectory], torch.Tensor, list[LearnCall]]:
+        """The scored pool of `batch`, the capabilities after its rewards (the tracker takes them here, once per
+        step) and each learner's call: its own rewards (and rollout, when it waited), the others' scored answers
+        when the algorithm shares."""
+        n, sampled, scored = len(self.names), batch.sampled, batch.scored
         pool = [
             replace(t, reward=reward)
             for j in range(n)
@@ -167,34 +187,71 @@ class Trainer(RunLoop):
         ]
         all_rewards = torch.tensor([t.reward for t in pool], dtype=torch.float64)
         all_sources = torch.tensor([t.source for t in pool])
-        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))  # 4. capabilities
+        self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))
         capabilities = self.tracker.capabilities()
-
-        with timer("update"):  # 5. each learner: its own rewards, the others' scored responses (when it shares)
-            shared = self.algorithm.pool_is_shared(self.params)
-            caps = capabilities.tolist()
-            learned = self.workers.learn(
-                [
-                    LearnCall(
-                        step,
-                        list(scored[k].rewards),
-                        [] if self.frozen[k] else foreign_trajectories(pool, k, shared=shared),
-                        caps,
-                    )
-                    for k in range(n)
-                ]
+        shared, caps = self.algorithm.pool_is_shared(self.params), capabilities.tolist()
+        calls = [
+            LearnCall(
+                batch.step,
+                list(scored[k].rewards),
+                [] if self.frozen[k] else foreign_trajectories(pool, k, shared=shared),
+                caps,
+                rollout=sampled[k].rollout,
             )
+            for k in range(n)
+        ]
+        return pool, capabilities, calls
 
-        return self._step_metrics(pool, sampled, scored, learned, capabilities, timer.totals, shared=shared)
+    def _lagged_step(self) -> dict[str, Any]:
+        """`trainer.lag` = k: update on batch t (sampled k steps ago) while batch t + k is sampled by the weights
+        before this update; the new batch is scored on the driver while the learners learn. The first step first
+        samples batches 1..k (the starting weights); a resumed run has them from its checkpoint."""
+        step, k = self.step + 1, self.config.trainer.lag
+        totals: dict[str, float] = defaultdict(float)
+        start = time.perf_counter()
+        while len(self.pending) < k:  # the run's start: batches step .. step + k - 1, by the starting weights
+            s = step + len(self.pending)
+            batch, sampled = self._sample(s)
+            self.pending.append(Pending(s, sampled, self._score_all(batch, [x.trajectories for x in sampled])))
+        totals["fill"] = time.perf_counter() - start
+        current = self.pending.popleft()
+        if current.step != step:
+            raise RuntimeError(f"the pipeline holds batch {current.step} where step {step} should train")
+        pool, capabilities, calls = self._learn_calls(current)
+        batch, sample_start = self.stream.next_batch(self.config.trainer.prompts_per_step), time.perf_counter()
+        prompts = [ex.messages for ex in batch]
 
-    def _step_metrics(self, pool, sampled, scored, learned, capabilities, totals, *, shared: bool) -> dict[str, Any]:
-        """The step's record: each agent's rollout, update, timing and pace metrics, then the step's own."""
+        def score(sampled: list[Sampled]) -> tuple[list[ScoreResult], float, float]:
+            began = time.perf_counter()
+            scored = self._score_all(batch, [s.trajectories for s in sampled])
+            faults.hit("scoring")
+            return scored, began, time.perf_counter()
+
+        new, (scored, scoring_began, scoring_ended), learned = self.workers.sample_then_learn(
+            [SampleCall(step + k, prompts, g) for g in self.group_sizes], calls, score
+        )
+        end = time.perf_counter()
+        self.pending.append(Pending(step + k, new, scored))
+        totals["sampling"] = scoring_began - sample_start
+        totals["update"] = end - scoring_began
+        totals["scoring_overlapped"] = scoring_ended - scoring_began
+        return self._step_metrics(pool, current.sampled, current.scored, learned, capabilities, totals, now=new)
+
+    def _step_metrics(self, pool, sampled, scored, learned, capabilities, totals, *, now=None) -> dict[str, Any]:
+        """The step's record: each agent's rollout (of the batch trained on), update, timing and pace metrics, then
+        the step's own. `now`: the batch sampled in this step when it is not the one trained on (trainer.lag)."""
         n = len(self.names)
+        shared = self.algorithm.pool_is_shared(self.params)
+        timing = sampled if now is None else now
         busy = {
-            "sampling": [s.span[1] - s.span[0] for s in sampled],
+            "sampling": [s.span[1] - s.span[0] for s in timing],
             "update": [r.span[1] - r.span[0] for r in learned],
         }
-        pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.workers.concurrent)
+        if now is None:
+            pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.workers.concurrent)
+        else:
+            wall = totals["sampling"] + totals["update"]
+            pace, step_pace = pipeline_pace(busy, wall, concurrent=self.workers.concurrent)
         metrics: dict[str, Any] = {}
         for j, name in enumerate(self.names):
             own = [t for t in pool if t.source == j]
@@ -203,8 +260,8 @@ class Trainer(RunLoop):
                 **self._rollout_metrics(j, own, capabilities),
                 "reward_timeouts": len(scored[j].timeouts),
                 "reward_errors": len(scored[j].errors),
-                "time/generate": sampled[j].generate_s,
-                "time/logprobs": sampled[j].logprobs_s,
+                "time/generate": timing[j].generate_s,
+                "time/logprobs": timing[j].logprobs_s,
                 "time/update": learned[j].update_s,
                 **pace[j],
             }
@@ -212,12 +269,13 @@ class Trainer(RunLoop):
         if shared and n > 1:
             metrics["foreign_ratio_mode"] = self.params.foreign_ratio
         metrics.update({f"time/{k}": v for k, v in totals.items()})
-        metrics["time/step"] = sum(totals.values())
+        metrics["time/step"] = sum(v for k, v in totals.items() if k != "scoring_overlapped")
         metrics.update(step_pace)
         offload = [learned[j].metrics["time/offload"] for j in range(n) if "time/offload" in learned[j].metrics]
         if offload:  # inside the update phase: not added to time/step
             metrics["time/offload"] = sum(offload)
-        metrics["tokens_per_second/sampling"] = sum(t.source_num_tokens for t in pool) / max(totals["sampling"], 1e-9)
+        tokens = sum(t.source_num_tokens for s in timing for t in s.trajectories)
+        metrics["tokens_per_second/sampling"] = tokens / max(totals["sampling"], 1e-9)
         return metrics
 
     def sharing_summary(self, history: list[dict[str, Any]] | None = None) -> str:
@@ -327,6 +385,8 @@ class Trainer(RunLoop):
 
         def write_parts(directory: Path) -> None:
             self.workers.save(str(directory), what=f"writing checkpoint {self.step}")
+            if self.config.trainer.lag:  # the batches in flight: steps step + 1 .. step + k
+                write_pending(directory, list(self.pending))
 
         return save_checkpoint(
             self.run_dir,

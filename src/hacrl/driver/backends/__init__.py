@@ -12,14 +12,17 @@ checkpoint paths cross the boundary. Backends load lazily: the local backend and
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled
 
 PEER_GRACE_S = 10.0
 """How long a rank's error waits for news of a peer's death before it is raised as itself: a kill -9 of one rank
 reaches its peers as a collective's error ('Connection reset by peer') sooner than as the death it is."""
+
+T = TypeVar("T")
 
 BACKENDS = {"local": "hacrl.driver.backends.local:LocalWorkers", "ray": "hacrl.driver.backends.ray:RayWorkers"}
 
@@ -36,6 +39,14 @@ class Workers(Protocol):
     def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]: ...
 
     def learn(self, calls: Sequence[LearnCall]) -> list[Learned]: ...
+
+    def sample_then_learn(
+        self, samples: Sequence[SampleCall], learns: Sequence[LearnCall], between: Callable[[list[Sampled]], T]
+    ) -> tuple[list[Sampled], T, list[Learned]]:
+        """`trainer.lag` > 0: each worker samples one batch, then learns on an older one, with no barrier between
+        its two calls where the workers run concurrently; `between(sampled)` (the driver's scoring of the new batch)
+        runs once every agent's sample is in, while the learns run."""
+        ...
 
     def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]: ...
 
@@ -63,6 +74,20 @@ class WorkerGroup:
 
     def learn(self, calls: Sequence[LearnCall]) -> list[Learned]:
         return self._map("learn", [(c,) for c in calls], f"learning at step {calls[0].step}")
+
+    def sample_then_learn(
+        self, samples: Sequence[SampleCall], learns: Sequence[LearnCall], between: Callable[[list[Sampled]], T]
+    ) -> tuple[list[Sampled], T, list[Learned]]:
+        """One after another here (the local backend): every sample, then `between` in a thread of the driver (the
+        scoring processes work) while the learns run in this one."""
+        sampled = self.sample(samples)
+        with ThreadPoolExecutor(1, thread_name_prefix="hacrl-between") as pool:
+            future = pool.submit(between, sampled)
+            try:
+                learned = self.learn(learns)
+            finally:
+                extra = future.result()  # its error first: the learns' own error, if any, is raised after it
+        return sampled, extra, learned
 
     def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]:
         return self._map("generate", [(c,) for c in calls], what)

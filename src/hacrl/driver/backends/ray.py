@@ -179,12 +179,28 @@ class RayWorkers(WorkerGroup):
 
     def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
         """Each agent's call on all of its actors (every rank of a group); each agent's answer is its rank 0's."""
+        refs, first = self._submit(method, args)
+        results = self._gather(refs, what)
+        return [results[j] for j in first]
+
+    def _submit(self, method: str, args: Sequence[tuple]) -> tuple[list, list[int]]:
+        """The calls' refs, in actor order, and where each agent's rank 0 is among them."""
         refs, first = [], []
         for actors, a in zip(self.groups, args, strict=True):
             first.append(len(refs))
             refs.extend(actor.call.remote(method, *a) for actor in actors)
-        results = self._gather(refs, what)
-        return [results[j] for j in first]
+        return refs, first
+
+    def sample_then_learn(self, samples, learns, between):
+        """Every actor gets both calls at once (an actor runs its calls in order): an agent learns as soon as it has
+        sampled, whatever the others do; `between` runs on the driver once every sample is in."""
+        sample_refs, sample_first = self._submit("sample", [(c,) for c in samples])
+        learn_refs, learn_first = self._submit("learn", [(c,) for c in learns])
+        results = self._gather(sample_refs, f"sampling at step {samples[0].step}")
+        sampled = [results[j] for j in sample_first]
+        extra = between(sampled)
+        results = self._gather(learn_refs, f"learning at step {learns[0].step}")
+        return sampled, extra, [results[j] for j in learn_first]
 
     def _gather(self, refs: list, what: str) -> list[Any]:
         """Results in actor order; the first failure, whichever actor it is, stops the wait at once."""
