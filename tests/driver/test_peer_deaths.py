@@ -49,7 +49,8 @@ def _local_group(*targets) -> ranks.LocalRanks:
 
 def test_local_ranks_report_the_dead_peer_not_the_error_it_caused():
     group = _local_group(_answers_with_the_collective_error, _dies_a_moment_later)
-    with pytest.raises(WorkerError, match=r"rank 1 of agent 'qwen' .*died while sampling at step 2 \(killed by SIGKILL\)"):
+    expected = r"rank 1 of agent 'qwen' .*died while sampling at step 2 \(killed by SIGKILL\)"
+    with pytest.raises(WorkerError, match=expected):
         group._replies("sampling at step 2")
     assert group.processes == []  # the group is stopped
 

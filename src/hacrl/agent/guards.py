@@ -51,3 +51,13 @@ def oom_message(name: str, index: int, device: torch.device, what: str, step: in
         "memory goes), then continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the "
         "newest checkpoint is intact."
     )
+
+
+def device_memory(device: torch.device) -> dict[str, int]:
+    """A device's memory: the peak allocated since the previous call and its total, in bytes (the peak is reset;
+    zeros on a CPU)."""
+    if device.type != "cuda":
+        return {"peak": 0, "total": 0}
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}

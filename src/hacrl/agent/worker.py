@@ -130,8 +130,7 @@ class AgentWorker:
         return self._sampled(rollout, generate_s, logprobs_s, began)
 
     def _sampled(self, rollout: _Rollout, generate_s: float, logprobs_s: float, began: float) -> Sampled:
-        """Keep the rollout for this step's `learn`, or, with `trainer.lag` > 0, hand it over with the result (the
-        driver gives it back with the batch's `LearnCall`, k steps later)."""
+        """Keep the rollout for `learn`, or hand it over (`trainer.lag`: the driver gives it back k steps later)."""
         lagged = self.spec.trainer.lag > 0
         self._rollout = None if lagged else rollout
         portable = rollout.portable() if lagged else None
@@ -295,14 +294,8 @@ class AgentWorker:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
 
     def memory(self) -> dict[str, int]:
-        """This worker's device memory: the peak allocated since the previous call and the device's total, in
-        bytes (the peak is reset; zeros on a CPU). Benchmarks ask it of workers in other processes."""
-        device = self.agent.device
-        if device.type != "cuda":
-            return {"peak": 0, "total": 0}
-        peak = torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}
+        """This worker's device memory (`guards.device_memory`); benchmarks ask it of workers in other processes."""
+        return guards.device_memory(self.agent.device)
 
     # -- extension points (a worker group overrides these) -----------------------------------------------------------
 
@@ -354,16 +347,10 @@ class AgentWorker:
     @torch.no_grad()
     def _old_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-token log-probs (CPU, one tensor per response) of each own response under the current weights."""
-        agent, size = self.agent, self.spec.trainer.logprob_batch_size
-        out: list[torch.Tensor] = []
+        size, out = self.spec.trainer.logprob_batch_size, []
         for start in range(0, len(samples), size):
-            chunk = samples[start : start + size]
-            tb = TokenBatch.build(
-                [s.prompt_ids for s in chunk], [s.response_ids for s in chunk], agent.pad_id, agent.device
-            )
-            chunk_size = self.spec.trainer.logprob_chunk_size
-            logp = token_logprobs(agent.logprob_model, tb, agent.settings.temperature, chunk_size=chunk_size)
-            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(len(chunk)))
+            logp, tb = self._logprobs_no_grad(samples[start : start + size])
+            out.extend(logp[i][tb.response_mask[i]].cpu() for i in range(logp.shape[0]))
         return out
 
     def _guarded(self, phase: str, step: int | None):
@@ -426,7 +413,8 @@ class AgentWorker:
         return metrics
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, rows: list[LearnerRow]) -> tuple[torch.Tensor, TokenBatch]:
+    def _logprobs_no_grad(self, rows: list[LearnerRow] | list[Sample]) -> tuple[torch.Tensor, TokenBatch]:
+        """Per-token log-probs of `rows` (prompt and response ids) under the current weights, and their batch."""
         agent = self.agent
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, agent.device)
         chunk = self.spec.trainer.logprob_chunk_size

@@ -64,6 +64,10 @@ class Trainer(RunLoop):
         remove_stale_temporaries(self.run_dir, self.notice)
         self.plan = plan = plan_resume(config, self.run_dir, resume, self.notice)
         names = [a.name for a in config.agents]
+        self.pending: deque[Pending] = deque()
+        """trainer.lag > 0: the batches sampled and scored but not yet trained on (steps step + 1 .. step + k)."""
+        if plan.checkpoint is not None and config.trainer.lag:  # before any model loads: a missing file fails fast
+            self.pending = deque(read_pending(plan.checkpoint, plan.step, config.trainer.lag, names))
         self.frozen = [a.frozen for a in config.agents]
         if config.runtime.backend == "local":  # a Ray worker may run on another machine: its own start checks
             check_devices_here(config)
@@ -89,8 +93,6 @@ class Trainer(RunLoop):
         )
         self.step = 0
         self.history: list[dict[str, Any]] = []
-        self.pending: deque[Pending] = deque()
-        """trainer.lag > 0: the batches sampled and scored but not yet trained on (steps step + 1 .. step + k)."""
         self.names = names
         self.group_sizes = [AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents]
         """Each agent's answers per prompt (`agents.<i>.group_size`, else `rollout.group_size`)."""
@@ -114,13 +116,16 @@ class Trainer(RunLoop):
         self.workers = start_workers(config.runtime, specs, resources)
         self.scorer.wait_ready()  # its reward module imported (in the scoring processes) while the models loaded
         if plan.checkpoint is not None:
-            self.workers.load(str(plan.checkpoint))
-            self.step = plan.step
-            with restoring(plan.checkpoint, "capability history and data position"):
-                self.tracker.load_state_dict(plan.state["capability"])
-                self.stream.load_state_dict(plan.state["data"])
-            if config.trainer.lag:
-                self.pending = deque(read_pending(plan.checkpoint, self.step, config.trainer.lag, names))
+            self._restore(plan)
+
+    def _restore(self, plan) -> None:
+        """The checkpoint's state: the workers' parts, the step, the capability history, the data position and the
+        batches in flight."""
+        self.workers.load(str(plan.checkpoint))
+        self.step = plan.step
+        with restoring(plan.checkpoint, "capability history and data position"):
+            self.tracker.load_state_dict(plan.state["capability"])
+            self.stream.load_state_dict(plan.state["data"])
 
     def close(self) -> None:
         """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in

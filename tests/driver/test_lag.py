@@ -1,0 +1,109 @@
+"""The fixed-lag pipeline (`trainer.lag`, docs/design.md "The fixed-lag pipeline"): which weights sample which batch
+depends on the step number only; the batches in flight are in every checkpoint, so kill -9 anywhere then `--resume`
+ends with the uninterrupted run's numbers and weights; bad settings are refused naming the key."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from hacrl.tools.cli import main
+from tests.conftest import fails_cleanly, records, same_numbers, same_weights, write_config
+from tests.driver.test_faults import _hacrl
+
+LAG = {"steps": 3, "lag": 1}
+GRADED = {"function": "tests.reward_fixtures:digits"}  # graded rewards: every step learns
+
+
+@pytest.fixture(scope="module")
+def lag_reference(tiny_agents, tmp_path_factory):
+    """An uninterrupted 3-step lag-1 HACPO run of llama + qwen, checkpointed every step."""
+    root = tmp_path_factory.mktemp("lag")
+    run = root / "run"
+    cfg = write_config(root / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED,
+                       checkpoint={"every": 1, "keep_last": 3})  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    return run
+
+
+def test_each_batch_is_sampled_by_the_weights_after_update_s_minus_2(tiny_agents, lag_reference):
+    """lag 1: batch 3 waits in step 2's checkpoint with the log-probs of the weights that sampled it, which are
+    step 1's weights (not step 2's); step 1 trains batch 1 sampled by the weights it starts from (weight exactly 1)."""
+    from transformers import AutoModelForCausalLM
+
+    from hacrl.agent.logprobs import TokenBatch, token_logprobs
+    from hacrl.driver.pipeline import read_pending
+
+    (batch,) = read_pending(lag_reference / "checkpoints" / "step_000002", 2, 1, ["llama", "qwen"])
+    assert batch.step == 3
+    rollout = batch.sampled[1].rollout  # qwen's
+    assert rollout.step == 3 and len(rollout.response_ids) == 2 * 4
+    tb = TokenBatch.build(
+        [rollout.prompt_ids[t.group] for t in rollout.trajectories], rollout.response_ids, 0, torch.device("cpu")
+    )
+    stored = torch.cat([torch.tensor(x) for x in rollout.behaviour_logp])
+
+    def under(step: int) -> torch.Tensor:
+        path = lag_reference / "checkpoints" / f"step_{step:06d}" / "agents" / "qwen"
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        with torch.no_grad():
+            logp = token_logprobs(model, tb, 1.0)
+        return torch.cat([logp[i][tb.response_mask[i]] for i in range(len(rollout.response_ids))])
+
+    assert torch.allclose(under(1), stored, atol=1e-5)
+    assert not torch.allclose(under(2), stored, atol=1e-3)
+    steps = records(lag_reference)
+    assert [r["qwen/behaviour_weight_mean"] for r in steps][0] == 1.0
+    assert all(r["llama/behaviour_weight_mean"] != 1.0 for r in steps[1:])
+
+
+# (failpoint plan, where the process dies); each resumes from the newest checkpoint the one before left
+LAG_KILLS = [
+    ("sampling:3", "step 1: batch 2 half-sampled (batch 1 is the fill)"),
+    ("scoring:3", "step 2: batch 3 scored while the learners learn on batch 2"),
+    ("update.micro_batch:3", "step 2: half-way through the first learner's update, batch 3 sampled"),
+    ("checkpoint.agent:2", "step 2 logged; its checkpoint half-written"),
+]
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_at_lag_1_then_resume_gives_the_uninterrupted_run(tiny_agents, tmp_path, lag_reference):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    for i, (plan, where) in enumerate(LAG_KILLS):
+        done = _hacrl(["train", str(cfg), *(["--resume"] if i else [])], plan)
+        assert done.returncode == -signal.SIGKILL, (plan, where, done.stderr[-2000:])
+    final = _hacrl(["train", str(cfg), "--resume"])
+    assert final.returncode == 0, final.stderr[-2000:]
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+
+
+def test_a_resume_with_another_lag_is_refused_and_a_lag_run_needs_its_batches(tiny_agents, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1, "lag": 1})
+    assert main(["train", str(cfg)]) == 0
+    fails_cleanly(capsys, ["train", str(cfg), "--resume", "trainer.steps=2", "trainer.lag=2"], "trainer.lag")
+    (run / "checkpoints" / "step_000001" / "pending.pt").unlink()
+    fails_cleanly(capsys, ["train", str(cfg), "--resume", "trainer.steps=2", "checkpoint.verify_digests=false"],
+                  "pending.pt")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.lag=-1", "trainer.lag must be an integer in [0, 16]"),
+        ("trainer.lag=true", "trainer.lag"),
+        ("algorithm.behaviour_cap=0.5", "behaviour_cap must be >= 1"),
+    ],
+)
+def test_bad_lag_settings_are_refused(tiny_agents, tmp_path, capsys, override, expected):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    fails_cleanly(capsys, ["train", str(cfg), override], expected)
+
+
+def test_grpo_with_lag_is_refused(tiny_agents, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run", algorithm={"name": "grpo"})
+    fails_cleanly(capsys, ["train", str(cfg), "trainer.lag=1"], "trainer.lag=1", "grpo", "no correction")
