@@ -3,7 +3,8 @@
 `HACRL_FAULTS="update.micro_batch:3,checkpoint.agent:1:TERM"` makes the 3rd time this process passes
 `hit("update.micro_batch")` send it SIGKILL, and the 1st `hit("checkpoint.agent")` send it SIGTERM. Without the
 variable (always, outside tests) `hit` is a dictionary lookup. With `HACRL_FAULTS_RANK=r` the plan holds only in
-rank r of a worker group (`agents.<i>.devices`), not in the driver or the other ranks. The places:
+rank r of a worker group (`agents.<i>.devices`), not in the driver or the other ranks; `HACRL_FAULTS_RANK=sampler`:
+only in a sampler process (`agents.<i>.sampler_devices`). The places:
 
     sampling             after an agent sampled its responses
     scoring              after every agent's responses were scored (one call per step)
@@ -12,6 +13,7 @@ rank r of a worker group (`agents.<i>.devices`), not in the driver or the other 
     checkpoint.agent     after an agent's part of a checkpoint was written
     checkpoint.before_rename / checkpoint.after_rename
     metrics.write        half-way through writing a metrics.jsonl line (the kill leaves a cut-off line)
+    weight_sync          after a learner wrote the first tensor of its new weights for its sampler
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from collections.abc import Callable
 
 _plan: dict[str, tuple[int, signal.Signals]] | None = None
 _counts: dict[str, int] = {}
-_rank: int | None = None
+_rank: int | str | None = None
 
 
-def set_rank(rank: int) -> None:
-    """This process is rank `rank` of a worker group (for `HACRL_FAULTS_RANK`)."""
+def set_rank(rank: int | str) -> None:
+    """This process is rank `rank` of a worker group, or `sampler` (for `HACRL_FAULTS_RANK`)."""
     global _rank
     _rank = rank
     reset()
@@ -34,7 +36,7 @@ def set_rank(rank: int) -> None:
 
 def _load() -> dict[str, tuple[int, signal.Signals]]:
     only = os.environ.get("HACRL_FAULTS_RANK")
-    if only is not None and _rank != int(only):
+    if only is not None and str(_rank) != only:
         return {}
     plan = {}
     for item in filter(None, (x.strip() for x in os.environ.get("HACRL_FAULTS", "").split(","))):

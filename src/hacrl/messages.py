@@ -132,6 +132,8 @@ class Sampled:
     """Wall-clock (time.time()) start and end of the call, to see whether workers overlapped."""
     rollout: OwnRollout | None = None
     """With `trainer.lag` > 0: the rollout the worker does not keep (the driver gives it back in the `LearnCall`)."""
+    sync_s: float = 0.0
+    """Seconds a sampler of its own spent taking the learner's new weights before sampling (`sampler_devices`)."""
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,80 @@ def test_bad_lag_settings_are_refused(tiny_agents, tmp_path, capsys, override, e
 def test_grpo_with_lag_is_refused(tiny_agents, tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama"], tmp_path / "run", algorithm={"name": "grpo"})
     fails_cleanly(capsys, ["train", str(cfg), "trainer.lag=1"], "trainer.lag=1", "grpo", "no correction")
+
+
+# -- a sampler of its own (agents.<i>.sampler_devices) -------------------------------------------------------------
+
+
+def _with_samplers(cfg, agents: list[int]) -> None:
+    import yaml
+
+    data = yaml.safe_load(cfg.read_text())
+    for i in agents:
+        data["agents"][i]["sampler_devices"] = ["cpu"]
+    cfg.write_text(yaml.safe_dump(data))
+
+
+def test_weight_channel_hands_over_whole_weights_and_refuses_half_written_ones():
+    from hacrl.agent.weightsync import WeightChannel
+    from hacrl.errors import WorkerError
+
+    learner, sampler = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    channel = WeightChannel(learner, "qwen")
+    with pytest.raises(WorkerError, match="needs the weights after update 1, and their slot holds no complete"):
+        channel.take(sampler, 1)
+    channel.publish(learner, 1)
+    channel.take(sampler, 1)
+    assert all(torch.equal(a, b) for a, b in zip(learner.parameters(), sampler.parameters(), strict=True))
+    with pytest.raises(WorkerError, match="slot holds those after update 1"):
+        channel.take(sampler, 3)  # slot 1 holds update 1, not 3
+    channel.stamps[0] = -1  # a publish of update 2 that died after clearing its stamp
+    with pytest.raises(WorkerError, match="no complete weights .* does not sample with them"):
+        channel.take(sampler, 2)
+
+
+@pytest.mark.slow
+def test_a_sampler_of_its_own_gives_the_same_run_and_its_death_is_resumable(tiny_agents, tmp_path, lag_reference,
+                                                                            capsys, monkeypatch):  # fmt: skip
+    """qwen samples in a process of its own while it learns: the numbers and weights of the run without it. Killed
+    mid-sampling (kill -9 of the sampler process), the run stops naming it; --resume ends with the same run."""
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [1])
+    monkeypatch.setenv("HACRL_FAULTS", "sampling:3")  # the sampler's 3rd batch: batch 3, in step 2
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "the sampler of agent 'qwen'" in err and "died while sampling at step 3" in err and "--resume" in err, err
+    monkeypatch.delenv("HACRL_FAULTS")
+    assert main(["train", str(cfg), "--resume"]) == 0
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+    assert all(r["qwen/time/weight_sync"] > 0 for r in records(run)[1:])
+
+
+@pytest.mark.slow
+def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path, lag_reference):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [0, 1])
+    done = _hacrl(["train", str(cfg)], "weight_sync:3")  # step 2, the first learner's write of its new weights
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    final = _hacrl(["train", str(cfg), "--resume"])
+    assert final.returncode == 0, final.stderr[-2000:]
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["agents.0.sampler_devices=[cpu]"], "needs trainer.lag >= 1"),
+        (["agents.0.sampler_devices=[cpu]", "trainer.lag=1", "runtime.backend=ray"], "runtime.backend=local"),
+        (["agents.0.sampler_devices=[cpu, cpu]", "trainer.lag=1"], "must name one device"),
+        (["agents.0.sampler_devices=[gpu]", "trainer.lag=1"], "agents.0.sampler_devices.0"),
+    ],
+)
+def test_bad_sampler_settings_are_refused(tiny_agents, tmp_path, capsys, overrides, expected):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    fails_cleanly(capsys, ["train", str(cfg), *overrides], expected)

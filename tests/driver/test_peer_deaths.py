@@ -36,7 +36,7 @@ def _stays_alive(conn) -> None:
 def _local_group(*targets) -> ranks.LocalRanks:
     context = multiprocessing.get_context("fork")
     group = ranks.LocalRanks.__new__(ranks.LocalRanks)
-    group.name, group.processes, group.pipes = "qwen", [], []
+    group.name, group.processes, group.pipes, group.sampler = "qwen", [], [], False
     for target in targets:
         ours, theirs = context.Pipe()
         process = context.Process(target=target, args=(theirs,), daemon=True)

@@ -36,6 +36,7 @@ from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
 from hacrl.agent.sharing import relevance, select_pool
+from hacrl.agent.weightsync import WeightChannel
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
@@ -119,6 +120,8 @@ class AgentWorker:
             self._rng = self._capture_rng()
         self._rollout: _Rollout | None = None
         self.optimizer_steps = 0
+        self.channel: WeightChannel | None = None
+        """Where it publishes its weights after each update for a sampler of its own (`open_weight_channel`)."""
 
     # -- the five calls ----------------------------------------------------------------------------------------------
 
@@ -209,6 +212,8 @@ class AgentWorker:
         with self._guarded("the update", step):
             metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps)
         self._rollout = None
+        if self.channel is not None:  # the weights after update `step`, for the sampler of its own
+            metrics["time/weight_sync"] = self.channel.publish(self.agent.sampling_model, step)
         update_s = time.perf_counter() - start
         if metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
             metrics["time/update_saved_est"] = (
@@ -265,33 +270,21 @@ class AgentWorker:
     def load(self, directory: str) -> None:
         """Optimizer and random stream from a checkpoint (the weights were loaded at construction)."""
         part = agent_part(directory, self.name)
-        file = part.optimizer_file
-        try:
-            optimizer = self.agent.optimizer
-            if optimizer is not None and not file.exists() and part.optimizer_dir.is_dir():
-                # written by a worker group (agents.<i>.devices): its shards, gathered by parameter name
-                from hacrl.agent.distributed import load_optimizer_tensors
-
-                file = part.optimizer_dir
-                names = [n for n, p in self.agent.model.named_parameters() if p.requires_grad]
-                stepped = optimizer.masters if isinstance(optimizer, MasterStep) else optimizer.params
-                load_optimizer_tensors(optimizer, stepped, names, file)
-            elif optimizer is not None:  # a frozen agent has none
-                # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
-                where = "cpu" if optimizer.offload else self.agent.device
-                optimizer.load_state_dict(read_optimizer(file, f"agent {self.name!r}", where))
-        except CheckpointError:
-            raise
-        except Exception as e:  # noqa: BLE001 - named, with what to do
-            raise CheckpointError(
-                f"{file}: cannot load the optimizer state of agent {self.name!r} ({type(e).__name__}: "
-                f"{first_line(e)}); resume from an earlier checkpoint "
-                "(checkpoint.resume=<its directory>)"
-            ) from e
+        if self.agent.optimizer is not None:  # a frozen agent has none
+            _load_optimizer(self.agent, part)
         self._rng, self.optimizer_steps = read_rng(part.rng_file, f"agent {self.name!r}")
 
     def describe(self) -> WorkerInfo:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
+
+    def open_weight_channel(self) -> WeightChannel:
+        """The channel through which a sampler of its own gets its weights after each update."""
+        self.channel = WeightChannel(self.agent.sampling_model, self.name)
+        return self.channel
+
+    def adopt_stream(self, rng: dict) -> None:
+        """Take a sampler's stream as its own (saved in its checkpoint part: the agent's sampling stream)."""
+        self._rng = rng
 
     def memory(self) -> dict[str, int]:
         """This worker's device memory (`guards.device_memory`); benchmarks ask it of workers in other processes."""
@@ -484,6 +477,32 @@ class AgentWorker:
             check_values=False,  # `_check_rows` checked them for the whole update
         )
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+
+def _load_optimizer(agent: Agent, part) -> None:
+    """An agent's optimizer state from its checkpoint part (`hacrl.checkpoint.AgentPart`): one file, or the shards a
+    worker group wrote (gathered by parameter name); a CheckpointError naming the file otherwise."""
+    file, optimizer = part.optimizer_file, agent.optimizer
+    try:
+        if not file.exists() and part.optimizer_dir.is_dir():
+            # written by a worker group (agents.<i>.devices): its shards, gathered by parameter name
+            from hacrl.agent.distributed import load_optimizer_tensors
+
+            file = part.optimizer_dir
+            names = [n for n, p in agent.model.named_parameters() if p.requires_grad]
+            stepped = optimizer.masters if isinstance(optimizer, MasterStep) else optimizer.params
+            load_optimizer_tensors(optimizer, stepped, names, file)
+        else:
+            # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
+            where = "cpu" if optimizer.offload else agent.device
+            optimizer.load_state_dict(read_optimizer(file, f"agent {agent.name!r}", where))
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - named, with what to do
+        raise CheckpointError(
+            f"{file}: cannot load the optimizer state of agent {agent.name!r} ({type(e).__name__}: "
+            f"{first_line(e)}); resume from an earlier checkpoint (checkpoint.resume=<its directory>)"
+        ) from e
 
 
 def _check_rows(name: str, learner: int, rows: list[LearnerRow], adv: list[float], num_agents: int) -> None:

@@ -195,6 +195,12 @@ class AgentConfig:
     gradients and AdamW's state live on the host, each layer copied to the GPU when it computes). Under
     `runtime.backend: ray` each rank is an actor asking for `num_cpus` and `num_gpus`; Ray picks the GPUs, the list's
     length is K. None (the default): one worker on `device`, without FSDP."""
+    sampler_devices: list[str] | None = field(default=None, metadata=NOT_EXACT)
+    """With `trainer.lag` >= 1: a sampler of its own on this device, e.g. `[cpu]` or `[cuda:3]` (one device): a
+    process holding the agent's compute-dtype weights, its sampler and its old-log-prob pass, which samples batch
+    t + k while the learner runs update t, and takes the learner's new weights after each update (host shared
+    memory, `runtime.backend: local`; `<agent>/time/weight_sync`). The numbers are those of the same run without it.
+    None: the agent's worker samples and learns in turn."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -251,6 +257,8 @@ class AgentConfig:
         check_device_name(self.device, f"{where}.device")
         if self.devices is not None:
             self._check_devices(where)
+        if self.sampler_devices is not None:
+            self._check_sampler_devices(where)
         from hacrl.config.settings import Precision  # beside AgentSettings, which imports this module
 
         Precision.resolve(self, where)  # float16 training, offload without masters: refused there, with the fix
@@ -259,6 +267,22 @@ class AgentConfig:
                 raise ConfigError(f"{where}: a frozen agent trains nothing, so {where}.lora has nothing to do; "
                                   "remove one of them")  # fmt: skip
             self.lora.check(f"{where}.lora")
+
+    def _check_sampler_devices(self, where: str) -> None:
+        key, devices = f"{where}.sampler_devices", self.sampler_devices
+        if not isinstance(devices, list) or len(devices) != 1 or not isinstance(devices[0], str):
+            raise ConfigError(f"{key} must name one device, like [cpu] or [cuda:3], got {devices!r}")
+        check_device_name(devices[0], f"{key}.0")
+        if self.devices is not None or self.lora is not None:
+            raise ConfigError(
+                f"{key}: a sampler of its own is built for an agent on one device without LoRA; remove "
+                f"{where}.{'devices' if self.devices is not None else 'lora'} or {key}"
+            )
+        if devices[0].startswith("cuda") and devices[0] == self.device:
+            raise ConfigError(
+                f"{key}={devices} is the learner's own GPU ({where}.device): sampling would take turns with the "
+                "update there and gain nothing; name another GPU, or remove it"
+            )
 
     def _check_devices(self, where: str) -> None:
         devices = self.devices

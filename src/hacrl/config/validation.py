@@ -62,12 +62,7 @@ def validate(config: TrainConfig) -> None:
             f"`agents`; got {n}. Use algorithm.name=gspo (or grpo) for a single-agent baseline."
         )
     _check_sharing(config, shares)
-    if t.lag and not get_algorithm(algo.name).takes_stale_rows:
-        raise ConfigError(
-            f"trainer.lag={t.lag} trains each learner on own rows sampled {t.lag} update(s) ago, and "
-            f"algorithm.name={algo.name!r} has no correction for them (its ratio is token-level); use gspo, naive "
-            "or hacpo, or trainer.lag=0"
-        )
+    _check_pipeline(config)
     frozen = [i for i, a in enumerate(config.agents) if a.frozen]
     if frozen and not shares:
         raise ConfigError(
@@ -91,6 +86,31 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
     if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
         raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def _check_pipeline(config: TrainConfig) -> None:
+    """`trainer.lag` against the algorithm, `sampler_devices` against the lag and the backend."""
+    from hacrl.core import get_algorithm
+
+    algo, t = config.algorithm, config.trainer
+    if t.lag and not get_algorithm(algo.name).takes_stale_rows:
+        raise ConfigError(
+            f"trainer.lag={t.lag} trains each learner on own rows sampled {t.lag} update(s) ago, and "
+            f"algorithm.name={algo.name!r} has no correction for them (its ratio is token-level); use gspo, naive "
+            "or hacpo, or trainer.lag=0"
+        )
+    with_sampler = [i for i, a in enumerate(config.agents) if a.sampler_devices]
+    if with_sampler and not t.lag:
+        raise ConfigError(
+            f"agents.{with_sampler[0]}.sampler_devices: a sampler of its own samples the next batch while the learner "
+            "learns, which needs trainer.lag >= 1 (the batch it samples is trained on k steps later); set "
+            "trainer.lag=1, or remove sampler_devices"
+        )
+    if with_sampler and config.runtime.backend != "local":
+        raise ConfigError(
+            f"agents.{with_sampler[0]}.sampler_devices runs on runtime.backend=local for now (its weights travel "
+            "through host shared memory); use the local backend, or remove sampler_devices"
+        )
 
 
 def _check_sharing(config: TrainConfig, shares: bool) -> None:
@@ -130,7 +150,8 @@ def check_devices_here(config: TrainConfig) -> None:
 
     for i, agent in enumerate(config.agents):
         named = [(f"agents.{i}.devices.{k}", d) for k, d in enumerate(agent.devices)] if agent.devices else []
-        for key, name in named or [(f"agents.{i}.device", agent.device)]:
+        sampler = [(f"agents.{i}.sampler_devices.0", agent.sampler_devices[0])] if agent.sampler_devices else []
+        for key, name in (named or [(f"agents.{i}.device", agent.device)]) + sampler:
             device = torch.device(name)
             if device.type == "cuda":
                 count = torch.cuda.device_count() if torch.cuda.is_available() else 0

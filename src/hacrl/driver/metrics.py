@@ -63,7 +63,8 @@ AGENT = _table(
         "time/{phase}",
         "seconds its worker spent in a phase: generate, logprobs, update; offload: moving gradients "
         "to the host and weights back in its update (agents.<i>.offload); update_saved_est: the update seconds "
-        "its sharing policy saved, estimated as time/update x tokens saved / tokens trained",
+        "its sharing policy saved, estimated as time/update x tokens saved / tokens trained; weight_sync: with a "
+        "sampler of its own, writing its new weights for it after the update plus the sampler's read of them",
     ),
     # its update (the worker)
     ("loss", "loss (policy + KL), mean over mini-batches"),
@@ -153,6 +154,7 @@ PHASES = {
         "wait_sampling",
         "wait_update",
         "wait_step",
+        "weight_sync",
     ),
     "step": ("sampling", "scoring", "update", "offload", "idle_frac", "critical_path", "fill", "scoring_overlapped"),
 }

@@ -270,6 +270,8 @@ class Trainer(RunLoop):
                 "time/update": learned[j].update_s,
                 **pace[j],
             }
+            if "time/weight_sync" in agent:  # a sampler of its own: the learner's write + the sampler's read
+                agent["time/weight_sync"] += timing[j].sync_s
             metrics.update({agent_key(name, k): v for k, v in agent.items()})
         if shared and n > 1:
             metrics["foreign_ratio_mode"] = self.params.foreign_ratio

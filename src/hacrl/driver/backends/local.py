@@ -1,24 +1,30 @@
 """`runtime.backend: local`: every worker lives in the driver's process and is called in agent order; an agent on
-its own devices (`agents.<i>.devices`) is a group of K local processes (`hacrl.driver.backends.ranks`)."""
+its own devices (`agents.<i>.devices`) is a group of K local processes (`hacrl.driver.backends.ranks`), and an agent
+with a sampler of its own (`agents.<i>.sampler_devices`, `trainer.lag` >= 1) has one more process that samples while
+its learner learns (`hacrl.agent.sampler_worker`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hacrl.agent.worker import AgentWorker
-from hacrl.driver.backends import WorkerGroup
+from hacrl.driver.backends import T, WorkerGroup
 from hacrl.driver.backends.ranks import LocalRanks
-from hacrl.messages import WorkerSpec
+from hacrl.messages import LearnCall, Learned, SampleCall, Sampled, WorkerSpec
 
 
 class LocalWorkers(WorkerGroup):
     def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
         self.workers: list[Any] = []
+        self.samplers: list[LocalRanks | None] = []
         self.names = [spec.agent.name for spec in specs]
         try:
             for spec in specs:
-                self.workers.append(LocalRanks(spec) if spec.agent.devices else AgentWorker(spec))
+                worker = LocalRanks(spec) if spec.agent.devices else AgentWorker(spec)
+                self.workers.append(worker)
+                channel = worker.open_weight_channel() if spec.agent.sampler_devices else None
+                self.samplers.append(LocalRanks(spec, channel=channel) if channel is not None else None)
         except BaseException:
             self.close()
             raise
@@ -29,8 +35,53 @@ class LocalWorkers(WorkerGroup):
             for worker, a in zip(self.workers, args, strict=True)
         ]
 
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]:
+        what = f"sampling at step {calls[0].step}"
+        for sampler, call in zip(self.samplers, calls, strict=True):
+            if sampler is not None:
+                sampler.submit("sample", (call,), what)
+        mine = [self._call(j, "sample", (c,), what) if self.samplers[j] is None else None for j, c in enumerate(calls)]
+        return [s if sampler is None else sampler.collect(what) for s, sampler in zip(mine, self.samplers, strict=True)]
+
+    def sample_then_learn(
+        self, samples: Sequence[SampleCall], learns: Sequence[LearnCall], between: Callable[[list[Sampled]], T]
+    ) -> tuple[list[Sampled], T, list[Learned]]:
+        """With samplers of their own: they sample while the learners learn here, then `between`; otherwise as
+        `WorkerGroup`'s (every sample, then `between` beside the learns)."""
+        if not any(self.samplers):
+            return super().sample_then_learn(samples, learns, between)
+        what = f"sampling at step {samples[0].step}"
+        for sampler, call in zip(self.samplers, samples, strict=True):
+            if sampler is not None:
+                sampler.submit("sample", (call,), what)
+        own = {j: self._call(j, "sample", (c,), what) for j, c in enumerate(samples) if self.samplers[j] is None}
+        learned = self.learn(learns)
+        sampled = [own[j] if sampler is None else sampler.collect(what) for j, sampler in enumerate(self.samplers)]
+        return sampled, between(sampled), learned
+
+    def save(self, directory: str, *, what: str) -> None:
+        """Each learner saves its agent's part, a sampler's stream in it as the agent's (`AgentWorker.adopt_stream`)."""
+        for j, sampler in enumerate(self.samplers):
+            if sampler is not None:
+                self._call(j, "adopt_stream", (sampler.call("stream", (), what),), what)
+        super().save(directory, what=what)
+
+    def load(self, directory: str) -> None:
+        super().load(directory)
+        for sampler in self.samplers:
+            if sampler is not None:
+                sampler.call("load", (directory,), "loading its checkpoint part")
+
+    def pids(self) -> list[int]:
+        """The processes of the agents' ranks and samplers (tests kill one)."""
+        return [p for w in [*self.workers, *self.samplers] if isinstance(w, LocalRanks) for p in w.pids()]
+
+    def _call(self, j: int, method: str, args: tuple, what: str) -> Any:
+        worker = self.workers[j]
+        return worker.call(method, args, what) if isinstance(worker, LocalRanks) else getattr(worker, method)(*args)
+
     def close(self) -> None:
-        for worker in self.workers:
+        for worker in [*self.workers, *self.samplers]:
             if isinstance(worker, LocalRanks):
                 worker.close()
-        self.workers = []
+        self.workers, self.samplers = [], []

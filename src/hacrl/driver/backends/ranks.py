@@ -51,11 +51,34 @@ def _rank_main(spec: WorkerSpec, info, conn) -> None:
 
     _follow_the_driver()
     faults.set_rank(info.rank)
-    where = f"rank {info.rank} of agent {spec.agent.name!r}"
-    try:
-        from hacrl.agent.sharded import ShardedWorker
+    _serve(lambda: _sharded(spec, info), f"rank {info.rank} of agent {spec.agent.name!r}", conn)
 
-        worker = ShardedWorker(spec, info)
+
+def _sharded(spec: WorkerSpec, info):
+    from hacrl.agent.sharded import ShardedWorker
+
+    return ShardedWorker(spec, info)
+
+
+def _sampler_main(spec: WorkerSpec, channel, conn) -> None:
+    """A sampler's process (`agents.<i>.sampler_devices`): as a rank's, with a `SamplerWorker`."""
+    from hacrl import faults
+
+    _follow_the_driver()
+    faults.set_rank("sampler")
+
+    def build():
+        from hacrl.agent.sampler_worker import SamplerWorker
+
+        return SamplerWorker(spec, channel, spec.agent.sampler_devices[0])
+
+    _serve(build, f"the sampler of agent {spec.agent.name!r}", conn)
+
+
+def _serve(build, where: str, conn) -> None:
+    """Build the worker, then answer calls until the driver says stop or goes away."""
+    try:
+        worker = build()
         conn.send(("ok", worker.describe()))
     except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
         conn.send(("error", portable(e, where)))
@@ -123,22 +146,29 @@ def _start_ignoring_stops(process) -> None:
 class LocalRanks:
     """The K rank processes of one agent; `call` runs a worker method on all of them and returns rank 0's answer."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, *, channel=None) -> None:
+        """The ranks of `spec.agent.devices`; with `channel` (`hacrl.agent.weightsync.WeightChannel`), instead the one
+        process of its sampler on `spec.agent.sampler_devices`."""
         from hacrl.agent.distributed import RankInfo
 
         self.name = spec.agent.name
-        devices = list(spec.agent.devices or [])
+        self.sampler = channel is not None
+        devices = list(spec.agent.sampler_devices if self.sampler else spec.agent.devices or [])
         context = multiprocessing.get_context("spawn")
         init = f"tcp://127.0.0.1:{free_port()}"
         self.processes: list[Any] = []
         self.pipes: list[Any] = []
-        if spec.torch_threads is None:  # one share of this machine's cores per rank, not every core per rank
-            spec = replace(spec, torch_threads=max(1, (os.cpu_count() or 1) // len(devices)))
+        if spec.torch_threads is None:  # one share of this machine's cores per process, not every core each
+            share = max(1, (os.cpu_count() or 1) // (2 if self.sampler else len(devices)))
+            spec = replace(spec, torch_threads=share)
         try:
             for rank, device in enumerate(devices):
                 ours, theirs = context.Pipe()
                 info = RankInfo(rank, len(devices), init, device)
-                process = context.Process(target=_rank_main, args=(spec, info, theirs), daemon=True)
+                target, args = (
+                    (_sampler_main, (spec, channel, theirs)) if self.sampler else (_rank_main, (spec, info, theirs))
+                )
+                process = context.Process(target=target, args=args, daemon=True)
                 _start_ignoring_stops(process)
                 theirs.close()
                 self.processes.append(process)
@@ -158,19 +188,28 @@ class LocalRanks:
         return [p.pid for p in self.processes]
 
     def call(self, method: str, args: tuple, what: str) -> Any:
+        self.submit(method, args, what)
+        return self.collect(what)
+
+    def submit(self, method: str, args: tuple, what: str) -> None:
+        """Send the call to every rank without waiting (`collect` takes the answer)."""
         for rank, pipe in enumerate(self.pipes):
             try:
                 pipe.send((method, args))
             except OSError:  # BrokenPipeError: the rank died since the last call (kill -9, the OOM killer)
                 self._died(rank, what)
+
+    def collect(self, what: str) -> Any:
+        """Rank 0's answer to the call `submit` sent."""
         return self._replies(what)[0]
 
     def _died(self, rank: int, what: str) -> NoReturn:
         process = self.processes[rank]
         self.close(force=True)
         process.join(timeout=5)
+        who = f"the sampler of agent {self.name!r}" if self.sampler else f"rank {rank} of agent {self.name!r}"
         raise WorkerError(
-            f"rank {rank} of agent {self.name!r} (pid {process.pid}) died while {what} "
+            f"{who} (pid {process.pid}) died while {what} "
             f"({_exit_reason(process.exitcode)}). The latest checkpoint is intact: continue with "
             "`hacrl train <config> --resume`."
         )

@@ -1,0 +1,71 @@
+"""The weights a learner hands to its sampler process (`agents.<i>.sampler_devices`, `trainer.lag` >= 1).
+
+One machine (`runtime.backend: local`): two slots of host shared memory, each with every parameter of the agent's
+sampling module in its compute dtype and a version stamp. After update t the learner writes slot t % 2 (`publish`);
+the sampler, before sampling a batch that the schedule assigns to the weights after update v, reads slot v % 2
+(`take`). The pipeline's schedule keeps the two apart: in step t the learner writes version t while the sampler reads
+version t - 1 (or none).
+
+A sampler never samples with half-written weights: `publish` clears the slot's stamp before it writes and stamps it
+after the last tensor; `take` refuses a slot whose stamp is not the version it needs, and checks the stamp again
+after reading (a writer that came in meanwhile would have cleared it). A learner that dies mid-sync stops the run;
+the sampler of the resumed run loads the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hacrl import faults
+from hacrl.errors import WorkerError
+
+SLOTS = 2
+
+
+class WeightChannel:
+    """Shared-memory slots for one agent's sampling weights (picklable to a spawned process: the tensors are shared,
+    not copied)."""
+
+    def __init__(self, model: torch.nn.Module, name: str) -> None:
+        self.name = name
+        self.shapes = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+        self.slots = [
+            {n: torch.empty(shape, dtype=dtype).share_memory_() for n, (shape, dtype) in self.shapes.items()}
+            for _ in range(SLOTS)
+        ]
+        self.stamps = torch.full((SLOTS,), -1, dtype=torch.int64).share_memory_()
+
+    def publish(self, model: torch.nn.Module, version: int) -> float:
+        """Write `model`'s parameters as the weights after update `version`; the seconds it took."""
+        start, slot = time.perf_counter(), version % SLOTS
+        self.stamps[slot] = -1
+        with torch.no_grad():
+            for i, (n, p) in enumerate(model.named_parameters()):
+                self.slots[slot][n].copy_(p.detach())
+                if i == 0:
+                    faults.hit("weight_sync")  # a learner killed here leaves the slot unstamped
+        self.stamps[slot] = version
+        return time.perf_counter() - start
+
+    def take(self, model: torch.nn.Module, version: int) -> float:
+        """Load the weights after update `version` into `model`; the seconds it took. A WorkerError when the slot
+        does not hold them whole (never sample with half-updated weights)."""
+        start, slot = time.perf_counter(), version % SLOTS
+        self._check(slot, version)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(self.slots[slot][n])
+        self._check(slot, version)
+        return time.perf_counter() - start
+
+    def _check(self, slot: int, version: int) -> None:
+        stamp = int(self.stamps[slot])
+        if stamp != version:
+            raise WorkerError(
+                f"the sampler of agent {self.name!r} needs the weights after update {version}, and their slot holds "
+                f"{'no complete weights' if stamp < 0 else f'those after update {stamp}'} (a weight sync that "
+                "failed halfway?): it does not sample with them. The latest checkpoint is intact: continue with "
+                "`hacrl train <config> --resume`."
+            )
