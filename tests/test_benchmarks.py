@@ -1007,3 +1007,29 @@ def test_many_agents_fits_the_update_exponent_and_renders_its_table():
                         "update_exponent_4_16": {"all": 2.0}}, [])  # fmt: skip
     assert "| all | 16 | 0.10 | 0.00 | 16.00 | 96 | 1.20 | 9 | 800 |" in text
     assert "Update seconds ~ N^2.00 between N = 4 and 16 with `all`." in text
+
+
+def test_overlap_benchmark_renders_its_tables_and_writes_loadable_configs(tmp_path):
+    """benchmarks/overlap.py: the step table (ratios against both lockstep baselines), the lag round's verdicts by
+    the pre-registered rule (equivalent within +-2 points when mean +- 2 SE lies inside), and its configs load."""
+    from hacrl.config import load_config
+
+    overlap = _script("overlap", "overlap_benchmark")
+    row = {"step_s": 0.5, "weight_sync_s": 0.0, "update_s": 0.3, "sampling_s": 0.2, "final_reward": 0.1}
+    result = {"machine": "m", "setups": {"one": {"agents": ["qwen-bpe"], "args": {"rounds": 2, "steps": 20,
+              "new_tokens": 48}, "median": {"lag0": row, "lag0-2thr": {**row, "step_s": 0.3},
+              "lag1-sampler": {**row, "step_s": 0.35, "weight_sync_s": 0.005}}}}}  # fmt: skip
+    text = overlap.render(result, [])
+    assert "| one (qwen-bpe) | lag1-sampler | 0.350 | 0.70x | 1.17x | 0.200 | 0.300 | 0.0050 |" in text
+    runs = [{"seed": s, "arm": arm, "steps": 40, "train_s": 9.0, "llama-char/pass@1": 0.3 + 0.001 * s * (arm != "A"),
+             "qwen-bpe/pass@1": 0.2 + {"A": 0.0, "B": 0.03 + 0.01 * s, "C": 0.0}[arm]}
+            for s in range(3) for arm in ("A", "B", "C")]  # fmt: skip
+    learning = overlap.render_learning({"runs": runs, "c_steps": 44})
+    assert "qwen-bpe: B - A = +4.0 points (standard error 0.6, 3 seeds; mean +- 2 SE [+2.8, +5.2]): better" in learning
+    assert (
+        "qwen-bpe: C - A = +0.0 points (standard error 0.0, 3 seeds; mean +- 2 SE [+0.0, +0.0]): equivalent" in learning
+    )
+    for setup in ("one", "demo"):
+        path, names = overlap.write_config(tmp_path / f"{setup}.yaml", setup, 4, 16)
+        cfg = load_config(path, [f"trainer.output_dir={tmp_path / 'run'}"])
+        assert [a.name for a in cfg.agents] == names and cfg.trainer.steps == 4

@@ -199,9 +199,10 @@ class AgentWorker:
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
         old_logp = rollout.old_logp
-        if stale:  # the proximal policy: these weights, before this update's first step (never skipped here)
+        if stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
+            first = min(self.spec.trainer.mini_batch_size, len(rollout.samples))
             with self._guarded("proximal log-probs", step):
-                old_logp = self._old_logprobs(rollout.samples)
+                old_logp = [None] * first + self._old_logprobs(rollout.samples[first:])
         own_rows = learner_rows(
             self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
