@@ -32,6 +32,7 @@ CASES = {
     "gspo": (["llama", "qwen"], {"name": "gspo"}),
     "hacpo-3-agents": (["llama", "qwen", "tiny"], {"name": "hacpo"}),
     "hacpo-lag-1": (["llama", "qwen"], {"name": "hacpo"}),  # sample and learn calls at once on each actor
+    "hacpo-lag-1-samplers": (["llama", "qwen"], {"name": "hacpo"}),  # each agent's sampler an actor / a process
 }
 
 
@@ -48,20 +49,23 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
             names,
             run,
             algorithm=algorithm,
-            trainer={"steps": 3, "lag": 1 if case.endswith("lag-1") else 0},
+            trainer={"steps": 3, "lag": 1 if "lag-1" in case else 0},
             checkpoint={"every": 0},
             runtime={"backend": backend, "torch_threads": 2},
             scoring={"function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
         )
-        assert main(["train", str(cfg)]) == 0
+        if case.endswith("samplers"):
+            overrides = [f"agents.{i}.sampler_devices=[cpu]" for i in range(len(names))]
+        assert main(["train", str(cfg), *(overrides if case.endswith("samplers") else [])]) == 0
         runs[backend] = run
     same_numbers(records(runs["ray"]), records(runs["local"]))
     same_weights(runs["ray"], runs["local"], 3, names)
     assert records(runs["ray"])[-1][f"{names[0]}/optimizer_steps"] > 0
     for r in records(runs["ray"]):  # concurrent workers: each phase's wall time, less the agent's busy time
         for a in names:
-            if case.endswith("lag-1"):  # no barrier between an agent's sampling and update: the step's wall time
-                busy = r[f"{a}/time/busy_sampling"] + r[f"{a}/time/busy_update"]
+            if "lag-1" in case:  # no barrier between an agent's sampling and update: the step's wall time
+                sampling, update = r[f"{a}/time/busy_sampling"], r[f"{a}/time/busy_update"]
+                busy = max(sampling, update) if case.endswith("samplers") else sampling + update
                 assert busy + r[f"{a}/time/wait_step"] == pytest.approx(r["time/sampling"] + r["time/update"])
                 continue
             for phase in ("sampling", "update"):

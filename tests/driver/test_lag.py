@@ -128,12 +128,12 @@ def test_weight_channel_hands_over_whole_weights_and_refuses_half_written_ones()
 
     learner, sampler = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     channel = WeightChannel(learner, "qwen")
-    with pytest.raises(WorkerError, match="needs the weights after update 1, and their slot holds no complete"):
+    with pytest.raises(WorkerError, match="needs the weights after update 1, and it holds no complete"):
         channel.take(sampler, 1)
     channel.publish(learner, 1)
     channel.take(sampler, 1)
     assert all(torch.equal(a, b) for a, b in zip(learner.parameters(), sampler.parameters(), strict=True))
-    with pytest.raises(WorkerError, match="slot holds those after update 1"):
+    with pytest.raises(WorkerError, match="it holds those after update 1"):
         channel.take(sampler, 3)  # slot 1 holds update 1, not 3
     channel.stamps[0] = -1  # a publish of update 2 that died after clearing its stamp
     with pytest.raises(WorkerError, match="no complete weights .* does not sample with them"):
@@ -177,7 +177,6 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
     ("overrides", "expected"),
     [
         (["agents.0.sampler_devices=[cpu]"], "needs trainer.lag >= 1"),
-        (["agents.0.sampler_devices=[cpu]", "trainer.lag=1", "runtime.backend=ray"], "runtime.backend=local"),
         (["agents.0.sampler_devices=[cpu, cpu]", "trainer.lag=1"], "must name one device"),
         (["agents.0.sampler_devices=[gpu]", "trainer.lag=1"], "agents.0.sampler_devices.0"),
     ],

@@ -15,14 +15,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from hacrl.agent.weightsync import WeightChannel
+from hacrl.agent.weightsync import HandedWeights, WeightChannel
 from hacrl.agent.worker import AgentWorker
 from hacrl.checkpoint import agent_part, read_rng
 from hacrl.messages import LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
 
 
 class SamplerWorker(AgentWorker):
-    def __init__(self, spec: WorkerSpec, channel: WeightChannel, device: str) -> None:
+    def __init__(self, spec: WorkerSpec, channel: WeightChannel | HandedWeights, device: str) -> None:
         agent = replace(spec.agent, frozen=True, device=device, sampler_devices=None)
         super().__init__(replace(spec, agent=agent, algorithm=replace(spec.algorithm, kl_coef=0.0)), device=device)
         self.channel = channel

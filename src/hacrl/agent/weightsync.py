@@ -6,6 +6,9 @@ the sampler, before sampling a batch that the schedule assigns to the weights af
 (`take`). The pipeline's schedule keeps the two apart: in step t the learner writes version t while the sampler reads
 version t - 1 (or none).
 
+Ray (`HandedWeights`): the learner keeps a host copy of its weights after each update; the driver passes its object
+reference to the sampler's actor (Ray moves it, across nodes too), which holds it until the batch that needs it.
+
 A sampler never samples with half-written weights: `publish` clears the slot's stamp before it writes and stamps it
 after the last tensor; `take` refuses a slot whose stamp is not the version it needs, and checks the stamp again
 after reading (a writer that came in meanwhile would have cleared it). A learner that dies mid-sync stops the run;
@@ -63,9 +66,46 @@ class WeightChannel:
     def _check(self, slot: int, version: int) -> None:
         stamp = int(self.stamps[slot])
         if stamp != version:
-            raise WorkerError(
-                f"the sampler of agent {self.name!r} needs the weights after update {version}, and their slot holds "
-                f"{'no complete weights' if stamp < 0 else f'those after update {stamp}'} (a weight sync that "
-                "failed halfway?): it does not sample with them. The latest checkpoint is intact: continue with "
-                "`hacrl train <config> --resume`."
-            )
+            _refuse(self.name, version, "no complete weights" if stamp < 0 else f"those after update {stamp}")
+
+
+class HandedWeights:
+    """The same two ends for Ray: `publish` keeps a host copy (the learner's actor hands it over, `hand_over`);
+    the sampler's actor `receive`s it and `take` loads it into the model when the batch that needs it comes."""
+
+    def __init__(self, model: torch.nn.Module, name: str) -> None:
+        self.name = name
+        self.held: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def publish(self, model: torch.nn.Module, version: int) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            state = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+        faults.hit("weight_sync")
+        self.held = (version, state)
+        return time.perf_counter() - start
+
+    def hand_over(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        held, self.held = self.held, None
+        return held
+
+    def receive(self, held: tuple[int, dict[str, torch.Tensor]] | None) -> None:
+        if held is not None:
+            self.held = held
+
+    def take(self, model: torch.nn.Module, version: int) -> float:
+        start = time.perf_counter()
+        if self.held is None or self.held[0] != version:
+            _refuse(self.name, version, "nothing" if self.held is None else f"those after update {self.held[0]}")
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(self.held[1][n])
+        return time.perf_counter() - start
+
+
+def _refuse(name: str, version: int, held: str) -> None:
+    raise WorkerError(
+        f"the sampler of agent {name!r} needs the weights after update {version}, and it holds {held} (a weight sync "
+        "that failed halfway?): it does not sample with them. The latest checkpoint is intact: continue with "
+        "`hacrl train <config> --resume`."
+    )

@@ -278,9 +278,10 @@ class AgentWorker:
     def describe(self) -> WorkerInfo:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
 
-    def open_weight_channel(self) -> WeightChannel:
-        """The channel through which a sampler of its own gets its weights after each update."""
-        self.channel = WeightChannel(self.agent.sampling_model, self.name)
+    def open_weight_channel(self, kind: type = WeightChannel) -> WeightChannel:
+        """The channel through which a sampler of its own gets its weights after each update (`hacrl.agent.weightsync`:
+        shared memory on one machine, handed over on Ray)."""
+        self.channel = kind(self.agent.sampling_model, self.name)
         return self.channel
 
     def adopt_stream(self, rng: dict) -> None:

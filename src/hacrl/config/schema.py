@@ -199,8 +199,9 @@ class AgentConfig:
     """With `trainer.lag` >= 1: a sampler of its own on this device, e.g. `[cpu]` or `[cuda:3]` (one device): a
     process holding the agent's compute-dtype weights, its sampler and its old-log-prob pass, which samples batch
     t + k while the learner runs update t, and takes the learner's new weights after each update (host shared
-    memory, `runtime.backend: local`; `<agent>/time/weight_sync`). The numbers are those of the same run without it.
-    None: the agent's worker samples and learns in turn."""
+    memory on the local backend; on Ray a second actor with the agent's num_cpus / num_gpus, the weights handed over
+    through Ray's object store; `<agent>/time/weight_sync`). The numbers are those of the same run without it. Not
+    with `devices` or `lora`. None: the agent's worker samples and learns in turn."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None

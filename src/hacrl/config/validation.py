@@ -106,11 +106,6 @@ def _check_pipeline(config: TrainConfig) -> None:
             "learns, which needs trainer.lag >= 1 (the batch it samples is trained on k steps later); set "
             "trainer.lag=1, or remove sampler_devices"
         )
-    if with_sampler and config.runtime.backend != "local":
-        raise ConfigError(
-            f"agents.{with_sampler[0]}.sampler_devices runs on runtime.backend=local for now (its weights travel "
-            "through host shared memory); use the local backend, or remove sampler_devices"
-        )
 
 
 def _check_sharing(config: TrainConfig, shares: bool) -> None:

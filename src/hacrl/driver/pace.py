@@ -60,12 +60,14 @@ def pace_metrics(
 
 
 def pipeline_pace(
-    busy: dict[str, Sequence[float]], wall: float, *, concurrent: bool
+    busy: dict[str, Sequence[float]], wall: float, *, concurrent: bool, beside: Sequence[bool] = ()
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """`trainer.lag` > 0: each agent samples, then learns, with no barrier between, so an agent waits only for the
     step's end: `time/wait_step` = the step's length less its busy time (the step's length: its wall time where the
-    agents run concurrently, else the busiest agent's sampling + update)."""
-    totals = [s + u for s, u in zip(busy["sampling"], busy["update"], strict=True)]
+    agents run concurrently, else the busiest agent's). An agent with a sampler of its own (`beside[j]`) samples
+    while it learns: its busy time is the longer of the two."""
+    beside = list(beside) or [False] * len(busy["sampling"])
+    totals = [max(s, u) if b else s + u for s, u, b in zip(busy["sampling"], busy["update"], beside, strict=True)]
     length = wall if concurrent else max(totals, default=0.0)
     waits = [max(0.0, length - b) for b in totals]
     per_agent = [

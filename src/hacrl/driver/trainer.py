@@ -256,7 +256,9 @@ class Trainer(RunLoop):
             pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.workers.concurrent)
         else:
             wall = totals["sampling"] + totals["update"]
-            pace, step_pace = pipeline_pace(busy, wall, concurrent=self.workers.concurrent)
+            beside = [bool(a.sampler_devices) for a in self.config.agents]
+            concurrent = self.workers.concurrent or any(beside)
+            pace, step_pace = pipeline_pace(busy, wall, concurrent=concurrent, beside=beside)
         metrics: dict[str, Any] = {}
         for j, name in enumerate(self.names):
             own = [t for t in pool if t.source == j]

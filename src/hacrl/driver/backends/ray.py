@@ -37,19 +37,36 @@ class _Actor:
     def __init__(self) -> None:
         self.worker: AgentWorker | None = None
 
-    def setup(self, spec: WorkerSpec, info=None) -> tuple[WorkerInfo, str, str]:
-        """Build the worker (rank `info` of a worker group when given); its description, the Ray node id and the
-        node's address."""
+    def setup(self, spec: WorkerSpec, info=None, role: str = "worker") -> tuple[WorkerInfo, str, str]:
+        """Build the worker (rank `info` of a worker group when given; `role` "sampler": the agent's sampler of its
+        own, "learner": a worker whose sampler is another actor); its description, the Ray node id and the node's
+        address."""
         import ray
 
-        if info is None:
+        from hacrl.agent.weightsync import HandedWeights
+
+        if role == "sampler":
+            from hacrl.agent.sampler_worker import SamplerWorker
+
+            self.worker = SamplerWorker(spec, HandedWeights(None, spec.agent.name), spec.agent.sampler_devices[0])
+        elif info is None:
             self.worker = AgentWorker(spec)
         else:
             from hacrl.agent.sharded import ShardedWorker
 
             self.worker = ShardedWorker(spec, info)
+        if role == "learner":
+            self.worker.open_weight_channel(HandedWeights)
         node = ray.get_runtime_context().get_node_id()
         return self.worker.describe(), node, ray.util.get_node_ip_address()
+
+    def hand_over(self):
+        """A learner's weights after its last update (`HandedWeights`), for its sampler's actor."""
+        return self.worker.channel.hand_over()
+
+    def receive(self, held) -> None:
+        """A sampler's: the weights its learner handed over (Ray resolved the reference)."""
+        self.worker.channel.receive(held)
 
     def rendezvous(self) -> str:
         """`tcp://<this node's address>:<a free port>`: where a worker group's ranks meet (asked of rank 0)."""
@@ -87,6 +104,10 @@ class RayWorkers(WorkerGroup):
         self.actors: list[Any] = []
         self.groups = []
         self.owners = []
+        self.samplers: list[Any] = [None] * len(specs)
+        """Each agent's sampler actor (`agents.<i>.sampler_devices`), or None."""
+        self._handed: list[Any] = [None] * len(specs)
+        """Each learner's weights after its last update (an object reference), for its sampler's next batch."""
         self._placement_groups: list[Any] = []
         if not ray.is_initialized():
             address = runtime.ray.address
@@ -104,7 +125,7 @@ class RayWorkers(WorkerGroup):
                         "`ray start --head` or leave runtime.ray.address unset to start one for this run"
                     ) from None
         try:
-            ranks = [s.agent.num_ranks for s in specs]
+            ranks = [s.agent.num_ranks + bool(s.agent.sampler_devices) for s in specs]
             self._check_capacity(
                 [{k: v * k_ranks for k, v in r.items()} for r, k_ranks in zip(resources, ranks, strict=True)]
             )
@@ -117,11 +138,12 @@ class RayWorkers(WorkerGroup):
                     self.groups.append([actor])
                     self.actors.append(actor)
                     self.owners.append((i, None))
-                    setups.append(actor.setup.remote(spec))
+                    setups.append(actor.setup.remote(spec, None, "learner" if spec.agent.sampler_devices else "worker"))
                 else:
                     setups.extend(self._start_group(i, spec, res, runtime))
             infos = self._gather(setups, "starting")
             self.info = [infos[j] for j, (_, rank) in enumerate(self.owners) if not rank]
+            infos += self._start_samplers(specs, resources)
             placed = ", ".join(
                 f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in infos
             )
@@ -129,6 +151,17 @@ class RayWorkers(WorkerGroup):
         except BaseException:
             self.close()
             raise
+
+    def _start_samplers(self, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> list:
+        """The samplers of their own (`agents.<i>.sampler_devices`), each an actor with its agent's resources."""
+        setups, owners = [], []
+        for i, (spec, res) in enumerate(zip(specs, resources, strict=True)):
+            if spec.agent.sampler_devices:
+                self.samplers[i] = actor = self._actor(res)
+                self.actors.append(actor)
+                setups.append(actor.setup.remote(spec, None, "sampler"))
+                owners.append((i, "sampler"))
+        return self._gather(setups, "starting", owners) if setups else []
 
     def _actor(self, res: dict[str, float], **options: Any):
         options = {"num_cpus": res["num_cpus"], "num_gpus": res["num_gpus"], "max_restarts": 0, **options}
@@ -191,20 +224,66 @@ class RayWorkers(WorkerGroup):
             refs.extend(actor.call.remote(method, *a) for actor in actors)
         return refs, first
 
+    def sample(self, calls):
+        if not any(self.samplers):
+            return super().sample(calls)
+        refs, owners, first = self._submit_samples(calls)
+        results = self._gather(refs, f"sampling at step {calls[0].step}", owners)
+        return [results[j] for j in first]
+
+    def _submit_samples(self, calls) -> tuple[list, list, list[int]]:
+        """Each agent's sample call: on its sampler's actor (after the weights its learner handed over last), or
+        on every actor of its worker; the refs, their owners and where each agent's answer is among them."""
+        refs, owners, first = [], [], []
+        for i, call in enumerate(calls):
+            first.append(len(refs))
+            sampler = self.samplers[i]
+            if sampler is None:
+                start = sum(len(g) for g in self.groups[:i])
+                refs.extend(a.call.remote("sample", call) for a in self.groups[i])
+                owners.extend(self.owners[start : start + len(self.groups[i])])
+                continue
+            if self._handed[i] is not None:
+                sampler.receive.remote(self._handed[i])  # an actor runs its calls in order: before the sample
+                self._handed[i] = None
+            refs.append(sampler.call.remote("sample", call))
+            owners.append((i, "sampler"))
+        return refs, owners, first
+
     def sample_then_learn(self, samples, learns, between):
         """Every actor gets both calls at once (an actor runs its calls in order): an agent learns as soon as it has
-        sampled, whatever the others do; `between` runs on the driver once every sample is in."""
-        sample_refs, sample_first = self._submit("sample", [(c,) for c in samples])
+        sampled, whatever the others do; `between` runs on the driver once every sample is in. An agent with a
+        sampler actor samples there while its learner learns; the learner's new weights (an object reference) go
+        to the sampler before its next batch."""
+        sample_refs, owners, first = self._submit_samples(samples)
         learn_refs, learn_first = self._submit("learn", [(c,) for c in learns])
-        results = self._gather(sample_refs, f"sampling at step {samples[0].step}")
-        sampled = [results[j] for j in sample_first]
+        for i, sampler in enumerate(self.samplers):
+            if sampler is not None:
+                self._handed[i] = self.groups[i][0].hand_over.remote()
+        results = self._gather(sample_refs, f"sampling at step {samples[0].step}", owners)
+        sampled = [results[j] for j in first]
         extra = between(sampled)
         results = self._gather(learn_refs, f"learning at step {learns[0].step}")
         return sampled, extra, [results[j] for j in learn_first]
 
-    def _gather(self, refs: list, what: str) -> list[Any]:
-        """Results in actor order; the first failure, whichever actor it is, stops the wait at once."""
-        ray = self._ray
+    def save(self, directory: str, *, what: str) -> None:
+        """A sampler's stream goes into its learner's part (as the agent's) before the save."""
+        for i, sampler in enumerate(self.samplers):
+            if sampler is not None:
+                stream = self._gather([sampler.call.remote("stream")], what, [(i, "sampler")])[0]
+                self._gather([self.groups[i][0].call.remote("adopt_stream", stream)], what, [(i, None)])
+        super().save(directory, what=what)
+
+    def load(self, directory: str) -> None:
+        super().load(directory)
+        refs = [(i, s.call.remote("load", directory)) for i, s in enumerate(self.samplers) if s is not None]
+        if refs:
+            self._gather([r for _, r in refs], "loading its checkpoint part", [(i, "sampler") for i, _ in refs])
+
+    def _gather(self, refs: list, what: str, owners: list | None = None) -> list[Any]:
+        """Results in actor order (`owners`: each ref's (agent, rank or "sampler"); default: every actor's, in
+        order); the first failure, whichever actor it is, stops the wait at once."""
+        ray, owners = self._ray, owners if owners is not None else self.owners
         results: list[Any] = [None] * len(refs)
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
@@ -215,37 +294,38 @@ class RayWorkers(WorkerGroup):
                 try:
                     results[i] = ray.get(ref)
                 except ray.exceptions.RayTaskError as e:  # an exception inside the worker: raise it as itself
-                    self._raise_if_a_peer_died(i, refs, what)
+                    self._raise_if_a_peer_died(i, refs, what, owners)
                     cause = getattr(e, "cause", None)
                     if cause is not None:
                         raise cause from None
                     raise
                 except ray.exceptions.RayActorError as e:  # the worker process is gone
-                    self._raise_died(i, e, what)
+                    self._raise_died(owners[i], e, what)
         return results
 
-    def _raise_died(self, i: int, error: Exception, what: str) -> NoReturn:
+    def _raise_died(self, owner: tuple, error: Exception, what: str) -> NoReturn:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        agent, rank = self.owners[i]
-        who = f"the worker of agent {self.names[agent]!r}" + ("" if rank is None else f" (rank {rank})")
+        agent, rank = owner
+        role = "" if rank is None else f" (rank {rank})" if isinstance(rank, int) else f" ({rank})"
+        who = f"the worker of agent {self.names[agent]!r}{role}"
         raise WorkerError(
             f"{who} died while {what} ({reason}). The latest checkpoint is intact: continue with "
             "`hacrl train <config> --resume`."
         ) from None
 
-    def _raise_if_a_peer_died(self, i: int, refs: list, what: str) -> None:
+    def _raise_if_a_peer_died(self, i: int, refs: list, what: str, owners: list) -> None:
         """A rank's error may be its peer's death seen through the collective (gloo: 'Connection reset by peer',
         NCCL: a timeout): give the other ranks of its group a grace to answer, and report a death as the cause."""
-        agent, rank = self.owners[i]
-        if rank is None:
+        agent, rank = owners[i]
+        if not isinstance(rank, int):
             return
-        peers = [r for j, r in enumerate(refs) if j != i and self.owners[j][0] == agent]
+        peers = [r for j, r in enumerate(refs) if j != i and owners[j][0] == agent and isinstance(owners[j][1], int)]
         ready, _ = self._ray.wait(peers, num_returns=len(peers), timeout=PEER_GRACE_S)
         for ref in ready:
             try:
                 self._ray.get(ref)
             except self._ray.exceptions.RayActorError as e:
-                self._raise_died(refs.index(ref), e, what)
+                self._raise_died(owners[refs.index(ref)], e, what)
             except Exception:  # noqa: BLE001 - the peer's own error: the first one is raised
                 pass
 
