@@ -117,3 +117,13 @@ def test_ray_raises_a_ranks_error_as_itself_when_its_peers_live():
     workers = _ray_workers(_FakeRay(["qwen0", "llama", "qwen1"], outcomes))
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         workers._gather(["llama", "qwen0", "qwen1"], "sampling at step 2")
+
+
+def test_ray_names_a_dead_sampler_actor_and_does_not_wait_for_peers_of_a_sampler():
+    ex = _FakeRay.exceptions
+    workers = _ray_workers(_FakeRay(["qwen-sampler"], {"qwen-sampler": ex.RayActorError("gone")}))
+    with pytest.raises(WorkerError, match=r"agent 'qwen' \(sampler\) died while sampling at step 3 \(gone\)"):
+        workers._gather(["qwen-sampler"], "sampling at step 3", [(1, "sampler")])
+    workers = _ray_workers(_FakeRay(["qwen-sampler"], {"qwen-sampler": ex.RayTaskError(ValueError("its own"))}))
+    with pytest.raises(ValueError, match="its own"):  # no grace: a sampler has no peers in a collective
+        workers._gather(["qwen-sampler"], "sampling at step 3", [(1, "sampler")])

@@ -248,9 +248,9 @@ class LocalRanks:
         peers = [r for r in range(len(self.processes)) if r != rank]
         if not peers:
             return
-        wait([self.processes[r].sentinel for r in peers], timeout=PEER_GRACE_S)
+        ready = wait([self.processes[r].sentinel for r in peers], timeout=PEER_GRACE_S)
         for r in peers:
-            if not self.processes[r].is_alive():
+            if self.processes[r].sentinel in ready:  # its end closed: it died (reaped a moment later)
                 self._died(r, what)
 
     def close(self, *, force: bool = False) -> None:
