@@ -50,7 +50,7 @@ part() {  # part NAME LIMIT ARGS: gpu_throughput.py ARGS under a time limit, the
   python benchmarks/gpu_throughput.py --out "$RESULTS" --merge "$PARTS"/* > /dev/null
 }
 for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-hf=50 parity=50 long=360 paper=300 \
-    precision=300 logprobs=60 step=200}; do
+    precision=300 logprobs=60 step=200 sync=60}; do
   name=${item%%=*} limit=${item#*=}
   case $name in
     tests)
@@ -68,7 +68,11 @@ for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-
     precision) part precision "$limit" --only precision --shapes qwen3-4b --precision-new "${GPU_CHECK_PRECISION_NEW:-1024}" ;;
     logprobs) part logprobs "$limit" --only logprobs ;;
     step) part step "$limit" --only step --step-new "${GPU_CHECK_STEP_NEW:-512}" ;;
-    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper precision logprobs step)"
+    sync)  # a sampler of its own: the weight sync of the 4B shape on one GPU (issue 59)
+      timeout "$limit" python benchmarks/weight_sync.py --device cuda --shape qwen3-4b --out "$RESULTS" \
+        >> "$RESULTS/gpu-throughput.log" 2>&1
+      say "sync exit $?" ;;
+    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper precision logprobs step sync)"
        exit 2 ;;
   esac
 done

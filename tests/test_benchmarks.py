@@ -1033,3 +1033,14 @@ def test_overlap_benchmark_renders_its_tables_and_writes_loadable_configs(tmp_pa
         path, names = overlap.write_config(tmp_path / f"{setup}.yaml", setup, 4, 16)
         cfg = load_config(path, [f"trainer.output_dir={tmp_path / 'run'}"])
         assert [a.name for a in cfg.agents] == names and cfg.trainer.steps == 4
+
+
+def test_weight_sync_benchmark_dry_run_hands_over_every_weight(tmp_path):
+    """benchmarks/weight_sync.py --tiny: each path's seconds for the 4B shape's stand-in on the CPU (the script
+    checks that the sampler's weights end equal to the learner's); the table names the three paths."""
+    sync = _script("weight_sync", "weight_sync_benchmark")
+    assert sync.main(["--tiny", "--device", "cpu", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "weight-sync-cpu.json").read_text())["row"]
+    assert row["shape"] == "qwen3-4b" and row["shared_s"] > 0 and row["handed_s"] > 0 and row["bytes"] > 0
+    text = (tmp_path / "weight-sync-cpu.md").read_text()
+    assert "| shared memory (local backend) |" in text and "| same-device copy (the floor) |" in text
