@@ -159,6 +159,18 @@ def test_a_frozen_peer_is_planned_with_its_weights_and_sampling_only(families, t
     assert frozen.update_peak < learner.update_peak
 
 
+def test_a_sampler_of_its_own_is_planned_on_its_device_as_a_frozen_copy(families, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {"a": families["llama"], "b": families["qwen3"]}, ["a", "b"],
+                       tmp_path / "run", algorithm={"kl_coef": 0.1})  # fmt: skip
+    plans = plan(load_config(cfg, ["trainer.lag=1", "agents.1.sampler_devices=[cpu]"]))
+    assert [p.name for p in plans] == ["a", "b", "b (sampler)"]
+    learner, sampler = plans[1], plans[2]
+    assert sampler.precision.endswith("(frozen)") and sampler.devices == ["cpu"]
+    assert sampler.parts["weights"] == learner.parts["weights"] and sampler.parts["KV cache (sampling)"] > 0
+    for part in ("gradients", "optimizer state (AdamW)", "reference model (KL)", "activations, one micro-batch"):
+        assert sampler.parts[part] == 0, part
+
+
 def test_the_plan_counts_adapter_state_only(families, tmp_path):
     pytest.importorskip("peft")
     from hacrl.agent.model import Agent

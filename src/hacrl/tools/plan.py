@@ -37,7 +37,7 @@ memory comes from CUDA when present, else `--device-memory GIB`; without either 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -236,6 +236,12 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
     plans = [_plan_agent(config, i, agent, device_memory) for i, agent in enumerate(config.agents)]
+    for i, agent in enumerate(config.agents):  # a sampler of its own: the agent frozen, on its sampler's device
+        if agent.sampler_devices:
+            copy = replace(agent, frozen=True, device=agent.sampler_devices[0], sampler_devices=None, offload="none")
+            p, margin = _plan_agent(config, i, copy, device_memory)
+            p.name = f"{agent.name} (sampler)"
+            plans.append((p, margin))
     _share_devices([p for p, _ in plans])
     for i, (p, margin) in enumerate(plans):
         _advise(p, i, config.trainer.micro_batch_size)
