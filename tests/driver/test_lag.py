@@ -184,3 +184,15 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
 def test_bad_sampler_settings_are_refused(tiny_agents, tmp_path, capsys, overrides, expected):
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
     fails_cleanly(capsys, ["train", str(cfg), *overrides], expected)
+
+
+def test_a_machine_without_shared_memory_for_the_weights_is_told_what_to_do(monkeypatch):
+    from hacrl.agent.weightsync import WeightChannel
+    from hacrl.errors import ConfigError
+
+    def refuse(self):
+        raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
+    with pytest.raises(ConfigError, match=r"needs 0.00 GiB of shared memory .* --shm-size"):
+        WeightChannel(torch.nn.Linear(3, 2), "qwen")

@@ -22,7 +22,7 @@ import time
 import torch
 
 from hacrl import faults
-from hacrl.errors import WorkerError
+from hacrl.errors import ConfigError, WorkerError, first_line
 
 SLOTS = 2
 
@@ -34,10 +34,18 @@ class WeightChannel:
     def __init__(self, model: torch.nn.Module, name: str) -> None:
         self.name = name
         self.shapes = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
-        self.slots = [
-            {n: torch.empty(shape, dtype=dtype).share_memory_() for n, (shape, dtype) in self.shapes.items()}
-            for _ in range(SLOTS)
-        ]
+        try:
+            self.slots = [
+                {n: torch.empty(shape, dtype=dtype).share_memory_() for n, (shape, dtype) in self.shapes.items()}
+                for _ in range(SLOTS)
+            ]
+        except RuntimeError as e:  # /dev/shm full (a container's default is 64 MB)
+            need = SLOTS * sum(torch.Size(s).numel() * d.itemsize for s, d in self.shapes.values())
+            raise ConfigError(
+                f"agent {name!r}: its sampler of its own needs {need / 2**30:.2f} GiB of shared memory for two copies "
+                f"of its weights, and this machine refused it ({first_line(e)}): give the container more /dev/shm "
+                "(docker run --shm-size), or remove agents.<i>.sampler_devices"
+            ) from None
         self.stamps = torch.full((SLOTS,), -1, dtype=torch.int64).share_memory_()
 
     def publish(self, model: torch.nn.Module, version: int) -> float:
