@@ -3,6 +3,7 @@
     python benchmarks/overlap.py                      # both setups, 2 alternated rounds, 20 steps per run
     python benchmarks/overlap.py --setups one --rounds 3 --steps 20
     python benchmarks/overlap.py --learning           # lag round 1 (benchmarks/results/analysis.md): 5 seeds x 3 arms
+    python benchmarks/overlap.py --learning --bed gap # lag round 2: the same on round 3's capability-gap bed
 
 Setups (CPU, local backend, nothing else running):
     one   the demo's 2.4M Qwen2 on BPE alone (gspo), answers of up to `--new-tokens` tokens (default 48, so that
@@ -91,33 +92,51 @@ def run_once(config: Path, overrides: list[str], names: list[str], out: Path) ->
     }
 
 
-LEARNING_ARMS = {  # lag round 1, pre-registered in analysis.md: (steps, overrides) on configs/demo.yaml
-    "A": (40, ["trainer.lag=0"]),
-    "B": (40, ["trainer.lag=1"]),  # equal steps
-    "C": (None, ["trainer.lag=1"]),  # equal wall-clock: steps from the demo row of overlap.md (LEARNING_C_STEPS)
+LEARNING_BEDS = {  # lag rounds 1 (demo) and 2 (gap), pre-registered in analysis.md: config, A/B steps, C steps
+    "demo": (ROOT / "configs" / "demo.yaml", 40, 49, []),
+    "gap": (ROOT / "benchmarks" / "configs" / "gap_bed.yaml", 80, 97, ["algorithm.delta=0.85"]),
 }
-LEARNING_C_STEPS = 49
-"""Arm C's steps, set in the pre-registration from overlap.md's demo setup: 40 x 2.171 / 1.784 (lag0 / lag1-sampler)."""
+"""Arm C's steps: equal wall-clock with a sampler of its own, from overlap.md's demo setup (lag0 2.171 s per step,
+lag1-sampler 1.784 s: x 1.217); the gap bed has the same agents and answer lengths, so the same ratio."""
+LEARNING_ARMS = {"A": ["trainer.lag=0"], "B": ["trainer.lag=1"], "C": ["trainer.lag=1"]}
 LEARNING_BASE = ["data.eval_size=1280", "eval.every=0", "checkpoint.every=0", "logging.console=false"]
 
 
-def learning(seeds: range) -> dict:
-    """Lag round 1: each seed's three arms (rotated), their final greedy pass@1. The lag-1 arms run without a sampler
-    of its own: a sampler changes no number (tests), only the wall-clock, which arm C's step count stands for."""
-    if not (DEMO / "llama-char" / "config.json").is_file():
+def gap_agents() -> Path:
+    """The gap bed's agents (recipe `gap` of benchmarks/beds.py, warm-start seed 0), built once into .cache."""
+    from beds import GAP
+
+    from hacrl.tools.testbed.demo import bootstrap
+
+    out = ROOT / ".cache" / "bench-agents" / "gap-s0"
+    bootstrap(out, GAP)
+    return out
+
+
+def learning(seeds: range, bed: str = "demo") -> dict:
+    """Lag rounds 1 (demo) and 2 (gap): each seed's three arms (rotated), their final greedy pass@1. The lag-1 arms
+    run without a sampler of its own: a sampler changes no number (tests), only the wall-clock, which arm C's step
+    count stands for. The gap bed: one warm-start (seed 0) for every training seed."""
+    config, steps_ab, steps_c, bed_overrides = LEARNING_BEDS[bed]
+    if bed == "demo" and not (DEMO / "llama-char" / "config.json").is_file():
         subprocess.run([sys.executable, "-m", "hacrl", "bootstrap"], cwd=ROOT, check=True)
-    scratch = RESULTS / ".runs" / "lag-learning"
+    if bed == "gap":
+        agents = gap_agents()
+        bed_overrides = [*bed_overrides, f"agents.0.model={agents / 'llama-char'}",
+                         f"agents.1.model={agents / 'qwen-bpe'}", f"data.train_file={agents / 'data' / 'train.jsonl'}",
+                         f"data.eval_file={agents / 'data' / 'eval.jsonl'}"]  # fmt: skip
+    scratch = RESULTS / ".runs" / f"lag-learning-{bed}"
     scratch.mkdir(parents=True, exist_ok=True)
     runs = []
     for seed in seeds:
         order = ["A", "B", "C"][seed % 3 :] + ["A", "B", "C"][: seed % 3]
         for arm in order:
-            steps, overrides = LEARNING_ARMS[arm]
-            steps = steps or LEARNING_C_STEPS
-            settings = [*LEARNING_BASE, f"trainer.steps={steps}", f"trainer.seed={seed}", *overrides]
+            steps = steps_c if arm == "C" else steps_ab
+            settings = [*LEARNING_BASE, *bed_overrides, f"trainer.steps={steps}", f"trainer.seed={seed}",
+                        *LEARNING_ARMS[arm]]  # fmt: skip
             run_dir = scratch / f"run-{time.time_ns()}"
-            command = [sys.executable, "-m", "hacrl", "train", str(ROOT / "configs" / "demo.yaml"),
-                       f"trainer.output_dir={run_dir}", *settings]  # fmt: skip
+            command = [sys.executable, "-m", "hacrl", "train", str(config), f"trainer.output_dir={run_dir}",
+                       *settings]  # fmt: skip
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -126,18 +145,20 @@ def learning(seeds: range) -> dict:
                    **{f"{a}/pass@1": records[-1][f"eval/{a}/pass@1"] for a in ("llama-char", "qwen-bpe")}}  # fmt: skip
             runs.append(row)
             print(json.dumps(row), flush=True)
-    return {"runs": runs, "c_steps": LEARNING_C_STEPS}
+    return {"runs": runs, "bed": bed, "steps": steps_ab, "c_steps": steps_c}
 
 
 def render_learning(result: dict) -> str:
     runs = result["runs"]
     seeds = sorted({r["seed"] for r in runs})
+    bed, steps = result.get("bed", "demo"), result.get("steps", 40)
+    number = {"demo": 1, "gap": 2}.get(bed, "?")
     lines = [
-        "# Lag round 1: trainer.lag=1 against the lockstep loop, on the demo bed",
+        f"# Lag round {number}: trainer.lag=1 against the lockstep loop, on the {bed} bed",
         "",
-        "Pre-registered in `benchmarks/results/analysis.md` (Lag round 1). `python benchmarks/overlap.py "
-        f"--learning`. (A) lag 0, 40 steps; (B) lag 1, 40 steps; (C) lag 1, {result['c_steps']} steps (equal "
-        "wall-clock with a sampler of its own, from overlap.md).",
+        f"Pre-registered in `benchmarks/results/analysis.md` (Lag round {number}). `python benchmarks/overlap.py "
+        f"--learning --bed {bed}`. (A) lag 0, {steps} steps; (B) lag 1, {steps} steps; (C) lag 1, "
+        f"{result['c_steps']} steps (equal wall-clock with a sampler of its own, from overlap.md).",
         "",
         "| seed | arm | steps | training s | llama-char pass@1 | qwen-bpe pass@1 |",
         "|---|---|---|---|---|---|",
@@ -171,12 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=48, help="max_new_tokens of `one` and `big`")
     parser.add_argument("--learning", action="store_true", help="lag round 1 (pre-registered in analysis.md)")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--bed", default="demo", choices=sorted(LEARNING_BEDS), help="the learning round's bed")
     args = parser.parse_args(argv)
     if args.learning:
-        result = learning(range(args.seeds))
-        (RESULTS / "lag-learning.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = learning(range(args.seeds), args.bed)
+        stem = "lag-learning" if args.bed == "demo" else f"lag-learning-{args.bed}"
+        (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
         text = render_learning(result)
-        (RESULTS / "lag-learning.md").write_text(text)
+        (RESULTS / f"{stem}.md").write_text(text)
         print(text)
         return 0
     if not (DEMO / "llama-char" / "config.json").is_file():
