@@ -77,6 +77,32 @@ def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_pa
     assert f"{saved:,} tokens not trained" in out and last["qwen/time/update_saved_est"] > 0
 
 
+@pytest.mark.slow
+def test_groups_of_agents_share_inside_and_across_only_through_the_budget(tiny_agents, tmp_path):
+    """Four agents in two groups, [[llama, llama2], [qwen, tiny]] (llama2: llama's model under another name): without
+    a budget a learner trains on its partner's rows only; with `budget_per_prompt: 1` on at most one row per prompt
+    from the other group; a stopped and resumed run ends with the uninterrupted run's numbers."""
+    from tests.conftest import write_config
+
+    agents = {**tiny_agents, "llama2": tiny_agents["llama"]}
+    names = ["llama", "llama2", "qwen", "tiny"]
+
+    def config(run, budget=None):
+        sharing = {"groups": [["llama", "llama2"], ["qwen", "tiny"]], "budget_per_prompt": budget}
+        return write_config(tmp_path / "c.yaml", agents, names, run, sharing=sharing, trainer={"steps": 2})
+
+    from hacrl.tools.cli import main
+
+    assert main(["train", str(config(tmp_path / "closed"))]) == 0
+    for r in records(tmp_path / "closed"):
+        assert r["llama/shared/llama2/kept"] == 8 and r["llama/shared/qwen/kept"] == 0 == r["llama/shared/tiny/kept"]
+        assert r["tiny/shared/qwen/kept"] == 8 and r["tiny/shared/llama/kept"] == 0
+    full, _ = assert_resumes_exactly(lambda run: config(run, 1), tmp_path, 2)
+    for r in records(full):
+        across = r["qwen/shared/llama/kept"] + r["qwen/shared/llama2/kept"]
+        assert r["qwen/shared/tiny/kept"] == 8 and across <= 2  # 2 prompts, one row each from the other group
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -92,6 +118,10 @@ def test_the_step_line_and_the_run_summary_say_what_was_kept(tiny_agents, tmp_pa
         (["sharing.budget_per_prompt=-1"], "sharing.budget_per_prompt must be >= 0"),
         (["algorithm.name=gspo", "sharing.budget_per_prompt=2"], "sharing.budget_per_prompt=2 bounds the other"),
         (["sharing.policy=best"], "sharing.policy"),
+        (["sharing.groups=[[llama, qwen, qwen]]"], "sharing.groups lists twice: ['qwen']"),
+        (["sharing.groups=[[llama, mistral]]"], "sharing.groups names no agent: ['mistral']"),
+        (["sharing.groups=[[llama], [qwen]]"], "sharing.groups has a group of one"),
+        (["algorithm.name=gspo", "sharing.groups=[[llama, qwen]]"], "sharing.groups=[['llama', 'qwen']] groups"),
     ],
 )
 def test_bad_sharing_settings_are_refused_naming_the_key(overrides, message, tiny_agents, tmp_path, capsys):

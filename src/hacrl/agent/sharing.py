@@ -21,6 +21,7 @@ from hacrl.agent.exchange import LearnerRow, learner_rows
 from hacrl.agent.logprobs import TokenBatch
 from hacrl.config import SharingConfig
 from hacrl.core import select_foreign, within_budget
+from hacrl.core.sharing import cross_group
 from hacrl.learner import loss_inputs
 from hacrl.messages import Trajectory
 
@@ -55,7 +56,7 @@ def select_pool(
                            relevance=lambda: relevance(rows), rho=rho)  # fmt: skip
     pool = [*own_rows, *foreign]
     keep = keep_mask(pool, adv, capabilities, learner=learner, sharing=sharing, r_max=r_max,
-                     relevance=lambda: None, rho=rho)  # fmt: skip
+                     relevance=lambda: None, rho=rho, names=names)  # fmt: skip
 
     def tokens(i: int) -> int:  # a dropped answer is never tokenized for this learner
         return len(prompt_ids[pool[i].group]) + pool[i].source_num_tokens
@@ -86,7 +87,7 @@ def select_rows(
     if not any(r.source != learner for r in rows):
         return rows, adv, {}
     keep = keep_mask(rows, adv, capabilities, learner=learner, sharing=sharing, r_max=r_max, relevance=relevance,
-                     rho=rho)  # fmt: skip
+                     rho=rho, names=names)  # fmt: skip
     metrics = sharing_metrics(rows, keep, learner=learner, names=names,
                               tokens=lambda i: _tokens(rows[i]))  # fmt: skip
     kept_rows = [i for i, k in enumerate(keep) if k]
@@ -108,9 +109,12 @@ def keep_mask(
     r_max: float,
     relevance: Callable[[], torch.Tensor],
     rho: torch.Tensor | None = None,
+    names: Sequence[str] = (),
 ) -> list[bool]:
     """Which entries of the pool (rows or trajectories: `reward`, `group`, `source`) enter the learner's loss: the
-    policy's choice, then the budget's (see `select_rows`). Only `top_k` needs the rows in the learner's tokens."""
+    policy's choice, then the budget's (see `select_rows`); with `sharing.groups` (agents named by `names`) the
+    budget bounds only the rows from outside the learner's group, and none of those cross without one. Only `top_k`
+    needs the rows in the learner's tokens."""
     groups, source = torch.tensor([r.group for r in pool]), torch.tensor([r.source for r in pool])
     if sharing.policy == "all":
         keep = [True] * len(pool)
@@ -128,11 +132,15 @@ def keep_mask(
             margin=sharing.margin,
             relevance=relevance() if sharing.policy == "top_k" else None,
         ).tolist()
-    if sharing.budget_per_prompt is not None:  # |rho_j A_i| of each row (rho: 1 with capability_coef off)
+    cross = None
+    if sharing.groups:
+        group_of = {name: g for g, members in enumerate(sharing.groups) for name in members}
+        cross = cross_group(source, learner, [group_of[name] for name in names])
+    if sharing.budget_per_prompt is not None or cross is not None:  # |rho_j A_i| (rho: 1 with capability_coef off)
         rho = torch.ones(len(capabilities), dtype=torch.float64) if rho is None else rho.to(torch.float64)
         weight = rho[source] * torch.tensor(adv, dtype=torch.float64).abs()
         keep = within_budget(torch.tensor(keep), weight, groups, source, learner=learner,
-                             per_prompt=sharing.budget_per_prompt).tolist()  # fmt: skip
+                             per_prompt=sharing.budget_per_prompt or 0, budgeted=cross).tolist()  # fmt: skip
     return keep
 
 

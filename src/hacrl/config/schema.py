@@ -378,6 +378,11 @@ class SharingConfig:
     bound of their weight in HACPO's loss; no forward pass, no random draw; `hacrl.core.sharing.within_budget`);
     a learner's update is then its own rows + this many per prompt, whatever the number of agents or their
     `group_size`. None: no budget."""
+    groups: list[list[str]] | None = None
+    """Hierarchical sharing, e.g. `[[qwen3-1.7b, qwen3-4b], [llama-1b, llama-3b]]` (agent names; every agent in
+    exactly one group of two or more): inside its group a learner takes the foreign rows the policy keeps; from the
+    other groups only `budget_per_prompt` rows per prompt (those of largest |rho A|), none without a budget. For
+    families or sizes that transfer well among themselves. None: one group of all."""
 
     def reads(self, key: str) -> bool:
         """Whether this policy reads `sharing.<key>` (`hacrl.core.sharing.SETTINGS`): the others are neither

@@ -117,6 +117,8 @@ def _check_sharing(config: TrainConfig, shares: bool) -> None:
             f"on, but algorithm.name={algo.name!r} with share_rollouts={algo.share_rollouts} and {n} agent(s) "
             "shares none. Use algorithm.name=hacpo (or naive) with two or more agents, or remove the budget."
         )
+    if sharing.groups is not None:
+        _check_groups(config, shares)
     if sharing.policy != "all" and not (shares and n > 1):
         raise ConfigError(
             f"sharing.policy={sharing.policy} chooses which of the other agents' rollouts a learner trains on, but "
@@ -135,6 +137,31 @@ def _check_sharing(config: TrainConfig, shares: bool) -> None:
         )
     if sharing.reads("margin") and sharing.margin >= algo.r_max:
         raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
+
+
+def _check_groups(config: TrainConfig, shares: bool) -> None:
+    """`sharing.groups`: a partition of the agents' names into groups of two or more, in a run that shares."""
+    groups, names = config.sharing.groups, [a.name for a in config.agents]
+    if not shares or len(names) < 2:
+        raise ConfigError(
+            f"sharing.groups={groups} groups agents that share rollouts, but algorithm.name="
+            f"{config.algorithm.name!r} with {len(names)} agent(s) shares none; use hacpo (or naive), or remove it"
+        )
+    if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
+        raise ConfigError(f"sharing.groups must be a list of lists of agent names, got {groups!r}")
+    listed = [name for g in groups for name in g]
+    unknown = [x for x in listed if x not in names]
+    repeated = sorted({x for x in listed if listed.count(x) > 1})
+    missing = [x for x in names if x not in listed]
+    alone = [g for g in groups if len(g) < 2]
+    for problem, what in ((unknown, "names no agent"), (repeated, "lists twice"), (missing, "omits"),
+                          (alone, "has a group of one")):  # fmt: skip
+        if problem:
+            raise ConfigError(
+                f"sharing.groups {what}: {problem}; list every agent ({', '.join(names)}) in exactly one group of two "
+                "or more (alone in a group, an agent would take rows only through the budget: for that, leave out "
+                "sharing.groups and set sharing.budget_per_prompt)"
+            )
 
 
 def check_devices_here(config: TrainConfig) -> None:

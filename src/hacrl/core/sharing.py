@@ -24,7 +24,9 @@ mean is taken as -inf).
 
 After the policy, an optional budget (`sharing.budget_per_prompt`, `within_budget`) keeps per prompt at most that
 many of the kept foreign rows, those of largest |rho A|: a learner's update is bounded by its own rows plus the
-budget whatever the number of agents and their rollout budgets.
+budget whatever the number of agents and their rollout budgets. With groups (`sharing.groups`, `cross_group`) the
+budget bounds only the rows from outside the learner's group (none cross without a budget); inside its group a
+learner takes what the policy keeps.
 """
 
 from __future__ import annotations
@@ -130,14 +132,16 @@ def _kept_in_group(in_group: Tensor, rewards: Tensor, source: Tensor, own: Tenso
 
 
 def within_budget(keep: Tensor, weight: Tensor, group_ids: Tensor, source: Tensor, *, learner: int,
-                  per_prompt: int) -> Tensor:  # fmt: skip
+                  per_prompt: int, budgeted: Tensor | None = None) -> Tensor:  # fmt: skip
     """The sharing budget (`sharing.budget_per_prompt`, applied after the policy): of the foreign rows `keep` holds,
     per prompt the `per_prompt` of largest `weight` (ties: pool order); own rows always stay. The trainer's weight
     is |rho_j A_i|: in the learner's loss a foreign row's term is s_hat sg(s_hat)^alpha rho A with s_hat clipped
     into [lo_m, 1], so |rho A| bounds the row's pull up to a factor in [lo_m^(1+alpha), 1], and a row with A = 0
     (a uniform group) pulls nothing. It needs no forward pass (top_k's exact relevance does) and no random draw
     (so a resume repeats it). The learner's update is then at most its own rows + `per_prompt` per prompt, whatever
-    the number of agents or their budgets.
+    the number of agents or their budgets. `budgeted` (bool, per row): only these foreign rows count against the
+    budget, the others kept stay (hierarchical sharing: the rows from outside the learner's group; None: every
+    foreign row).
 
     >>> keep = torch.tensor([True, True, True, True, True, False, True])
     >>> weight = torch.tensor([0.0, 0.0, 0.5, 0.9, 0.5, 2.0, 0.1])
@@ -153,9 +157,25 @@ def within_budget(keep: Tensor, weight: Tensor, group_ids: Tensor, source: Tenso
     own = source == learner
     out = keep.clone()
     foreign = keep & ~own
+    if budgeted is not None:
+        check_1d("budgeted", budgeted, n)
+        foreign = foreign & budgeted.bool()
     for g in torch.unique(group_ids[foreign]).tolist():
         index = (foreign & (group_ids == g)).nonzero().flatten().tolist()
         order = sorted(range(len(index)), key=lambda i: (-float(weight[index[i]]), i))
         for i in order[per_prompt:]:
             out[index[i]] = False
     return out
+
+
+def cross_group(source: Tensor, learner: int, group_of: list[int]) -> Tensor:
+    """Hierarchical sharing (`sharing.groups`): which rows come from an agent outside the learner's group.
+    `group_of[j]`: agent j's group.
+
+    >>> cross_group(torch.tensor([0, 1, 2, 3, 1]), 0, [0, 0, 1, 1]).tolist()
+    [False, False, True, True, False]
+    """
+    check_integer("source", source)
+    check_index("learner", learner, len(group_of), "agent")
+    groups = torch.tensor(group_of)
+    return groups[source] != group_of[learner]
