@@ -344,3 +344,28 @@ def test_an_agent_on_k_devices_is_planned_per_rank(tmp_path, capsys):
     assert main(["plan", str(path), "--ranks", "--device-memory", "80"]) == 3  # K = 1 does not fit
     out = capsys.readouterr().out
     assert "peak per rank with the agent on K devices" in out and out.count("\na ") == 1, out
+
+
+def test_the_plan_states_the_pool_and_each_learners_update_rows():
+    """16 agents x 1,024 answers of up to 4,096 tokens (the issue's case): the driver holds at most ~258 MiB of pool
+    text per step; `all` trains each learner on 16,384 rows, a budget of 8 per prompt on 1,024 + 1,024; groups of 8
+    take their group's rows and the budget's across."""
+    from dataclasses import replace
+
+    from hacrl.config import AgentConfig, SharingConfig, TrainConfig
+    from hacrl.tools.plan import pool_summary
+
+    config = TrainConfig()
+    config.agents = [AgentConfig(name=f"a{i}", model=".") for i in range(16)]
+    config.trainer = replace(config.trainer, prompts_per_step=128)
+    config.rollout = replace(config.rollout, group_size=8, max_new_tokens=4096)
+    text = pool_summary(config)
+    assert "pool per step: 16,384 answers" in text and "at most 257.9 MiB in the driver" in text
+    assert "a0 16,384 (own 1,024 + foreign 15,360)" in text
+    config.sharing = SharingConfig(budget_per_prompt=8)
+    assert "a3 2,048 (own 1,024 + foreign 1,024)" in pool_summary(config)
+    config.sharing = SharingConfig(budget_per_prompt=1, groups=[[f"a{i}" for i in range(8)],
+                                                               [f"a{i}" for i in range(8, 16)]])  # fmt: skip
+    assert "a9 8,320 (own 1,024 + foreign 7,296)" in pool_summary(config)  # 7 x 1,024 inside + 128 across
+    config.sharing = SharingConfig(policy="correct")
+    assert "a0 at most 16,384 (own 1,024 + foreign at most 15,360)" in pool_summary(config)

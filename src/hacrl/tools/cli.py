@@ -271,10 +271,11 @@ def _run(args) -> int:
             return _measure(config, args.slack)
         if args.devices is not None:
             return _place(config, args.devices, args.device_memory, args.slack)
-        from hacrl.tools.plan import plan, plan_ranks, render, render_ranks
+        from hacrl.tools.plan import plan, plan_ranks, pool_summary, render, render_ranks
 
         plans = plan(config, device_memory=args.device_memory)
         print(render(plans))
+        print("\n" + pool_summary(config))
         if any(a.devices for a in config.agents) or args.ranks:
             print("\n" + render_ranks(plan_ranks(config, device_memory=args.device_memory)))
         return 0 if all(p.fits is not False for p in plans) else 3

@@ -484,3 +484,47 @@ def render(plans: list[AgentPlan]) -> str:
     if any(p.fits is None for p in plans):
         lines.append("(device memory unknown for some agents: pass --device-memory GIB, e.g. 80 for an H100)")
     return "\n".join(lines)
+
+
+BYTES_PER_TOKEN = 4
+"""What `pool_summary` assumes a token of generated text takes in UTF-8 (about 4 for English BPE tokenizers)."""
+TRAJECTORY_BYTES = 120
+"""A trajectory's numbers and the Python object around its text (measured: ~110 bytes on CPython 3.11)."""
+
+
+def pool_summary(config: TrainConfig) -> str:
+    """The step's pool (answers and bytes of text the driver holds) and each learner's update rows under the sharing
+    policy and budget: exact where they do not depend on rewards (`all`, a budget, groups), else an upper bound."""
+    from hacrl.core import get_algorithm
+
+    t, n = config.trainer, len(config.agents)
+    settings = [AgentSettings.resolve(a, config.rollout, t) for a in config.agents]
+    answers = [t.prompts_per_step * s.group_size for s in settings]
+    text = sum(a * s.max_new_tokens * BYTES_PER_TOKEN for a, s in zip(answers, settings, strict=True))
+    total = text + sum(answers) * TRAJECTORY_BYTES
+    lines = [f"pool per step: {sum(answers):,} answers ({' + '.join(map(str, answers))}), at most "
+             f"{total / 2**20:,.1f} MiB in the driver (answers at max_new_tokens, ~{BYTES_PER_TOKEN} bytes per token; "
+             f"held for one step{f', and {t.lag} more in flight' if t.lag else ''})"]  # fmt: skip
+    shares = get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and n > 1
+    sharing, names = config.sharing, [a.name for a in config.agents]
+    group_of = {m: g for g, members in enumerate(sharing.groups or [names]) for m in members}
+    exact = sharing.policy == "all"
+    rows = []
+    for k, agent in enumerate(config.agents):
+        if agent.frozen:
+            rows.append(f"{agent.name} 0 (frozen)")
+            continue
+        inside = sum(answers[j] for j in range(n) if j != k and group_of[names[j]] == group_of[agent.name])
+        across = sum(answers[j] for j in range(n) if group_of[names[j]] != group_of[agent.name])
+        budget = sharing.budget_per_prompt
+        if sharing.groups:
+            across = min(across, (budget or 0) * t.prompts_per_step)
+        elif budget is not None:
+            inside = min(inside, budget * t.prompts_per_step)
+        foreign = inside + across if shares else 0
+        bound = "" if exact or not foreign else "at most "
+        rows.append(f"{agent.name} {bound}{answers[k] + foreign:,} (own {answers[k]:,} + foreign {bound}{foreign:,})")
+    policy = f"sharing.policy={sharing.policy}" + (f", budget_per_prompt={sharing.budget_per_prompt}"
+                                                    if sharing.budget_per_prompt is not None else "")  # fmt: skip
+    lines.append(f"update rows per learner ({policy}{', groups' if sharing.groups else ''}): " + "; ".join(rows))
+    return "\n".join(lines)
