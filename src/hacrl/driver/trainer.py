@@ -214,11 +214,12 @@ class Trainer(RunLoop):
         step, k = self.step + 1, self.config.trainer.lag
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
-        while len(self.pending) < k:  # the run's start: batches step .. step + k - 1, by the starting weights
-            s = step + len(self.pending)
-            batch, sampled = self._sample(s)
-            self.pending.append(Pending(s, sampled, self._score_all(batch, [x.trajectories for x in sampled])))
-        totals["fill"] = time.perf_counter() - start
+        if len(self.pending) < k:  # the run's start: batches step .. step + k - 1, by the starting weights
+            while len(self.pending) < k:
+                s = step + len(self.pending)
+                batch, sampled = self._sample(s)
+                self.pending.append(Pending(s, sampled, self._score_all(batch, [x.trajectories for x in sampled])))
+            totals["fill"] = time.perf_counter() - start
         current = self.pending.popleft()
         if current.step != step:
             raise RuntimeError(f"the pipeline holds batch {current.step} where step {step} should train")
