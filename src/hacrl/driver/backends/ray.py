@@ -22,12 +22,13 @@ import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from hacrl.agent.worker import AgentWorker
 from hacrl.driver.backends import PEER_GRACE_S, WorkerGroup
 from hacrl.errors import ConfigError, WorkerError
-from hacrl.messages import WorkerInfo, WorkerSpec
+from hacrl.messages import LearnCall, Trajectory, WorkerInfo, WorkerSpec
 
 
 class _Actor:
@@ -78,6 +79,14 @@ class _Actor:
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
+
+    def learn(self, call: LearnCall, pool: list[Trajectory] | None) -> Any:
+        """`learn` with the step's pool sent once for every learner (`RayWorkers._submit_learns`): this learner's
+        foreign answers are every other agent's, sources in config order (as `foreign_trajectories` gives them)."""
+        if pool is not None:
+            index = self.worker.index
+            call = replace(call, foreign=sorted((t for t in pool if t.source != index), key=lambda t: t.source))
+        return self.worker.learn(call)
 
     def pid(self) -> int:
         return os.getpid()
@@ -231,6 +240,28 @@ class RayWorkers(WorkerGroup):
         results = self._gather(refs, f"sampling at step {calls[0].step}", owners)
         return [results[j] for j in first]
 
+    def learn(self, calls):
+        refs, first = self._submit_learns(calls)
+        results = self._gather(refs, f"learning at step {calls[0].step}")
+        return [results[j] for j in first]
+
+    def _submit_learns(self, calls) -> tuple[list, list[int]]:
+        """The learn calls, the step's pool put into the object store once: each learner's call carries a reference
+        to it instead of its own copy of every other agent's answers (N copies of the pool, one per learner, would
+        grow as N^2). A learner with no foreign answers (frozen, or no sharing) gets its call as it is."""
+        union: dict[int, Trajectory] = {}
+        for call in calls:
+            union.update((id(t), t) for t in call.foreign)
+        if not union:
+            return self._submit("learn", [(c,) for c in calls])
+        pool = self._ray.put(sorted(union.values(), key=lambda t: t.source))
+        refs, first = [], []
+        for actors, call in zip(self.groups, calls, strict=True):
+            first.append(len(refs))
+            shared = (replace(call, foreign=[]), pool) if call.foreign else (call, None)
+            refs.extend(actor.learn.remote(*shared) for actor in actors)
+        return refs, first
+
     def _submit_samples(self, calls) -> tuple[list, list, list[int]]:
         """Each agent's sample call: on its sampler's actor (after the weights its learner handed over last), or
         on every actor of its worker; the refs, their owners and where each agent's answer is among them."""
@@ -256,7 +287,7 @@ class RayWorkers(WorkerGroup):
         sampler actor samples there while its learner learns; the learner's new weights (an object reference) go
         to the sampler before its next batch."""
         sample_refs, owners, first = self._submit_samples(samples)
-        learn_refs, learn_first = self._submit("learn", [(c,) for c in learns])
+        learn_refs, learn_first = self._submit_learns(learns)
         for i, sampler in enumerate(self.samplers):
             if sampler is not None:
                 self._handed[i] = self.groups[i][0].hand_over.remote()
