@@ -196,3 +196,27 @@ def test_a_machine_without_shared_memory_for_the_weights_is_told_what_to_do(monk
     monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
     with pytest.raises(ConfigError, match=r"needs 0.00 GiB of shared memory .* --shm-size"):
         WeightChannel(torch.nn.Linear(3, 2), "qwen")
+
+
+@pytest.mark.slow
+def test_lag_through_a_worker_group_and_a_frozen_agents_sampler_resumes_exactly(tiny_agents, tmp_path):
+    """lag 1 with qwen on two gloo ranks (its rollout gathered from both, handed back to every rank) and llama frozen
+    with a sampler of its own (it never takes weights): a stopped and resumed run ends with the uninterrupted one's
+    numbers; the frozen agent's sampler shares its answers and qwen's stale rows are weighted."""
+    import yaml
+
+    from tests.conftest import assert_resumes_exactly
+
+    def config(run):
+        path = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 2, "lag": 1},
+                            scoring=GRADED, checkpoint={"every": 1})  # fmt: skip
+        data = yaml.safe_load(path.read_text())
+        data["agents"][0].update(frozen=True, sampler_devices=["cpu"])
+        data["agents"][1]["devices"] = ["cpu", "cpu"]
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    full, _ = assert_resumes_exactly(config, tmp_path, 2)
+    last = records(full)[-1]
+    assert last["qwen/shared_offered"] == 8 and "qwen/behaviour_weight_mean" in last
+    assert "llama/optimizer_steps" not in last

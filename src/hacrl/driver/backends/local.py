@@ -30,18 +30,11 @@ class LocalWorkers(WorkerGroup):
             raise
 
     def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
-        return [
-            worker.call(method, a, what) if isinstance(worker, LocalRanks) else getattr(worker, method)(*a)
-            for worker, a in zip(self.workers, args, strict=True)
-        ]
+        return [self._call(j, method, a, what) for j, a in enumerate(args)]
 
     def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]:
         what = f"sampling at step {calls[0].step}"
-        for sampler, call in zip(self.samplers, calls, strict=True):
-            if sampler is not None:
-                sampler.submit("sample", (call,), what)
-        mine = [self._call(j, "sample", (c,), what) if self.samplers[j] is None else None for j, c in enumerate(calls)]
-        return [s if sampler is None else sampler.collect(what) for s, sampler in zip(mine, self.samplers, strict=True)]
+        return self._end_sampling(self._begin_sampling(calls, what), what)
 
     def sample_then_learn(
         self, samples: Sequence[SampleCall], learns: Sequence[LearnCall], between: Callable[[list[Sampled]], T]
@@ -51,13 +44,21 @@ class LocalWorkers(WorkerGroup):
         if not any(self.samplers):
             return super().sample_then_learn(samples, learns, between)
         what = f"sampling at step {samples[0].step}"
-        for sampler, call in zip(self.samplers, samples, strict=True):
+        own = self._begin_sampling(samples, what)
+        learned = self.learn(learns)
+        sampled = self._end_sampling(own, what)
+        return sampled, between(sampled), learned
+
+    def _begin_sampling(self, calls: Sequence[SampleCall], what: str) -> dict[int, Sampled]:
+        """Send each sampler of its own its call (it samples meanwhile), then sample the other agents here."""
+        for sampler, call in zip(self.samplers, calls, strict=True):
             if sampler is not None:
                 sampler.submit("sample", (call,), what)
-        own = {j: self._call(j, "sample", (c,), what) for j, c in enumerate(samples) if self.samplers[j] is None}
-        learned = self.learn(learns)
-        sampled = [own[j] if sampler is None else sampler.collect(what) for j, sampler in enumerate(self.samplers)]
-        return sampled, between(sampled), learned
+        return {j: self._call(j, "sample", (c,), what) for j, c in enumerate(calls) if self.samplers[j] is None}
+
+    def _end_sampling(self, own: dict[int, Sampled], what: str) -> list[Sampled]:
+        """Every agent's batch in agent order: the ones sampled here, and the samplers' answers."""
+        return [own[j] if sampler is None else sampler.collect(what) for j, sampler in enumerate(self.samplers)]
 
     def save(self, directory: str, *, what: str) -> None:
         """Each learner saves its agent's part, a sampler's stream in it as the agent's (`AgentWorker.adopt_stream`)."""
