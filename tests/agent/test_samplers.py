@@ -321,6 +321,78 @@ def test_sampler_logprobs_equal_the_teacher_forced_ones(backend, temperature, li
     assert float(max(gaps)) < 1e-4
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen", "qwen3"])
+@pytest.mark.parametrize("capacity", [None, 3])  # None: the call's own size; 3: smaller than the prompts (it grows)
+def test_hf_reserved_kv_cache_samples_what_transformers_own_cache_samples(name, capacity, lively, monkeypatch):
+    """The `hf` sampler's cache writes each token in place (`reserved_cache`) instead of concatenating: the same
+    tokens, stops and log-probs bit for bit as transformers' own `DynamicCache`, sampled and greedy, with rows that
+    stop at different steps, and when the reserved room runs out mid-call."""
+    import hacrl.agent.samplers.hf as hf
+
+    agent = _agent(lively[name], temperature=0.8)
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    _stopping_at_different_steps(agent, prompts)
+    reserve = hf.reserved_cache
+    used = []
+
+    def tracked(model, room):
+        cache = reserve(model, capacity or room)
+        used.append(cache)
+        return cache
+
+    def draw(kind):
+        monkeypatch.setattr(hf, "reserved_cache", tracked if kind == "reserved" else lambda model, room: None)
+        torch.manual_seed(5)
+        sampled = agent.sampler.sample(prompts, 3, batch_size=16, logprobs=True)
+        greedy = agent.sampler.sample(prompts, 1, greedy=True, batch_size=16)
+        return [(s.response_ids, s.finished, s.logprobs) for s in sampled + greedy]
+
+    assert draw("reserved") == draw("transformers")
+    assert used and all(c is not None for c in used)
+    assert len({len(s[0]) for s in draw("transformers")}) > 2
+
+
+def test_reserved_cache_layers_crop_select_and_repeat_as_transformers_layers_do():
+    """The generate paths hacrl does not take (assisted decoding's crop, beam search's reorder, batch expansion)
+    still give what transformers' `DynamicLayer` gives; and a model whose cache layers are not all plain
+    full-attention layers gets transformers' own cache."""
+    from transformers import AutoConfig
+    from transformers.cache_utils import DynamicLayer
+
+    from hacrl.agent.samplers.hf import _ReservedLayer, reserved_cache
+
+    g = torch.Generator().manual_seed(0)
+    steps = [(torch.randn(3, 2, n, 4, generator=g), torch.randn(3, 2, n, 4, generator=g)) for n in (5, 1, 1, 2)]
+    for operation in (lambda x: x.crop(-2), lambda x: x.batch_select_indices(torch.tensor([2, 0])),
+                      lambda x: x.batch_repeat_interleave(2), lambda x: x.reorder_cache(torch.tensor([1, 1, 0]))):  # fmt: skip
+        mine, theirs = _ReservedLayer(4), DynamicLayer()
+        for k, v in steps[:2]:
+            assert all(torch.equal(a, b) for a, b in zip(mine.update(k, v), theirs.update(k, v), strict=True))
+        operation(mine), operation(theirs)
+        assert mine.get_seq_length() == theirs.get_seq_length()
+        for k, v in steps[2:]:
+            k, v = k[: mine.keys.shape[0]], v[: mine.keys.shape[0]]
+            k, v = (
+                (x.repeat(2, 1, 1, 1)[: mine.keys.shape[0]] for x in (k, v))
+                if k.shape[0] < mine.keys.shape[0]
+                else (k, v)
+            )
+            assert all(torch.equal(a, b) for a, b in zip(mine.update(k, v), theirs.update(k, v), strict=True))
+        mine.reset()
+        assert mine.get_seq_length() == 0 and not mine.is_initialized
+    sliding = AutoConfig.for_model("mistral", hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                   num_hidden_layers=2, intermediate_size=64, vocab_size=50, sliding_window=8)  # fmt: skip
+
+    class Model:
+        config = sliding
+
+    assert reserved_cache(Model(), 16) is None
+    Model.config = AutoConfig.for_model("llama", hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
+                                        intermediate_size=64, vocab_size=50)  # fmt: skip
+    cache = reserved_cache(Model(), 16)
+    assert [type(layer) for layer in cache.layers] == [_ReservedLayer, _ReservedLayer]
+
+
 def test_static_sampler_honours_the_length_limit_and_batches(lively):
     agent = _agent(lively["qwen"], max_new_tokens=5)
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]

@@ -451,15 +451,16 @@ class AgentWorker:
         tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, device)
         chunk = self.spec.trainer.logprob_chunk_size
         logp = self.training_logprobs(tb)
-        old = torch.zeros_like(logp)
-        behaviour = torch.zeros_like(logp) if self.spec.trainer.lag else None
-        for i, r in enumerate(rows):
-            if r.old_logp is not None:
-                old[i, tb.response_mask[i]] = r.old_logp.to(device, old.dtype)
-            elif r.source == self.index:  # trained before any update: the policy is the sampling one
-                old[i, tb.response_mask[i]] = logp[i, tb.response_mask[i]].detach()
-            if behaviour is not None and r.behaviour_logp is not None:
-                behaviour[i, tb.response_mask[i]] = r.behaviour_logp.to(device, old.dtype)
+        # own rows with no old log-probs were trained before any update: the policy is the sampling one
+        fresh = torch.tensor([r.old_logp is None and r.source == self.index for r in rows], device=device)
+        old = _per_row(
+            tb.response_mask,
+            [r.old_logp for r in rows],
+            torch.where(fresh[:, None] & tb.response_mask, logp.detach(), 0.0),
+        )
+        behaviour = None
+        if self.spec.trainer.lag:
+            behaviour = _per_row(tb.response_mask, [r.behaviour_logp for r in rows], torch.zeros_like(logp))
         ref = None
         if agent.ref_model is not None:
             with torch.no_grad():
@@ -479,6 +480,16 @@ class AgentWorker:
             check_values=False,  # `_check_rows` checked them for the whole update
         )
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+
+def _per_row(mask: torch.Tensor, values: list[torch.Tensor | None], base: torch.Tensor) -> torch.Tensor:
+    """`base` with each row's response positions (`mask`) set to that row's `values` where it has some: one scatter
+    for the micro-batch instead of two indexing operations per row (a row's values are as long as its mask)."""
+    has = [v is not None for v in values]
+    if not any(has):
+        return base
+    rows = torch.tensor(has, device=mask.device)[:, None] & mask
+    return base.masked_scatter(rows, torch.cat([v for v in values if v is not None]).to(base.device, base.dtype))
 
 
 def _load_optimizer(agent: Agent, part) -> None:
