@@ -160,7 +160,7 @@ def hacrl_settings(trainer, cfg) -> dict:
         "adv_eps (std epsilon)": cfg.algorithm.adv_eps,
         "kl_coef (beta)": cfg.algorithm.kl_coef,
         "group_size": cfg.rollout.group_size,
-        "rows per generate call (resolved)": live.settings.batch_size,
+        "rows per generate call (resolved)": live.settings.rows_per_call,
         "mini_batch_size (rows per optimizer step)": cfg.trainer.mini_batch_size,
         "micro_batch_size": cfg.trainer.micro_batch_size,
         "old_logprobs": cfg.trainer.old_logprobs,
