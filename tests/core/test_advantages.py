@@ -168,3 +168,23 @@ def test_guard_fires_in_random_pools_too():
                 rows = group == g
                 fired += int((w[source[rows]] * rewards[rows]).mean() > 1)
     assert fired > 0
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-4])  # hacrl's default (the spec's) and TRL GRPOTrainer's
+def test_the_std_epsilon_is_algorithm_adv_eps_and_is_why_hacrl_and_trl_advantages_differ(eps):
+    """A = (r - mean) / (std + adv_eps), std unbiased, as in TRL's GRPOTrainer (`scale_rewards="group"`) except for
+    the epsilon: TRL adds 1e-4, the spec (and hacrl's default) 1e-6. With binary rewards and G = 8 the smallest
+    non-zero std is sqrt(7/64 * 8/7) = 0.354, so the two differ by at most (1e-4 - 1e-6) / 0.354 = 2.8e-4 relative;
+    `algorithm.adv_eps=1e-4` gives TRL's values (docs/benchmarks.md)."""
+    from hacrl.core import AlgorithmParams, get_algorithm
+
+    rewards = t([1, 0, 0, 0, 0, 0, 0, 0])
+    params = AlgorithmParams(adv_eps=eps)
+    adv = get_algorithm("gspo").advantages(rewards, ids([0] * 8), ids([0] * 8), learner=0,
+                                           capabilities=t([1.0]), params=params)  # fmt: skip
+    std = math.sqrt((0.875**2 + 7 * 0.125**2) / 7)
+    assert std == pytest.approx(0.3535534, abs=1e-7)
+    torch.testing.assert_close(adv, t([0.875 / (std + eps)] + [-0.125 / (std + eps)] * 7))
+    other = 1e-4 if eps == 1e-6 else 1e-6
+    gap = abs(float(adv[0]) / (0.875 / (std + other)) - 1)
+    assert gap == pytest.approx(abs(other - eps) / (std + eps), rel=1e-6) and gap < 2.81e-4
