@@ -4,6 +4,7 @@ per-step sampling / scoring / update seconds under `sharing.policy: all` and wit
 
     python benchmarks/many_agents.py                       # N = 2 4 8 16, all and budget 8, 4 steps per run
     python benchmarks/many_agents.py --agents 2 4 8 16 32 --budgets 8 16
+    python benchmarks/many_agents.py --driver-pool 16 1024 4096   # the driver's memory for one step's pool
 
 The agents: random weights (timing needs no training), a character tokenizer, widths cycling through hidden
 32 / 48 / 64 agent by agent (so that every N holds about the same mix of sizes and the cost per agent does not
@@ -13,6 +14,13 @@ answers of up to 16 characters per agent, mini-batches of 64, the local backend 
 workers run one after another in the driver's process, so each phase's seconds are the sum over agents: the
 total work). Each run is `hacrl train` in its own process under /usr/bin/time (its peak resident memory); steps 2
 on, medians. Writes benchmarks/results/many_agents.md and many_agents.json.
+
+`--driver-pool N ANSWERS TOKENS` measures what the driver holds for one step's pool at a size no CPU run reaches
+(issue 64, part 4: N = 16 agents x 1,024 answers of 4,096 tokens): N agents' `Sampled` answers of random text at
+~4 bytes per token, then the driver's real code on them: `Trainer._learn_calls` (the scored pool and every
+learner's call, as the local backend sends them) and `RayWorkers._submit_learns` (the pool put once into an object
+store, each learner's call with a reference), with the driver's Python heap measured by tracemalloc and each Ray
+call's arguments by their pickled size. Writes benchmarks/results/driver_pool.md and driver_pool.json.
 """
 
 from __future__ import annotations
@@ -98,12 +106,120 @@ def exponent(values: dict[int, float], low: int, high: int) -> float | None:
     return math.log(values[high] / values[low]) / math.log(high / low)
 
 
+class _Store:
+    """The object store as `_submit_learns` uses it: `put` keeps the value and counts its pickled bytes."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def put(self, value):
+        import pickle
+
+        self.bytes += len(pickle.dumps(value, protocol=5))
+        return "pool-ref"
+
+
+class _Actor:
+    """A learner actor whose `learn.remote(*args)` counts the pickled bytes of its arguments (what Ray ships)."""
+
+    def __init__(self, sent: list[int]) -> None:
+        import pickle
+
+        self.learn = type("Method", (), {"remote": lambda _, *a: sent.append(len(pickle.dumps(a, protocol=5)))})()
+
+
+def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> dict:
+    """The driver's memory for one step's pool of n agents x `answers` answers of `tokens` tokens (module doc)."""
+    import random
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from hacrl.core import get_algorithm
+    from hacrl.core.capability import CapabilityTracker
+    from hacrl.driver.backends.ray import RayWorkers
+    from hacrl.driver.pipeline import Pending
+    from hacrl.driver.scoring import ScoreResult
+    from hacrl.driver.trainer import Trainer
+    from hacrl.messages import Sampled, Trajectory
+
+    tracemalloc.start()
+    rng = random.Random(0)
+    sampled = []
+    for j in range(n):
+        texts = [rng.randbytes(tokens * chars_per_token // 2).hex() for _ in range(answers)]  # ASCII, 1 byte/char
+        trajectories = [Trajectory(i // 8, t, float("nan"), j, -1.0, tokens, "length", len(t)) for i, t in
+                        enumerate(texts)]  # fmt: skip
+        sampled.append(Sampled(trajectories, 0.0, 0.0, (0.0, 0.0)))
+    scored = [ScoreResult([float(rng.random() < 0.5) for _ in range(answers)]) for _ in range(n)]
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    trainer = SimpleNamespace(names=[f"agent{j}" for j in range(n)], tracker=CapabilityTracker(n, window=5),
+                              algorithm=get_algorithm("hacpo"), params=SimpleNamespace(share_rollouts=True),
+                              frozen=[False] * n)  # fmt: skip
+    pool, _, calls = Trainer._learn_calls(trainer, Pending(1, sampled, scored))
+    after_calls, peak_calls = tracemalloc.get_traced_memory()
+    sent: list[int] = []
+    store = _Store()
+    workers = RayWorkers.__new__(RayWorkers)
+    workers._ray, workers.groups = store, [[_Actor(sent)] for _ in range(n)]
+    workers._submit_learns(calls)
+    _, peak_ray = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    text = sum(len(t.text.encode()) for s in sampled for t in s.trajectories)
+    one_call = len(__import__("pickle").dumps(calls[0], protocol=5))
+    import resource
+
+    mib = 2**20
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"agents": n, "answers_per_agent": answers, "tokens": tokens, "text_mib": text / mib,
+            "sampled_heap_mib": held / mib, "learn_calls_extra_mib": (after_calls - held) / mib,
+            "learn_calls_peak_extra_mib": (peak_calls - held) / mib, "ray_peak_extra_mib": (peak_ray - held) / mib,
+            "ray_store_mib": store.bytes / mib, "ray_call_args_mib": sum(sent) / mib,
+            "naive_ray_mib": n * one_call / mib, "process_peak_rss_mib": peak_rss / mib}  # fmt: skip
+
+
+def render_driver_pool(r: dict, argv: list[str]) -> str:
+    n = r["agents"]
+    return "\n".join([
+        "# The driver's memory for one step's pool", "",
+        f"`python benchmarks/many_agents.py {' '.join(argv)}`: {n} agents x {r['answers_per_agent']:,} answers of "
+        f"{r['tokens']:,} tokens (random ASCII text, 4 bytes per token), through the driver's own code "
+        "(`Trainer._learn_calls`, `RayWorkers._submit_learns`); Python heap by tracemalloc, Ray arguments by their "
+        "pickled size.", "",
+        "| what | MiB |", "|---|---|",
+        f"| the answers' text | {r['text_mib']:,.1f} |",
+        f"| every agent's `Sampled` (text + trajectory records): what the driver holds for the step | "
+        f"{r['sampled_heap_mib']:,.1f} |",
+        f"| + the scored pool and the {n} learn calls (local backend), kept | {r['learn_calls_extra_mib']:,.1f} |",
+        f"| + the same, peak while building | {r['learn_calls_peak_extra_mib']:,.1f} |",
+        f"| + Ray: the pool put into the object store once, driver heap peak | {r['ray_peak_extra_mib']:,.1f} |",
+        f"| Ray: bytes put into the object store (one pool) | {r['ray_store_mib']:,.1f} |",
+        f"| Ray: the {n} learn calls' own arguments (a reference each) | {r['ray_call_args_mib']:,.2f} |",
+        f"| Ray without the shared pool: {n} calls each with the others' answers | {r['naive_ray_mib']:,.1f} |",
+        f"| this process's peak resident memory (Python, torch and hacrl imported, all of the above) | "
+        f"{r['process_peak_rss_mib']:,.0f} |",
+        "",
+        "The Ray row's heap peak holds the pool's pickled bytes on the way into the object store (the stub pickles "
+        "it as Ray's serializer does before the copy into shared memory): transient, once per step, whatever N. "
+        "What grows with N is only each learner's list of references into the pool (8 bytes per foreign answer).",
+    ]) + "\n"  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--budgets", type=int, nargs="*", default=[8], help="sharing.budget_per_prompt values")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--driver-pool", type=int, nargs=3, metavar=("N", "ANSWERS", "TOKENS"),
+                        help="measure the driver's memory for one step's pool of this size instead")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.driver_pool:
+        result = driver_pool(*args.driver_pool)
+        (RESULTS / "driver_pool.json").write_text(json.dumps(result, indent=1) + "\n")
+        text = render_driver_pool(result, argv if argv is not None else sys.argv[1:])
+        (RESULTS / "driver_pool.md").write_text(text)
+        print(text)
+        return 0
     scratch = RESULTS / ".runs" / "many-agents"
     scratch.mkdir(parents=True, exist_ok=True)
     agents = build_agents(max(args.agents))

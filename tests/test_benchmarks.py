@@ -1009,6 +1009,20 @@ def test_many_agents_fits_the_update_exponent_and_renders_its_table():
     assert "Update seconds ~ N^2.00 between N = 4 and 16 with `all`." in text
 
 
+def test_the_driver_holds_one_pool_whatever_the_number_of_learners():
+    """benchmarks/many_agents.py --driver-pool through the driver's own code: the object store gets the pool once
+    (its text plus small records), each Ray learn call carries a reference instead of the others' answers (which
+    would be N - 1 pools' worth per call), and the local backend's calls add reference lists, not copies."""
+    many = _script("many_agents", "many_agents_benchmark")
+    r = many.driver_pool(8, 32, 1024)
+    assert r["text_mib"] == pytest.approx(8 * 32 * 1024 * 4 / 2**20)
+    assert r["text_mib"] < r["ray_store_mib"] < 1.3 * r["text_mib"]
+    assert r["ray_call_args_mib"] < 0.05 * r["ray_store_mib"]
+    assert r["naive_ray_mib"] > 6 * r["ray_store_mib"]  # each of 8 calls carried the other 7 agents' answers
+    assert r["learn_calls_extra_mib"] < 0.3 * r["text_mib"]
+    assert "| Ray: bytes put into the object store (one pool) |" in many.render_driver_pool(r, [])
+
+
 def test_overlap_benchmark_renders_its_tables_and_writes_loadable_configs(tmp_path):
     """benchmarks/overlap.py: the step table (ratios against both lockstep baselines), the lag round's verdicts by
     the pre-registered rule (equivalent within +-2 points when mean +- 2 SE lies inside), and its configs load."""
