@@ -5,6 +5,7 @@ per-step sampling / scoring / update seconds under `sharing.policy: all` and wit
     python benchmarks/many_agents.py                       # N = 2 4 8 16, all and budget 8, 4 steps per run
     python benchmarks/many_agents.py --agents 2 4 8 16 32 --budgets 8 16
     python benchmarks/many_agents.py --driver-pool 16 1024 4096   # the driver's memory for one step's pool
+    python benchmarks/many_agents.py --cluster 8                  # N = 8 across a two-node local Ray cluster
 
 The agents: random weights (timing needs no training), a character tokenizer, widths cycling through hidden
 32 / 48 / 64 agent by agent (so that every N holds about the same mix of sizes and the cost per agent does not
@@ -21,6 +22,11 @@ on, medians. Writes benchmarks/results/many_agents.md and many_agents.json.
 learner's call, as the local backend sends them) and `RayWorkers._submit_learns` (the pool put once into an object
 store, each learner's call with a reference), with the driver's Python heap measured by tracemalloc and each Ray
 call's arguments by their pickled size. Writes benchmarks/results/driver_pool.md and driver_pool.json.
+
+`--cluster N` runs the same agents on Ray across two nodes started on this machine (`benchmarks/ray_cluster.py`:
+a head and a second node on loopback, N / 2 logical CPUs each, every agent asking for one, so Ray must use both),
+sharing `all`, and reports where each agent ran, the step's phases and the driver's peak memory. Writes
+benchmarks/results/many_agents_cluster.md.
 """
 
 from __future__ import annotations
@@ -205,6 +211,45 @@ def render_driver_pool(r: dict, argv: list[str]) -> str:
     ]) + "\n"  # fmt: skip
 
 
+def cluster(n: int, steps: int) -> str:
+    """N agents across a two-node local Ray cluster (module doc): the table the run's placement and metrics make."""
+    import re
+
+    from ray_cluster import rehearse
+
+    scratch = RESULTS / ".runs" / "many-agents"
+    scratch.mkdir(parents=True, exist_ok=True)
+    config = write_config(scratch / f"cluster-n{n}.yaml", build_agents(n), None, steps)
+    run_dir, report, lines = scratch / f"cluster-{time.time_ns()}", scratch / f"time-{time.time_ns()}.txt", []
+    prefix = ["/usr/bin/time", "-f", "%M %U %S", "-o", str(report)]
+    overrides = [f"trainer.output_dir={run_dir}"]
+    code = rehearse(str(config), overrides, log=lines.append, cpus_per_node=n // 2, train_prefix=prefix)
+    output = "\n".join(lines)
+    if code != 0:
+        raise SystemExit(f"the cluster run failed ({code}):\n{output[-4000:]}")
+    placed = re.findall(r"(agent\d+) on node (\w+)", output)
+    nodes = sorted({node for _, node in placed})
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in records if r["step"] > 1]
+    phase = {k: statistics.median(r[f"time/{k}"] for r in rows) for k in ("sampling", "scoring", "update", "step")}
+    peak_kib = int(report.read_text().split()[-3])
+    per_node = {node: [a for a, x in placed if x == node] for node in nodes}
+    table = ["# N agents across a two-node Ray cluster", "",
+             f"`python benchmarks/many_agents.py --cluster {n} --steps {steps}`: two Ray nodes on this machine "
+             f"(loopback, {n // 2} logical CPUs each, 2 real cores in all), {n} agents of `many_agents.py` asking "
+             "one CPU each, HACPO with sharing `all`, 8 prompts x 8 answers per agent. Steps 2 on, medians; the "
+             "driver's peak memory is the `hacrl train` process's (/usr/bin/time), the agents run in Ray's "
+             "worker processes.", "",
+             "| node | agents |", "|---|---|"]  # fmt: skip
+    table += [f"| {node} | {', '.join(agents)} |" for node, agents in per_node.items()]
+    table += ["", "| sampling s | scoring s | update s | step s | driver peak MiB |", "|---|---|---|---|---|",
+              f"| {phase['sampling']:.2f} | {phase['scoring']:.2f} | {phase['update']:.2f} | {phase['step']:.2f} | "
+              f"{peak_kib / 1024:.0f} |", ""]  # fmt: skip
+    if len(nodes) != 2 or len(placed) != n:
+        raise SystemExit(f"expected {n} agents over 2 nodes, found {placed}:\n{output[-3000:]}")
+    return "\n".join(table) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -212,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--driver-pool", type=int, nargs=3, metavar=("N", "ANSWERS", "TOKENS"),
                         help="measure the driver's memory for one step's pool of this size instead")  # fmt: skip
+    parser.add_argument("--cluster", type=int, metavar="N", help="N agents across a two-node local Ray cluster")
     args = parser.parse_args(argv)
+    if args.cluster:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        text = cluster(args.cluster, args.steps)
+        (RESULTS / "many_agents_cluster.md").write_text(text)
+        print(text)
+        return 0
     if args.driver_pool:
         result = driver_pool(*args.driver_pool)
         (RESULTS / "driver_pool.json").write_text(json.dumps(result, indent=1) + "\n")

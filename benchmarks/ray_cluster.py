@@ -77,10 +77,12 @@ def _forget_cluster(port: int) -> None:
         pass
 
 
-def rehearse(config: str, overrides: list[str], *, log=print) -> int:
+def rehearse(config: str, overrides: list[str], *, log=print, cpus_per_node: int = 1, train_prefix=()) -> int:
+    """Two nodes of `cpus_per_node` (logical) CPUs each, the run, both nodes stopped; the run's exit status.
+    `train_prefix`: a command the training run is started under (e.g. /usr/bin/time for its peak memory)."""
     port, marker = _free_port(), secrets.token_hex(6)
     env = {**os.environ, "RAY_AUTH_MODE": "token", "HACRL_RAY_REHEARSAL": marker}
-    node = ["--num-cpus", "1", "--object-store-memory", "100000000", "--disable-usage-stats"]
+    node = ["--num-cpus", str(cpus_per_node), "--object-store-memory", "100000000", "--disable-usage-stats"]
     commands = [
         [_ray(), "start", "--head", "--port", str(port), "--include-dashboard=false", *node],
         [_ray(), "start", "--address", f"127.0.0.1:{port}", *node],
@@ -89,9 +91,9 @@ def rehearse(config: str, overrides: list[str], *, log=print) -> int:
         for command in commands:
             log("$ " + " ".join(command[1:]))
             subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=120)
-        train = [sys.executable, "-m", "hacrl", "train", config, *overrides]
+        train = [*train_prefix, sys.executable, "-m", "hacrl", "train", config, *overrides]
         train += ["runtime.backend=ray", f"runtime.ray.address=127.0.0.1:{port}"]
-        log("$ hacrl " + " ".join(train[3:]))
+        log("$ hacrl " + " ".join(train[len(train_prefix) + 3 :]))
         done = subprocess.run(train, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         log(done.stdout[-3000:] + done.stderr[-3000:])
         return done.returncode
