@@ -193,9 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning", action="store_true", help="lag round 1 (pre-registered in analysis.md)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--bed", default="demo", choices=sorted(LEARNING_BEDS), help="the learning round's bed")
+    parser.add_argument("--runs-from", nargs="+", metavar="JSONL",
+                        help="with --learning: take the runs from these files (one JSON row per run, as the "
+                             "learning round prints them) instead of running them")  # fmt: skip
     args = parser.parse_args(argv)
     if args.learning:
-        result = learning(range(args.seeds), args.bed)
+        if args.runs_from:
+            _, steps_ab, steps_c, _ = LEARNING_BEDS[args.bed]
+            rows = [
+                json.loads(x) for f in args.runs_from for x in Path(f).read_text().splitlines() if x.startswith("{")
+            ]
+            result = {"runs": rows, "bed": args.bed, "steps": steps_ab, "c_steps": steps_c}
+        else:
+            result = learning(range(args.seeds), args.bed)
         stem = "lag-learning" if args.bed == "demo" else f"lag-learning-{args.bed}"
         (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
         text = render_learning(result)
