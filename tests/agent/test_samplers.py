@@ -15,6 +15,7 @@ import torch
 
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent
+from hacrl.agent.rollout import generate
 from hacrl.agent.samplers.static import StaticSampler
 from hacrl.config import AgentConfig, RolloutConfig
 from tests.conftest import write_config
@@ -363,8 +364,13 @@ def test_reserved_cache_layers_crop_select_and_repeat_as_transformers_layers_do(
 
     g = torch.Generator().manual_seed(0)
     steps = [(torch.randn(3, 2, n, 4, generator=g), torch.randn(3, 2, n, 4, generator=g)) for n in (5, 1, 1, 2)]
-    for operation in (lambda x: x.crop(-2), lambda x: x.batch_select_indices(torch.tensor([2, 0])),
-                      lambda x: x.batch_repeat_interleave(2), lambda x: x.reorder_cache(torch.tensor([1, 1, 0]))):  # fmt: skip
+    operations = (
+        lambda x: x.crop(-2),
+        lambda x: x.batch_select_indices(torch.tensor([2, 0])),
+        lambda x: x.batch_repeat_interleave(2),
+        lambda x: x.reorder_cache(torch.tensor([1, 1, 0])),
+    )
+    for operation in operations:
         mine, theirs = _ReservedLayer(4), DynamicLayer()
         for k, v in steps[:2]:
             assert all(torch.equal(a, b) for a, b in zip(mine.update(k, v), theirs.update(k, v), strict=True))
@@ -380,15 +386,14 @@ def test_reserved_cache_layers_crop_select_and_repeat_as_transformers_layers_do(
             assert all(torch.equal(a, b) for a, b in zip(mine.update(k, v), theirs.update(k, v), strict=True))
         mine.reset()
         assert mine.get_seq_length() == 0 and not mine.is_initialized
-    sliding = AutoConfig.for_model("mistral", hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
-                                   num_hidden_layers=2, intermediate_size=64, vocab_size=50, sliding_window=8)  # fmt: skip
+    sizes = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2, "intermediate_size": 64}
+    sliding = AutoConfig.for_model("mistral", num_key_value_heads=1, vocab_size=50, sliding_window=8, **sizes)
 
     class Model:
         config = sliding
 
     assert reserved_cache(Model(), 16) is None
-    Model.config = AutoConfig.for_model("llama", hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
-                                        intermediate_size=64, vocab_size=50)  # fmt: skip
+    Model.config = AutoConfig.for_model("llama", vocab_size=50, **sizes)
     cache = reserved_cache(Model(), 16)
     assert [type(layer) for layer in cache.layers] == [_ReservedLayer, _ReservedLayer]
 
@@ -643,6 +648,33 @@ def test_auto_batch_size_on_the_cpu_is_64_rows_per_call(lively, monkeypatch):
     prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
     assert len(agent.sampler.sample(prompts, 10, batch_size="auto")) == 100
     assert calls == [(100, 64)] and agent.sampler.pool.rows == 64
+
+
+def test_hf_auto_decodes_the_whole_step_in_one_call_within_its_memory_rule(lively, monkeypatch):
+    """`rollout.batch_size` unset (`auto`) with `hf`: the step's rows in one generate call (TRL's generation batch;
+    64-row calls made sampling 1.7x slower on 2 cores), bounded by AUTO_BYTES of cache and logits at the length
+    limits, never below 64 rows; the rule reads the config and the model only."""
+    import hacrl.agent.samplers.hf as hf
+    from hacrl.agent.samplers.static import KVPool, row_bytes
+
+    agent = _agent(lively["qwen"], max_new_tokens=3)
+    assert agent.settings.rows_per_call == "auto"
+    calls = []
+    real = type(agent.sampler).sample_batch
+    monkeypatch.setattr(type(agent.sampler), "sample_batch", lambda self, rows, *a, **k: calls.append(len(rows))
+                        or real(self, rows, *a, **k))  # fmt: skip
+    prompts = [agent.render_prompt(m)[0] for m in PROMPTS]
+    assert len(generate(agent, prompts, 20)) == 200 and calls == [200]
+    per_row = row_bytes(KVPool.bytes_per_token(agent.model.config, torch.float32), agent.settings.max_tokens,
+                        agent.model.get_output_embeddings().weight.shape[0])  # fmt: skip
+    monkeypatch.setattr(hf, "AUTO_BYTES", 90 * per_row)  # room for 90 rows: 200 go in calls of 90
+    calls.clear()
+    generate(agent, prompts, 20)
+    assert calls == [90, 90, 20]
+    monkeypatch.setattr(hf, "AUTO_BYTES", 10 * per_row)  # room for 10: never below 64 rows per call
+    calls.clear()
+    generate(agent, prompts, 20)
+    assert calls == [64, 64, 64, 8]
 
 
 def test_auto_rows_on_a_gpu_use_the_free_memory_the_model_config_and_the_margin(lively, monkeypatch):

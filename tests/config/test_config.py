@@ -102,17 +102,16 @@ def _as_saved(config) -> dict:
 def test_each_agents_settings_are_its_own_where_set_else_the_rollout_groups():
     """`AgentSettings.resolve` is the one fallback from agents.<i>.* to rollout.* (and the rows per call an unset
     rollout.batch_size means for each sampler)."""
-    from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig
+    from hacrl.config import AgentConfig, RolloutConfig
     from hacrl.config.settings import AgentSettings
 
     rollout = RolloutConfig(temperature=0.7, top_p=0.9, max_new_tokens=64, max_prompt_tokens=32, kv_cache_margin=0.2)
-    trainer = TrainerConfig(logprob_batch_size=48)
     own = AgentConfig(name="a", model="m", temperature=1.3, max_new_tokens=16, rollout_backend="static")
     plain = AgentConfig(name="b", model="m")
-    a, b = AgentSettings.resolve(own, rollout, trainer), AgentSettings.resolve(plain, rollout, trainer)
+    a, b = AgentSettings.resolve(own, rollout), AgentSettings.resolve(plain, rollout)
     assert (a.temperature, a.top_p, a.max_new_tokens, a.max_prompt_tokens) == (1.3, 0.9, 16, 32)
     assert (b.temperature, b.top_p, b.max_new_tokens, b.max_prompt_tokens) == (0.7, 0.9, 64, 32)
-    assert (a.sampler, a.rows_per_call, b.sampler, b.rows_per_call) == ("static", "auto", "hf", 48)
+    assert (a.sampler, a.rows_per_call, b.sampler, b.rows_per_call) == ("static", "auto", "hf", "auto")
     assert a.max_tokens == 48 and a.kv_cache_margin == b.kv_cache_margin == 0.2
     given = RolloutConfig(batch_size=8)
     assert AgentSettings.resolve(own, given).rows_per_call == AgentSettings.resolve(plain, given).rows_per_call == 8

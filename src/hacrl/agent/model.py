@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
-from hacrl.config import AgentConfig, RolloutConfig, TrainerConfig, refuse_model_code, require_model_dir
+from hacrl.config import AgentConfig, RolloutConfig, refuse_model_code, require_model_dir
 from hacrl.config.settings import AgentSettings, Precision
 from hacrl.errors import ModelError, first_line
 
@@ -171,21 +171,19 @@ class Agent:
         cfg: AgentConfig,
         rollout: RolloutConfig,
         *,
-        trainer: TrainerConfig | None = None,
         with_reference: bool = False,
         weights_from: str | Path | None = None,
         init_seed: int = 0,
         device: str | None = None,
     ) -> None:
-        """`trainer`: the loop's sizes (an unset `rollout.batch_size` means `trainer.logprob_batch_size` rows per
-        `hf` call). `weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
+        """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
         `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream.
         `device`: where this process holds the agent (a rank's device in a worker group; None: `cfg.device`); a
         sharded agent (`cfg.devices`) needs its process group joined first (`hacrl.agent.distributed.init_group`)."""
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
-        self.settings = AgentSettings.resolve(cfg, rollout, trainer)
+        self.settings = AgentSettings.resolve(cfg, rollout)
         """What it samples with (temperature, top-p, length limits, sampler, rows per call): resolved once here."""
         self.precision = Precision.resolve(cfg, f"agents.{index}")
         """How it computes and what AdamW steps (`hacrl.config.settings.Precision`): resolved once here."""

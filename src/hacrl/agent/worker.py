@@ -107,7 +107,6 @@ class AgentWorker:
             spec.index,
             spec.agent,
             spec.rollout,
-            trainer=spec.trainer,
             with_reference=spec.algorithm.kl_coef > 0,
             weights_from=spec.weights_from,
             init_seed=seeds.adapters(spec.trainer.seed, spec.index),

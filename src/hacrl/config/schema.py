@@ -434,8 +434,9 @@ class RolloutConfig:
     goes in one call, and a row that ends frees its slot for a waiting one). `auto`: the `static` sampler sizes its
     KV pool to the device (on a GPU: the rows,
     a power of two, whose pool fits in the free memory after the model, its optimizer state and gradients, and
-    `kv_cache_margin` of the card; `hacrl.agent.samplers.static.auto_rows`), 64 elsewhere. None (default):
-    `auto` with the `static` sampler, `trainer.logprob_batch_size` with `hf`."""
+    `kv_cache_margin` of the card; `hacrl.agent.samplers.static.auto_rows`), 64 elsewhere; `hf` decodes every row
+    of the step in one call while their cache and logits at the length limits fit in 4 GiB, at least 64 (a fixed
+    rule, so the samples do not depend on the machine's free memory). None (default): `auto`."""
     kv_cache_margin: float = field(default=0.35, metadata=NOT_EXACT)
     """`batch_size: auto`: the fraction of the device's total memory left free beside the KV pool (the update's
     activations, log-prob chunks, the allocator's slack)."""

@@ -1,6 +1,6 @@
 """Each agent's effective settings, resolved once: its own entry where it sets one, else the run-wide group.
 
-`AgentSettings.resolve(agent, rollout, trainer)` is the only place where `agents.<i>.temperature` falls back to
+`AgentSettings.resolve(agent, rollout)` is the only place where `agents.<i>.temperature` falls back to
 `rollout.temperature` (and so on for every field below); the agent, its worker, the memory plan, the config's
 checks and the samplers all read the record it returns (a sampler through `SamplingAgent.settings`).
 `Precision.resolve(agent)` is the only place where an agent's dtype, master weights, offload, LoRA, frozen and devices
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hacrl.config.schema import AgentConfig, RolloutConfig, TrainerConfig
+from hacrl.config.schema import AgentConfig, RolloutConfig
 from hacrl.errors import ConfigError
 
 
@@ -33,8 +33,9 @@ class AgentSettings:
     sampler: Literal["hf", "static"]
     """The sampler's name (`hacrl.agent.samplers`)."""
     rows_per_call: int | Literal["auto"]
-    """Rows decoded together: a number, or `auto` (the static sampler sizes its KV pool to the device; `hf`: 64).
-    Unset in the config: `auto` for `static`, `trainer.logprob_batch_size` for `hf`."""
+    """Rows decoded together: a number, or `auto` (the static sampler sizes its KV pool to the device; `hf`: every
+    row of the call, as long as their worst-case cache fits in 4 GiB, and at least 64). Unset in the config:
+    `auto`."""
     kv_cache_margin: float
     """With `rows_per_call: auto` on a GPU: the fraction of the device kept free beside the KV pool."""
     cuda_graphs: bool
@@ -46,11 +47,11 @@ class AgentSettings:
         return self.max_prompt_tokens + self.max_new_tokens
 
     @classmethod
-    def resolve(cls, agent: AgentConfig, rollout: RolloutConfig, trainer: TrainerConfig | None = None) -> AgentSettings:
+    def resolve(cls, agent: AgentConfig, rollout: RolloutConfig) -> AgentSettings:
         sampler = agent.rollout_backend or rollout.backend
         rows = rollout.batch_size
         if rows is None:
-            rows = "auto" if sampler == "static" else (trainer or TrainerConfig()).logprob_batch_size
+            rows = "auto"
         return cls(
             temperature=agent.temperature if agent.temperature is not None else rollout.temperature,
             top_p=agent.top_p if agent.top_p is not None else rollout.top_p,

@@ -73,7 +73,7 @@ def validate(config: TrainConfig) -> None:
         )
     if frozen and len(frozen) == n:
         raise ConfigError("every agent is frozen, so nothing would learn: set agents.<i>.frozen=false for one")
-    top_ps = [AgentSettings.resolve(a, r, t).top_p for a in config.agents]
+    top_ps = [AgentSettings.resolve(a, r).top_p for a in config.agents]
     if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
         raise ConfigError(
             f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
@@ -196,7 +196,7 @@ def _check_batch_sizes(config: TrainConfig) -> None:
     mini-batches (so that a mini-batch never mixes sources and m counts the same for every learner)."""
     t, r, n = config.trainer, config.rollout, len(config.agents)
     for i, agent in enumerate(config.agents):
-        g = AgentSettings.resolve(agent, r, t).group_size
+        g = AgentSettings.resolve(agent, r).group_size
         key = f"agents.{i}.group_size" if agent.group_size else "rollout.group_size"
         per_agent = t.prompts_per_step * g
         if g > MAX_GROUP_SIZE or per_agent > MAX_RESPONSES_PER_STEP:

@@ -94,7 +94,7 @@ class Trainer(RunLoop):
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.names = names
-        self.group_sizes = [AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents]
+        self.group_sizes = [AgentSettings.resolve(a, config.rollout).group_size for a in config.agents]
         """Each agent's answers per prompt (`agents.<i>.group_size`, else `rollout.group_size`)."""
         specs = [
             WorkerSpec(

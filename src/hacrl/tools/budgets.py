@@ -124,7 +124,7 @@ def measure(config: TrainConfig) -> Costs:
         concurrent = trainer.workers.concurrent
         with contextlib.redirect_stdout(io.StringIO()):  # its step lines and summary are not this command's output
             record = trainer.train()[-1]
-    sizes = [AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents]
+    sizes = [AgentSettings.resolve(a, config.rollout).group_size for a in config.agents]
     b, names = config.trainer.prompts_per_step, [a.name for a in config.agents]
 
     def value(name: str, metric: str) -> float:

@@ -69,7 +69,7 @@ def agent_costs(config: TrainConfig, i: int, k: int, device_memory: float | None
     (p,) = plan(one, device_memory=device_memory)
     if p.fits is False or not p.rows:
         return None
-    settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+    settings = AgentSettings.resolve(agent, config.rollout)
     length, prompt = settings.max_new_tokens, min(PROMPT_TOKENS, settings.max_prompt_tokens)
     weights = p.shape.params * p.shape.dtype_bytes
     step = (weights + p.rows * (prompt + length / 2) * p.shape.kv_bytes_per_token) / DECODE_BYTES_PER_S
@@ -94,7 +94,7 @@ def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float
     return Costs(
         names=names, per_answer=[cache[key][0] for key in enumerate(devices)],
         per_row=[cache[key][1] for key in enumerate(devices)], scoring=SCORING_S_PER_ANSWER,
-        group_sizes=[AgentSettings.resolve(a, config.rollout, config.trainer).group_size for a in config.agents],
+        group_sizes=[AgentSettings.resolve(a, config.rollout).group_size for a in config.agents],
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], prompts=config.trainer.prompts_per_step,
         mini_batch_size=config.trainer.mini_batch_size, concurrent=True, foreign_cap=config.sharing.budget_per_prompt,

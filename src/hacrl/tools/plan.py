@@ -261,7 +261,7 @@ def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None)
     lora = agent.lora if precision.trains == "adapters" else None
     require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
     shape = model_shape(agent.model, DTYPES[precision.compute], lora)
-    settings = AgentSettings.resolve(agent, config.rollout, config.trainer)
+    settings = AgentSettings.resolve(agent, config.rollout)
     tokens = settings.max_tokens
     p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
                   devices=list(agent.devices or [agent.device]), precision=precision.describe())  # fmt: skip
@@ -498,7 +498,7 @@ def pool_summary(config: TrainConfig) -> str:
     from hacrl.core import get_algorithm
 
     t, n = config.trainer, len(config.agents)
-    settings = [AgentSettings.resolve(a, config.rollout, t) for a in config.agents]
+    settings = [AgentSettings.resolve(a, config.rollout) for a in config.agents]
     answers = [t.prompts_per_step * s.group_size for s in settings]
     text = sum(a * s.max_new_tokens * BYTES_PER_TOKEN for a, s in zip(answers, settings, strict=True))
     total = text + sum(answers) * TRAJECTORY_BYTES
