@@ -211,8 +211,8 @@ def render_driver_pool(r: dict, argv: list[str]) -> str:
     ]) + "\n"  # fmt: skip
 
 
-def cluster(n: int, steps: int) -> str:
-    """N agents across a two-node local Ray cluster (module doc): the table the run's placement and metrics make."""
+def cluster(n: int, steps: int) -> dict:
+    """N agents across a two-node local Ray cluster (module doc): where each ran, the phases, the driver's peak."""
     import re
 
     from ray_cluster import rehearse
@@ -227,27 +227,37 @@ def cluster(n: int, steps: int) -> str:
     output = "\n".join(lines)
     if code != 0:
         raise SystemExit(f"the cluster run failed ({code}):\n{output[-4000:]}")
-    placed = re.findall(r"(agent\d+) on node (\w+)", output)
+    placed = list(dict(re.findall(r"(agent\d+) on node (\w+)", output)).items())  # the line may show twice
     nodes = sorted({node for _, node in placed})
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in records if r["step"] > 1]
     phase = {k: statistics.median(r[f"time/{k}"] for r in rows) for k in ("sampling", "scoring", "update", "step")}
     peak_kib = int(report.read_text().split()[-3])
-    per_node = {node: [a for a, x in placed if x == node] for node in nodes}
-    table = ["# N agents across a two-node Ray cluster", "",
-             f"`python benchmarks/many_agents.py --cluster {n} --steps {steps}`: two Ray nodes on this machine "
-             f"(loopback, {n // 2} logical CPUs each, 2 real cores in all), {n} agents of `many_agents.py` asking "
-             "one CPU each, HACPO with sharing `all`, 8 prompts x 8 answers per agent. Steps 2 on, medians; the "
-             "driver's peak memory is the `hacrl train` process's (/usr/bin/time), the agents run in Ray's "
-             "worker processes.", "",
-             "| node | agents |", "|---|---|"]  # fmt: skip
-    table += [f"| {node} | {', '.join(agents)} |" for node, agents in per_node.items()]
-    table += ["", "| sampling s | scoring s | update s | step s | driver peak MiB |", "|---|---|---|---|---|",
-              f"| {phase['sampling']:.2f} | {phase['scoring']:.2f} | {phase['update']:.2f} | {phase['step']:.2f} | "
-              f"{peak_kib / 1024:.0f} |", ""]  # fmt: skip
     if len(nodes) != 2 or len(placed) != n:
         raise SystemExit(f"expected {n} agents over 2 nodes, found {placed}:\n{output[-3000:]}")
-    return "\n".join(table) + "\n"
+    per_node = {node: [a for a, x in placed if x == node] for node in nodes}
+    return {"agents": n, "steps": steps, "per_node": per_node, **phase, "driver_peak_mib": peak_kib / 1024}
+
+
+def render_cluster(runs: list[dict], argv: list[str]) -> str:
+    lines = ["# N agents across a two-node Ray cluster", "",
+             f"`python benchmarks/many_agents.py {' '.join(argv)}`: two Ray nodes on this machine (loopback, N / 2 "
+             "logical CPUs each, 2 real cores in all), N agents of `many_agents.py` asking one CPU each, HACPO with "
+             "sharing `all`, 8 prompts x 8 answers per agent. Steps 2 on, medians; the driver's peak memory is the "
+             "`hacrl train` process's (/usr/bin/time): the agents run in Ray's worker processes, the pool reaches "
+             "them through the object store once per step.", "",
+             "| N | agents per node | sampling s | scoring s | update s | step s | driver peak MiB |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        split = " / ".join(str(len(a)) for a in r["per_node"].values())
+        lines.append(f"| {r['agents']} | {split} | {r['sampling']:.2f} | {r['scoring']:.2f} | {r['update']:.2f} | "
+                     f"{r['step']:.2f} | {r['driver_peak_mib']:.0f} |")  # fmt: skip
+    lines += ["", "Where each agent ran:", ""]
+    for r in runs:
+        lines += [
+            f"- N = {r['agents']}: " + "; ".join(f"node {node}: {', '.join(a)}" for node, a in r["per_node"].items())
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--driver-pool", type=int, nargs=3, metavar=("N", "ANSWERS", "TOKENS"),
                         help="measure the driver's memory for one step's pool of this size instead")  # fmt: skip
-    parser.add_argument("--cluster", type=int, metavar="N", help="N agents across a two-node local Ray cluster")
+    parser.add_argument("--cluster", type=int, nargs="+", metavar="N",
+                        help="N agents across a two-node local Ray cluster (each N in turn)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.cluster:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-        text = cluster(args.cluster, args.steps)
+        runs = [cluster(n, args.steps) for n in args.cluster]
+        (RESULTS / "many_agents_cluster.json").write_text(json.dumps(runs, indent=1) + "\n")
+        text = render_cluster(runs, argv if argv is not None else sys.argv[1:])
         (RESULTS / "many_agents_cluster.md").write_text(text)
         print(text)
         return 0

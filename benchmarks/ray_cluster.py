@@ -96,6 +96,7 @@ def rehearse(config: str, overrides: list[str], *, log=print, cpus_per_node: int
         log("$ hacrl " + " ".join(train[len(train_prefix) + 3 :]))
         done = subprocess.run(train, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         log(done.stdout[-3000:] + done.stderr[-3000:])
+        log("\n".join(x for x in done.stdout.splitlines() if x.startswith("ray: ")))  # where each agent ran, whole
         return done.returncode
     finally:
         stop(marker)
