@@ -22,6 +22,7 @@ batch's `LearnCall`; in between it lives in the driver, and in every checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, SharingConfig, TrainerConfig
 
@@ -150,6 +151,10 @@ class LearnCall:
     """P_hat of every agent after this step's update (spec 3.1)."""
     rollout: OwnRollout | None = None
     """With `trainer.lag` > 0: the learner's own rollout of this batch (`Sampled.rollout`); None: the one it kept."""
+    proximal: Any = None
+    """With `trainer.lag` > 0 and a sampler of its own: called (no argument), the proximal log-probs of the own rows
+    after the first mini-batch, which the sampler computes while the first mini-batch trains (its weights are the
+    ones this update starts from; `SamplerWorker.proximal`); None: the learner computes them."""
 
 
 @dataclass(frozen=True)

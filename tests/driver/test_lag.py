@@ -161,6 +161,33 @@ def test_a_sampler_of_its_own_gives_the_same_run_and_its_death_is_resumable(tiny
 
 
 @pytest.mark.slow
+def test_the_sampler_computes_its_learners_proximal_pass_and_its_death_there_is_resumable(
+    tiny_agents, tmp_path, lag_reference, capsys, monkeypatch
+):
+    """With a sampler of its own, the learner runs no log-prob pass at all (its sampler computes the proximal
+    log-probs of the rows after its first mini-batch while it trains that mini-batch): the numbers and weights of
+    the run without a sampler. A sampler killed in that pass stops the run naming it; --resume ends the same."""
+    from hacrl.agent.worker import AgentWorker
+
+    passes = []
+    real = AgentWorker._old_logprobs
+    monkeypatch.setattr(AgentWorker, "_old_logprobs", lambda self, s: passes.append(self.name) or real(self, s))
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [0, 1])
+    monkeypatch.setenv("HACRL_FAULTS", "proximal:2")  # the proximal pass of update 2
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "the sampler of agent 'llama'" in err and "died while computing proximal log-probs for step 2" in err
+    monkeypatch.delenv("HACRL_FAULTS")
+    assert main(["train", str(cfg), "--resume"]) == 0
+    assert passes == []  # in this process (the learners'): none; the samplers' processes ran them
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+
+
+@pytest.mark.slow
 def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path, lag_reference):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)

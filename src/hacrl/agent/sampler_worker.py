@@ -7,6 +7,11 @@ samples what the same run without one samples. Before sampling batch s it takes 
 s - 1 - lag from the learner (`hacrl.agent.weightsync.WeightChannel`) unless it holds them. Its stream travels in
 the learner's checkpoint part (the backend hands it over before a save, `AgentWorker.adopt_stream`), so a
 checkpoint looks the same with or without a sampler and resumes either way.
+
+It also computes its learner's proximal log-probs (`proximal`: the own rows after the first mini-batch, under the
+weights update s starts from, which are the ones it samples batch s + lag with) while the learner trains its first
+mini-batch: that pass leaves the learner, whose update is the longer role where sampling and learning take similar
+time.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from hacrl import faults
 from hacrl.agent.weightsync import HandedWeights, WeightChannel
-from hacrl.agent.worker import AgentWorker
+from hacrl.agent.worker import AgentWorker, _Rollout
 from hacrl.checkpoint import agent_part, read_rng
-from hacrl.messages import LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
+from hacrl.messages import LearnCall, Learned, OwnRollout, SampleCall, Sampled, WorkerInfo, WorkerSpec
 
 
 class SamplerWorker(AgentWorker):
@@ -30,14 +36,32 @@ class SamplerWorker(AgentWorker):
         self.learns = not spec.agent.frozen  # a frozen agent's weights never change: nothing to take
         self.version = 0
         """The update whose weights it holds (0: the starting weights; a resumed run's: its checkpoint's step)."""
+        self._sync_s = 0.0
+        """Seconds spent taking weights since the last batch (reported with it as `Sampled.sync_s`)."""
 
     def sample(self, call: SampleCall) -> Sampled:
-        wanted, sync_s = max(0, call.step - 1 - self.lag), 0.0
+        self._take(max(0, call.step - 1 - self.lag))
+        sync_s, self._sync_s = self._sync_s, 0.0
+        return replace(super().sample(call), sync_s=sync_s)
+
+    def proximal(self, step: int, rollout: OwnRollout, first: int) -> list[list[float]]:
+        """The proximal log-probs of its learner's update `step` for the own rows of `rollout` from `first` on: under
+        the weights after update step - 1 (the update's starting weights, which it then samples batch step + lag
+        with), by the learner's own pass (`_old_logprobs`), so the values are the learner's. As lists of floats (the
+        float32 values exactly): a tensor would travel as shared memory this process hands over, lost if it dies
+        before the learner reads the reply."""
+        self._take(max(0, step - 1))
+        with self._guarded("proximal log-probs", step):
+            values = [x.tolist() for x in self._old_logprobs(_Rollout.from_portable(rollout).samples[first:])]
+        faults.hit("proximal")
+        return values
+
+    def _take(self, wanted: int) -> None:
+        """Hold the weights after update `wanted` (taken from the learner unless held already)."""
         if self.learns and wanted != self.version:
-            sync_s = self.channel.take(self.agent.sampling_model, wanted)
+            self._sync_s += self.channel.take(self.agent.sampling_model, wanted)
             self.agent.weights_changed()
             self.version = wanted
-        return replace(super().sample(call), sync_s=sync_s)
 
     def learn(self, call: LearnCall) -> Learned:
         raise RuntimeError(f"the sampler of agent {self.name!r} does not learn")

@@ -197,11 +197,14 @@ class AgentWorker:
             return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
-        old_logp = rollout.old_logp
+        old_logp, deferred = rollout.old_logp, None
         if stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
             first = min(self.spec.trainer.mini_batch_size, len(rollout.samples))
-            with self._guarded("proximal log-probs", step):
-                old_logp = [None] * first + self._old_logprobs(rollout.samples[first:])
+            if call.proximal is not None:  # its sampler computes the rest meanwhile (it holds these weights)
+                old_logp, deferred = [None] * len(rollout.samples), (first, call.proximal)
+            else:
+                with self._guarded("proximal log-probs", step):
+                    old_logp = [None] * first + self._old_logprobs(rollout.samples[first:])
         own_rows = learner_rows(
             self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
@@ -210,7 +213,7 @@ class AgentWorker:
                 row.behaviour_logp = behaviour
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):
-            metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps)
+            metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps, deferred=deferred)
         self._rollout = None
         if self.channel is not None:  # the weights after update `step`, for the sampler of its own
             metrics["time/weight_sync"] = self.channel.publish(self.agent.sampling_model, step)
@@ -352,9 +355,11 @@ class AgentWorker:
         return guards.phase(self.name, self.index, self.agent.device, phase, step)
 
     def _update(self, own_rows: list[LearnerRow], foreign: list[Trajectory], prompt_ids: list[list[int]],
-                capabilities: torch.Tensor) -> dict[str, Any]:  # fmt: skip
+                capabilities: torch.Tensor, *, deferred=None) -> dict[str, Any]:  # fmt: skip
         """Advantages over the learner's pool (its own rows, then `foreign`), the sharing policy's selection, then
-        one optimizer step per mini-batch in pool order."""
+        one optimizer step per mini-batch in pool order. `deferred` = (first, handle): the own rows from `first` on
+        take their old log-probs from `handle()` once the first optimizer step is done (before it, nothing reads
+        them)."""
         agent, cfg = self.agent, self.spec.trainer
         pool = [*own_rows, *foreign]  # what the advantages and the selection read: reward, group, source
         adv = self.algorithm.advantages(
@@ -376,6 +381,8 @@ class AgentWorker:
 
         def mini_batches():
             for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+                if m == 1 and deferred is not None:
+                    _take_deferred(self.name, own_rows, rows, *deferred)
                 # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
                 mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
                 if mini:
@@ -479,6 +486,19 @@ class AgentWorker:
             check_values=False,  # `_check_rows` checked them for the whole update
         )
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
+
+
+def _take_deferred(name: str, own_rows: list[LearnerRow], rows: list[LearnerRow], first: int, handle) -> None:
+    """The own rows' old log-probs from `first` on, from `handle()` (the sampler's proximal pass: float lists),
+    checked as `_check_rows` checks the others."""
+    own = {id(r) for r in own_rows}
+    if [id(r) for r in rows if id(r) in own] != [id(r) for r in own_rows]:  # every own row kept, as it is
+        raise RuntimeError(f"agent {name!r}: the pool's own rows are not the ones whose log-probs were deferred")
+    values = [torch.tensor(v, dtype=torch.float32) for v in handle()]
+    if not all(bool(torch.isfinite(v).all()) for v in values):
+        raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
+    for row, logp in zip(own_rows[first:], values, strict=True):
+        row.old_logp = logp
 
 
 def _per_row(mask: torch.Tensor, values: list[torch.Tensor | None], base: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ its learner learns (`hacrl.agent.sampler_worker`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from hacrl.agent.worker import AgentWorker
@@ -19,6 +20,7 @@ class LocalWorkers(WorkerGroup):
         self.workers: list[Any] = []
         self.samplers: list[LocalRanks | None] = []
         self.names = [spec.agent.name for spec in specs]
+        self.specs = specs
         try:
             for spec in specs:
                 worker = LocalRanks(spec) if spec.agent.devices else AgentWorker(spec)
@@ -44,10 +46,31 @@ class LocalWorkers(WorkerGroup):
         if not any(self.samplers):
             return super().sample_then_learn(samples, learns, between)
         what = f"sampling at step {samples[0].step}"
+        learns, deferred = self._proximal_on_samplers(learns)
         own = self._begin_sampling(samples, what)
         learned = self.learn(learns)
+        for handle in deferred:  # taken by its learner unless every row after its first mini-batch was empty
+            handle()
         sampled = self._end_sampling(own, what)
         return sampled, between(sampled), learned
+
+    def _proximal_on_samplers(self, learns: Sequence[LearnCall]) -> tuple[list[LearnCall], list[_Reply]]:
+        """Each sampler first computes its learner's proximal log-probs (`SamplerWorker.proximal`), the learner
+        taking them after its first optimizer step; for learners in this process with rows after their first
+        mini-batch (a worker group's ranks compute theirs)."""
+        calls, deferred = list(learns), []
+        for j, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
+            spec = self.specs[j]
+            first = spec.trainer.mini_batch_size
+            if sampler is None or spec.agent.devices or spec.agent.frozen or call.rollout is None:
+                continue
+            if len(call.rollout.response_ids) <= first:
+                continue
+            what = f"computing proximal log-probs for step {call.step}"
+            sampler.submit("proximal", (call.step, call.rollout, first), what)
+            deferred.append(_Reply(sampler, what))
+            calls[j] = replace(call, proximal=deferred[-1])
+        return calls, deferred
 
     def _begin_sampling(self, calls: Sequence[SampleCall], what: str) -> dict[int, Sampled]:
         """Send each sampler of its own its call (it samples meanwhile), then sample the other agents here."""
@@ -86,3 +109,16 @@ class LocalWorkers(WorkerGroup):
             if isinstance(worker, LocalRanks):
                 worker.close()
         self.workers, self.samplers = [], []
+
+
+class _Reply:
+    """A sampler's reply to a call submitted earlier, collected once, when first asked for (its pipe answers in
+    order, so it must be collected before the sampler's next reply)."""
+
+    def __init__(self, sampler: LocalRanks, what: str) -> None:
+        self.sampler, self.what, self.taken, self.value = sampler, what, False, None
+
+    def __call__(self) -> Any:
+        if not self.taken:
+            self.value, self.taken = self.sampler.collect(self.what), True
+        return self.value

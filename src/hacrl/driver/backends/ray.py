@@ -86,6 +86,11 @@ class _Actor:
         if pool is not None:
             index = self.worker.index
             call = replace(call, foreign=sorted((t for t in pool if t.source != index), key=lambda t: t.source))
+        if call.proximal is not None:  # a reference to what its sampler computes: fetched when the update needs it
+            import ray
+
+            ref = call.proximal
+            call = replace(call, proximal=lambda: ray.get(ref))
         return self.worker.learn(call)
 
     def pid(self) -> int:
@@ -109,6 +114,7 @@ class RayWorkers(WorkerGroup):
     def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
         ray = self._ray = _import_ray()
         self.names = [s.agent.name for s in specs]
+        self.specs = specs
         self._started_ray = False
         self.actors: list[Any] = []
         self.groups = []
@@ -262,9 +268,10 @@ class RayWorkers(WorkerGroup):
             refs.extend(actor.learn.remote(*shared) for actor in actors)
         return refs, first
 
-    def _submit_samples(self, calls) -> tuple[list, list, list[int]]:
-        """Each agent's sample call: on its sampler's actor (after the weights its learner handed over last), or
-        on every actor of its worker; the refs, their owners and where each agent's answer is among them."""
+    def _submit_samples(self, calls, learns=None) -> tuple[list, list, list[int]]:
+        """Each agent's sample call: on its sampler's actor (after the weights its learner handed over last, and
+        with `learns` its learner's proximal pass, `_proximal_ref`), or on every actor of its worker; the refs, their
+        owners and where each agent's answer is among them."""
         refs, owners, first = [], [], []
         for i, call in enumerate(calls):
             first.append(len(refs))
@@ -277,16 +284,31 @@ class RayWorkers(WorkerGroup):
             if self._handed[i] is not None:
                 sampler.receive.remote(self._handed[i])  # an actor runs its calls in order: before the sample
                 self._handed[i] = None
+            if learns is not None:
+                learns[i] = self._proximal_ref(i, learns[i])
             refs.append(sampler.call.remote("sample", call))
             owners.append((i, "sampler"))
         return refs, owners, first
+
+    def _proximal_ref(self, i: int, call: LearnCall) -> LearnCall:
+        """Learner i's call with a reference to the proximal log-probs its sampler computes first (the learner takes
+        them after its first optimizer step, `SamplerWorker.proximal`); as it was for a worker group, a frozen agent,
+        or an update of one mini-batch."""
+        spec, sampler = self.specs[i], self.samplers[i]
+        first = spec.trainer.mini_batch_size
+        if len(self.groups[i]) != 1 or spec.agent.frozen or call.rollout is None:
+            return call
+        if len(call.rollout.response_ids) <= first:
+            return call
+        return replace(call, proximal=sampler.call.remote("proximal", call.step, call.rollout, first))
 
     def sample_then_learn(self, samples, learns, between):
         """Every actor gets both calls at once (an actor runs its calls in order): an agent learns as soon as it has
         sampled, whatever the others do; `between` runs on the driver once every sample is in. An agent with a
         sampler actor samples there while its learner learns; the learner's new weights (an object reference) go
         to the sampler before its next batch."""
-        sample_refs, owners, first = self._submit_samples(samples)
+        learns = list(learns)
+        sample_refs, owners, first = self._submit_samples(samples, learns)
         learn_refs, learn_first = self._submit_learns(learns)
         for i, sampler in enumerate(self.samplers):
             if sampler is not None:
