@@ -69,8 +69,8 @@ def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, mon
 
     real = Worker._update
 
-    def poisoning(self, *args):
-        metrics = real(self, *args)
+    def poisoning(self, *args, **kwargs):
+        metrics = real(self, *args, **kwargs)
         if self.optimizer_steps >= 8 and self.name == "llama":
             with torch.no_grad():
                 next(self.agent.model.parameters()).view(-1)[0] = float("nan")
