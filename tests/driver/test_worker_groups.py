@@ -198,6 +198,23 @@ def test_a_damaged_sharded_optimizer_is_found_and_a_metadata_that_names_code_is_
     assert not (tmp_path / "ran").exists()
 
 
+def _from_a_terminal(cfg):
+    """`hacrl train CFG` in a session of its own, with SIGINT as a terminal's foreground job has it (default, not
+    blocked): a test process started in the background by a shell without job control (`.ci/run ... &`) ignores
+    SIGINT, a child inherits that through exec, and Python then installs no KeyboardInterrupt handler over it."""
+    import signal
+    import subprocess
+    import sys
+
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    return subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(cfg)], start_new_session=True,
+                            preexec_fn=default_sigint, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_ctrl_c_to_the_whole_process_group_stops_after_the_step_and_resumes_exactly(tiny_agents, tmp_path,
                                                                                      two_rank_run):  # fmt: skip
@@ -205,13 +222,10 @@ def test_ctrl_c_to_the_whole_process_group_stops_after_the_step_and_resumes_exac
     writes a checkpoint with them and stops (128 + SIGINT); `--resume` ends with the uninterrupted run's numbers."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
     cfg = _config(tiny_agents, tmp_path, "cut", checkpoint={"every": 0})
-    proc = subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(cfg)], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = _from_a_terminal(cfg)
     metrics = tmp_path / "cut" / "metrics.jsonl"
     deadline = time.time() + 120
     while proc.poll() is None and time.time() < deadline and not (metrics.is_file() and metrics.read_text()):
@@ -260,14 +274,11 @@ def test_ctrl_c_while_a_worker_group_starts_is_one_line(tiny_agents, tmp_path):
     only held back), and the driver stops them at once."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
     cfg = _config(tiny_agents, tmp_path, "cut")
-    proc = subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(cfg)], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = _from_a_terminal(cfg)
 
     def ranks() -> list[int]:
         found = []
