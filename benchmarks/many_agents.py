@@ -27,6 +27,11 @@ call's arguments by their pickled size. Writes benchmarks/results/driver_pool.md
 a head and a second node on loopback, N / 2 logical CPUs each, every agent asking for one, so Ray must use both),
 sharing `all`, and reports where each agent ran, the step's phases and the driver's peak memory. Writes
 benchmarks/results/many_agents_cluster.md.
+
+`--learning` runs the pre-registered four-agent learning round (issue 64, part 5; analysis.md, "Many-agents round
+1"): the `many4` bed of benchmarks/beds.py (the demo's task, four agents of four sizes), (A) `sharing.policy: all`,
+(B) `sharing.budget_per_prompt: 8` and (C) GSPO, B and C with the steps that give them A's update seconds (from
+`--pilot`, which times a few steps of each arm and proposes them). Writes benchmarks/results/many-learning.md / .json.
 """
 
 from __future__ import annotations
@@ -260,6 +265,123 @@ def render_cluster(runs: list[dict], argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+LEARNING_ARMS = {"A": ["sharing.policy=all"], "B": ["sharing.budget_per_prompt=8"], "C": ["algorithm.name=gspo"]}
+LEARNING_STEPS = {"A": 40, "B": 83, "C": 154}
+"""From the pilot before the round ran (analysis.md, "Many-agents round 1"): B and C at A's update seconds (update
+seconds per step on this machine, one torch thread: A 7.89, B 3.79, C 2.04; 40 x 7.89 / 3.79 = 83, / 2.04 = 154)."""
+LEARNING_BASE = ["data.eval_size=1280", "eval.every=0", "eval.at_start=false", "checkpoint.every=0",
+                 "logging.console=false", "logging.tensorboard=false", "runtime.torch_threads=1"]  # fmt: skip
+
+
+def many4_config(scratch: Path) -> tuple[Path, list[str]]:
+    """configs/demo.yaml with the many4 bed's four agents (built once into .cache/bench-agents/many4)."""
+    from beds import MANY4
+
+    from hacrl.tools.testbed.demo import bootstrap
+
+    out = ROOT / ".cache" / "bench-agents" / "many4"
+    bootstrap(out, MANY4)
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    cfg["agents"] = [{"name": a.name, "model": str(out / a.name), "lr": 3.0e-5} for a in MANY4.agents]
+    path = scratch / "many4.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, [a.name for a in MANY4.agents]
+
+
+def learning_run(config: Path, settings: list[str], names: list[str], scratch: Path) -> dict:
+    run_dir = scratch / f"run-{time.time_ns()}"
+    command = [sys.executable, "-m", "hacrl", "train", str(config), f"trainer.output_dir={run_dir}", *settings]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "time/update" in r]
+    row = {"update_s": sum(r["time/update"] for r in steps), "train_s": sum(r["time/step"] for r in steps),
+           "update_s_per_step": statistics.median(r["time/update"] for r in steps[1:] or steps),
+           "rows_per_learner": statistics.mean(r[f"{a}/trained_sequences"] for r in steps for a in names)}  # fmt: skip
+    if "eval/" + names[0] + "/pass@1" in records[-1]:
+        row.update({f"{a}/pass@1": records[-1][f"eval/{a}/pass@1"] for a in names})
+    return row
+
+
+def pilot(steps: int) -> dict:
+    """A few steps of each arm without evaluation: update seconds per step (median of steps 2 on), and the steps of
+    B and C that give them A's update seconds over A's 40."""
+    scratch = RESULTS / ".runs" / "many-learning-pilot"
+    scratch.mkdir(parents=True, exist_ok=True)
+    config, names = many4_config(scratch)
+    timing = {}
+    for arm, overrides in LEARNING_ARMS.items():
+        settings = [*LEARNING_BASE, "eval.max_prompts=1", f"trainer.steps={steps}", *overrides]
+        timing[arm] = learning_run(config, settings, names, scratch)
+        print(arm, json.dumps(timing[arm]), flush=True)
+    per_step = {arm: t["update_s_per_step"] for arm, t in timing.items()}
+    proposed = {arm: round(LEARNING_STEPS["A"] * per_step["A"] / per_step[arm]) for arm in LEARNING_ARMS}
+    return {"steps": steps, "timing": timing, "proposed_steps": proposed}
+
+
+def learning(seeds: range) -> dict:
+    """The round: each seed's three arms (order rotated by seed), every agent's final greedy pass@1; with no seeds,
+    the runs already in the log (`--seeds` with no value: two processes' seeds together)."""
+    scratch = RESULTS / ".runs" / "many-learning"
+    scratch.mkdir(parents=True, exist_ok=True)
+    config, names = many4_config(scratch)
+    log = scratch / "runs.jsonl"  # every finished run, so that seeds can run in two processes and a stop loses none
+    for seed in seeds:
+        order = ["A", "B", "C"][seed % 3 :] + ["A", "B", "C"][: seed % 3]
+        for arm in order:
+            settings = [*LEARNING_BASE, f"trainer.steps={LEARNING_STEPS[arm]}", f"trainer.seed={seed}",
+                        *LEARNING_ARMS[arm]]  # fmt: skip
+            row = {"seed": seed, "arm": arm, "steps": LEARNING_STEPS[arm],
+                   **learning_run(config, settings, names, scratch)}  # fmt: skip
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    start = json.loads((ROOT / ".cache" / "bench-agents" / "many4" / "bootstrap.json").read_text())
+    warm = {a: report.get("eval_pass@1") for a, report in start["agents"].items()}
+    return {"runs": runs, "agents": names, "warm_start": warm}
+
+
+def paired(runs: list[dict], agent: str, arm: str, base: str) -> str | None:
+    """`arm - base` on `agent`'s final pass@1, paired by seed, with the pre-registered rule."""
+    value = {(r["seed"], r["arm"]): r[f"{agent}/pass@1"] for r in runs}
+    seeds = sorted({s for s, _ in value})
+    diffs = [value[(s, arm)] - value[(s, base)] for s in seeds if (s, arm) in value and (s, base) in value]
+    if len(diffs) < 2:
+        return None
+    mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    low, high = mean - 2 * se, mean + 2 * se
+    verdict = ("equivalent within +-2 points" if low > -0.02 and high < 0.02 else
+               "better" if low > 0 else "worse" if high < 0 else "inconclusive")  # fmt: skip
+    return (f"{agent}: {arm} - {base} = {100 * mean:+.1f} points (standard error {100 * se:.1f}, {len(diffs)} seeds; "
+            f"mean +- 2 SE [{100 * low:+.1f}, {100 * high:+.1f}]): {verdict}")  # fmt: skip
+
+
+def render_learning(result: dict) -> str:
+    names, runs = result["agents"], result["runs"]
+    lines = ["# Many-agents round 1: four agents, a sharing budget against `all` and GSPO at equal update seconds", "",
+             "Pre-registered in `benchmarks/results/analysis.md` (Many-agents round 1). "
+             f"`python benchmarks/many_agents.py --learning`. (A) `all`, {LEARNING_STEPS['A']} steps; "
+             f"(B) `budget_per_prompt: 8`, {LEARNING_STEPS['B']} steps; (C) GSPO, {LEARNING_STEPS['C']} steps (B and C "
+             "at A's update seconds, from the pilot).", "",
+             "Warm-start greedy pass@1 (bootstrap.json): "
+             + ", ".join(f"{a} {100 * v:.1f} %" for a, v in result["warm_start"].items()), "",
+             "| seed | arm | steps | update s | training s | rows per learner and step | "
+             + " | ".join(f"{a} pass@1" for a in names) + " |", "|---" * (6 + len(names)) + "|"]  # fmt: skip
+    for r in sorted(runs, key=lambda r: (r["seed"], r["arm"])):
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['steps']} | {r['update_s']:.0f} | {r['train_s']:.0f} | "
+                     f"{r['rows_per_learner']:.0f} | " + " | ".join(f"{100 * r[f'{a}/pass@1']:.1f} %" for a in names)
+                     + " |")  # fmt: skip
+    lines.append("")
+    for agent in names:
+        for arm, base in (("B", "A"), ("B", "C"), ("A", "C")):
+            line = paired(runs, agent, arm, base)
+            if line:
+                lines.append(f"- {line}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -269,9 +391,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the driver's memory for one step's pool of this size instead")  # fmt: skip
     parser.add_argument("--cluster", type=int, nargs="+", metavar="N",
                         help="N agents across a two-node local Ray cluster (each N in turn)")  # fmt: skip
+    parser.add_argument("--learning", action="store_true", help="many-agents round 1 (pre-registered in analysis.md)")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4],
+                        help="--learning's trainer seeds (none: render the runs logged so far)")  # fmt: skip
+    parser.add_argument("--pilot", type=int, metavar="STEPS", help="time STEPS steps of each arm of --learning")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if args.pilot:
+        result = pilot(args.pilot)
+        (RESULTS / "many-learning-pilot.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["proposed_steps"]))
+        return 0
+    if args.learning:
+        result = learning(args.seeds)
+        (RESULTS / "many-learning.json").write_text(json.dumps(result, indent=1) + "\n")
+        text = render_learning(result)
+        (RESULTS / "many-learning.md").write_text(text)
+        print(text)
+        return 0
     if args.cluster:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         runs = [cluster(n, args.steps) for n in args.cluster]
         (RESULTS / "many_agents_cluster.json").write_text(json.dumps(runs, indent=1) + "\n")
         text = render_cluster(runs, argv if argv is not None else sys.argv[1:])

@@ -1009,6 +1009,32 @@ def test_many_agents_fits_the_update_exponent_and_renders_its_table():
     assert "Update seconds ~ N^2.00 between N = 4 and 16 with `all`." in text
 
 
+def test_many_agents_learning_round_applies_the_pre_registered_rule_by_hand():
+    """benchmarks/many_agents.py --learning: arm differences paired by seed, mean +- 2 SE against the +-2-point
+    margin (equivalent / better / worse / inconclusive), and the table's rows."""
+    many = _script("many_agents", "many_agents_benchmark")
+
+    def run(seed, arm, value):
+        return {"seed": seed, "arm": arm, "steps": 40, "update_s": 100.0, "train_s": 200.0, "rows_per_learner": 512,
+                "a/pass@1": value}  # fmt: skip
+
+    base = [0.30, 0.20, 0.25]
+    runs = [run(s, "A", v) for s, v in enumerate(base)]
+    same = runs + [run(s, "B", v + d) for s, (v, d) in enumerate(zip(base, (0.001, -0.001, 0.0), strict=True))]
+    assert many.paired(same, "a", "B", "A").endswith("equivalent within +-2 points")
+    up = runs + [run(s, "B", v + d) for s, (v, d) in enumerate(zip(base, (0.05, 0.06, 0.04), strict=True))]
+    assert "B - A = +5.0 points (standard error 0.6, 3 seeds" in many.paired(up, "a", "B", "A")
+    assert many.paired(up, "a", "B", "A").endswith("better")
+    down = runs + [run(s, "C", v - d) for s, (v, d) in enumerate(zip(base, (0.05, 0.06, 0.04), strict=True))]
+    assert many.paired(down, "a", "A", "C").endswith("better")  # A - C: C is the lower one
+    wide = runs + [run(s, "B", v + d) for s, (v, d) in enumerate(zip(base, (0.10, -0.08, 0.01), strict=True))]
+    assert many.paired(wide, "a", "B", "A").endswith("inconclusive")
+    assert many.paired(runs[:1] + [run(0, "B", 0.3)], "a", "B", "A") is None  # one seed: no standard error
+    text = many.render_learning({"agents": ["a"], "runs": up, "warm_start": {"a": 0.2}})
+    assert "| 1 | B | 40 | 100 | 200 | 512 | 26.0 % |" in text
+    assert "Warm-start greedy pass@1 (bootstrap.json): a 20.0 %" in text
+
+
 def test_the_driver_holds_one_pool_whatever_the_number_of_learners():
     """benchmarks/many_agents.py --driver-pool through the driver's own code: the object store gets the pool once
     (its text plus small records), each Ray learn call carries a reference instead of the others' answers (which
