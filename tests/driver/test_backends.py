@@ -33,6 +33,11 @@ CASES = {
     "hacpo-3-agents": (["llama", "qwen", "tiny"], {"name": "hacpo"}),
     "hacpo-lag-1": (["llama", "qwen"], {"name": "hacpo"}),  # sample and learn calls at once on each actor
     "hacpo-lag-1-samplers": (["llama", "qwen"], {"name": "hacpo"}),  # each agent's sampler an actor / a process
+    "hacpo-lag-1-group-sampler": (["llama", "qwen"], {"name": "hacpo"}),  # qwen: two ranks and a sampler of its own
+}
+OVERRIDES = {
+    "hacpo-lag-1-samplers": ["agents.0.sampler_devices=[cpu]", "agents.1.sampler_devices=[cpu]"],
+    "hacpo-lag-1-group-sampler": ["agents.1.devices=[cpu, cpu]", "agents.1.sampler_devices=[cpu]"],
 }
 
 
@@ -54,9 +59,7 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
             runtime={"backend": backend, "torch_threads": 2},
             scoring={"function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
         )
-        if case.endswith("samplers"):
-            overrides = [f"agents.{i}.sampler_devices=[cpu]" for i in range(len(names))]
-        assert main(["train", str(cfg), *(overrides if case.endswith("samplers") else [])]) == 0
+        assert main(["train", str(cfg), *OVERRIDES.get(case, [])]) == 0
         runs[backend] = run
     same_numbers(records(runs["ray"]), records(runs["local"]))
     same_weights(runs["ray"], runs["local"], 3, names)
@@ -65,7 +68,8 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
         for a in names:
             if "lag-1" in case:  # no barrier between an agent's sampling and update: the step's wall time
                 sampling, update = r[f"{a}/time/busy_sampling"], r[f"{a}/time/busy_update"]
-                busy = max(sampling, update) if case.endswith("samplers") else sampling + update
+                own_sampler = f"agents.{names.index(a)}.sampler_devices=[cpu]" in OVERRIDES.get(case, [])
+                busy = max(sampling, update) if own_sampler else sampling + update
                 assert busy + r[f"{a}/time/wait_step"] == pytest.approx(r["time/sampling"] + r["time/update"])
                 continue
             for phase in ("sampling", "update"):

@@ -206,6 +206,11 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
         (["agents.0.sampler_devices=[cpu]"], "needs trainer.lag >= 1"),
         (["agents.0.sampler_devices=[cpu, cpu]", "trainer.lag=1"], "must name one device"),
         (["agents.0.sampler_devices=[gpu]", "trainer.lag=1"], "agents.0.sampler_devices.0"),
+        (["agents.0.sampler_devices=[cpu]", "trainer.lag=1", "agents.0.lora={r: 4}"], "not LoRA adapters"),
+        (
+            ["agents.0.sampler_devices=[cuda:1]", "trainer.lag=1", "agents.0.devices=[cuda:0, cuda:1]"],
+            "is one of the learner's own GPUs (agents.0.devices)",
+        ),  # fmt: skip
     ],
 )
 def test_bad_sampler_settings_are_refused(tiny_agents, tmp_path, capsys, overrides, expected):
@@ -247,3 +252,29 @@ def test_lag_through_a_worker_group_and_a_frozen_agents_sampler_resumes_exactly(
     last = records(full)[-1]
     assert last["qwen/shared_offered"] == 8 and "qwen/behaviour_weight_mean" in last
     assert "llama/optimizer_steps" not in last
+
+
+@pytest.mark.slow
+def test_a_worker_groups_sampler_of_its_own_gives_the_groups_run_and_resumes_exactly(tiny_agents, tmp_path):
+    """qwen on two gloo ranks (FSDP2) with a sampler of its own at lag 1: rank 0 hands over the compute copy the
+    ranks gather after each update, and the sampler draws each rank's share from that rank's stream, so the run's
+    numbers and weights are those of the group sampling for itself; stopped one step early and resumed (each rank
+    saves its share's stream), it ends the same."""
+    import yaml
+
+    from tests.conftest import assert_resumes_exactly
+
+    def config(run, sampler=True):
+        path = write_config(tmp_path / f"{run.name}.yaml", tiny_agents, ["llama", "qwen"], run,
+                            trainer={"steps": 3, "lag": 1}, scoring=GRADED, checkpoint={"every": 1})  # fmt: skip
+        data = yaml.safe_load(path.read_text())
+        data["agents"][1].update(devices=["cpu", "cpu"], **({"sampler_devices": ["cpu"]} if sampler else {}))
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    reference = tmp_path / "group"
+    assert main(["train", str(config(reference, sampler=False))]) == 0
+    full, _ = assert_resumes_exactly(config, tmp_path, 3)
+    same_numbers(records(full), records(reference))
+    same_weights(full, reference, 3)
+    assert all(r["qwen/time/weight_sync"] > 0 for r in records(full)[1:])

@@ -169,6 +169,8 @@ def test_a_sampler_of_its_own_is_planned_on_its_device_as_a_frozen_copy(families
     assert sampler.parts["weights"] == learner.parts["weights"] and sampler.parts["KV cache (sampling)"] > 0
     for part in ("gradients", "optimizer state (AdamW)", "reference model (KL)", "activations, one micro-batch"):
         assert sampler.parts[part] == 0, part
+    group = plan(load_config(cfg, ["trainer.lag=1", "agents.1.devices=[cpu, cpu]", "agents.1.sampler_devices=[cpu]"]))
+    assert group[2].devices == ["cpu"] and group[2].parts["weights"] == learner.parts["weights"]  # the whole copy
 
 
 def test_the_plan_counts_adapter_state_only(families, tmp_path):

@@ -41,6 +41,7 @@ from hacrl.agent.distributed import (
     save_optimizer_tensors,
 )
 from hacrl.agent.logprobs import TokenBatch
+from hacrl.agent.weightsync import WeightChannel
 from hacrl.agent.worker import AgentWorker, _Rollout
 from hacrl.checkpoint import agent_part, read_rng, write_rng
 from hacrl.core.metrics import MetricReducer
@@ -48,7 +49,7 @@ from hacrl.errors import CheckpointError, NonFiniteError, first_line
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, WorkerInfo, WorkerSpec
 
 
-def _share(count: int, rank: int, world: int) -> range:
+def rank_share(count: int, rank: int, world: int) -> range:
     """Rank `rank`'s contiguous share of `count` items (sizes differ by at most one; earlier ranks the larger)."""
     return range(rank * count // world, (rank + 1) * count // world)
 
@@ -76,16 +77,10 @@ class ShardedWorker(AgentWorker):
     def sample(self, call: SampleCall) -> Sampled:
         began = time.time()
         self.agent.sync_sampling_weights()  # up to date since `learn`: nothing to gather here
-        mine, generate_s, logprobs_s = self._sample_share(call, _share(len(call.prompts), self.rank, self.world))
+        mine, generate_s, logprobs_s = self._sample_share(call, rank_share(len(call.prompts), self.rank, self.world))
         parts: list = [None] * self.world
         dist.all_gather_object(parts, mine)  # every rank: the whole step's rollout, in one worker's order
-        rollout = _Rollout(
-            call.step,
-            [ids for part in parts for ids in part.prompt_ids],
-            [s for part in parts for s in part.samples],
-            [t for part in parts for t in part.old_logp],
-            [t for part in parts for t in part.trajectories],
-        )
+        rollout = _Rollout.joined(call.step, parts)
         return self._sampled(rollout, generate_s, logprobs_s, began)
 
     def learn(self, call: LearnCall) -> Learned:
@@ -93,8 +88,23 @@ class ShardedWorker(AgentWorker):
         self.agent.sync_sampling_weights()  # a gather: on every rank here, once per update, never inside `generate`
         return learned
 
+    def publish_weights(self, step: int) -> dict[str, float]:
+        """The gathered compute copy after update `step` (the gather is a collective: every rank, before rank 0
+        writes it for the sampler of its own)."""
+        self.agent.sync_sampling_weights()
+        return super().publish_weights(step)
+
+    def open_weight_channel(self, kind: type = WeightChannel) -> WeightChannel | None:
+        """Rank 0 writes the group's weights for its sampler (the whole compute copy every rank gathers); the other
+        ranks hold none."""
+        return super().open_weight_channel(kind) if self.rank == 0 else None
+
+    def adopt_stream(self, rng: dict | list[dict]) -> None:
+        """A group's sampler draws each rank's share from that rank's stream: rank r takes the r-th."""
+        super().adopt_stream(rng[self.rank] if isinstance(rng, list) else rng)
+
     def generate(self, call: GenerateCall) -> list[Completion]:
-        share = _share(len(call.prompts), self.rank, self.world)
+        share = rank_share(len(call.prompts), self.rank, self.world)
         seed = None if call.seed is None else seeds.rank(call.seed, self.rank)
         mine = super().generate(replace(call, prompts=[call.prompts[i] for i in share], seed=seed)) if share else []
         parts: list = [None] * self.world
@@ -161,7 +171,7 @@ class ShardedWorker(AgentWorker):
     def accumulate(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
         num_own = sum(rows[i].source == self.index for i in mini)
         size = self.spec.trainer.micro_batch_size
-        mine = [mini[i] for i in _share(len(mini), self.rank, self.world)]
+        mine = [mini[i] for i in rank_share(len(mini), self.rank, self.world)]
         micro_batches = math.ceil(math.ceil(len(mini) / self.world) / size)  # the same on every rank
         collected = []
         for j in range(micro_batches):

@@ -79,6 +79,17 @@ class _Rollout:
         )
 
     @classmethod
+    def joined(cls, step: int, parts: list[_Rollout]) -> _Rollout:
+        """The shares of a worker group's ranks, in rank order: the rollout one worker would have sampled."""
+        return cls(
+            step,
+            [ids for part in parts for ids in part.prompt_ids],
+            [s for part in parts for s in part.samples],
+            [t for part in parts for t in part.old_logp],
+            [t for part in parts for t in part.trajectories],
+        )
+
+    @classmethod
     def from_portable(cls, rollout: OwnRollout) -> _Rollout:
         samples = [
             Sample(rollout.prompt_ids[t.group], ids, t.text, t.finish_reason == "eos")
@@ -215,13 +226,10 @@ class AgentWorker:
         with self._guarded("the update", step):
             metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps, deferred=deferred)
         self._rollout = None
-        if self.channel is not None:  # the weights after update `step`, for the sampler of its own
-            metrics["time/weight_sync"] = self.channel.publish(self.agent.sampling_model, step)
+        metrics.update(self.publish_weights(step))
         update_s = time.perf_counter() - start
-        if metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
-            metrics["time/update_saved_est"] = (
-                update_s * metrics["shared_tokens_saved"] / max(metrics["trained_tokens"], 1)
-            )
+        if saved := metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
+            metrics["time/update_saved_est"] = update_s * saved / max(metrics["trained_tokens"], 1)
         return Learned(metrics, update_s, (began, time.time()))
 
     def generate(self, call: GenerateCall) -> list[Completion]:
@@ -289,6 +297,11 @@ class AgentWorker:
     def adopt_stream(self, rng: dict) -> None:
         """Take a sampler's stream as its own (saved in its checkpoint part: the agent's sampling stream)."""
         self._rng = rng
+
+    def publish_weights(self, step: int) -> dict[str, float]:
+        """After update `step`: its weights to its sampler of its own (if any); the seconds as a metric."""
+        channel = self.channel
+        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.sampling_model, step)}
 
     def memory(self) -> dict[str, int]:
         """This worker's device memory (`guards.device_memory`); benchmarks ask it of workers in other processes."""

@@ -200,8 +200,10 @@ class AgentConfig:
     process holding the agent's compute-dtype weights, its sampler and its old-log-prob pass, which samples batch
     t + k while the learner runs update t, and takes the learner's new weights after each update (host shared
     memory on the local backend; on Ray a second actor with the agent's num_cpus / num_gpus, the weights handed over
-    through Ray's object store; `<agent>/time/weight_sync`). The numbers are those of the same run without it. Not
-    with `devices` or `lora`. None: the agent's worker samples and learns in turn."""
+    through Ray's object store; `<agent>/time/weight_sync`). The numbers are those of the same run without it. With
+    `devices` (a worker group) rank 0 hands over the whole compute copy the ranks gather after each update, and the
+    sampler draws each rank's share from that rank's stream. Not with `lora`. None: the agent's worker samples and
+    learns in turn."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -274,14 +276,16 @@ class AgentConfig:
         if not isinstance(devices, list) or len(devices) != 1 or not isinstance(devices[0], str):
             raise ConfigError(f"{key} must name one device, like [cpu] or [cuda:3], got {devices!r}")
         check_device_name(devices[0], f"{key}.0")
-        if self.devices is not None or self.lora is not None:
+        if self.lora is not None:
             raise ConfigError(
-                f"{key}: a sampler of its own is built for an agent on one device without LoRA; remove "
-                f"{where}.{'devices' if self.devices is not None else 'lora'} or {key}"
+                f"{key}: a sampler of its own is built for fully trained agents, not LoRA adapters; remove "
+                f"{where}.lora or {key}"
             )
-        if devices[0].startswith("cuda") and devices[0] == self.device:
+        learner = self.devices if self.devices else [self.device]
+        if devices[0].startswith("cuda") and devices[0] in learner:
+            which = f"{where}.devices" if self.devices else f"{where}.device"
             raise ConfigError(
-                f"{key}={devices} is the learner's own GPU ({where}.device): sampling would take turns with the "
+                f"{key}={devices} is one of the learner's own GPUs ({which}): sampling would take turns with the "
                 "update there and gain nothing; name another GPU, or remove it"
             )
 

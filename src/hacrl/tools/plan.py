@@ -238,7 +238,8 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
     plans = [_plan_agent(config, i, agent, device_memory) for i, agent in enumerate(config.agents)]
     for i, agent in enumerate(config.agents):  # a sampler of its own: the agent frozen, on its sampler's device
         if agent.sampler_devices:
-            copy = replace(agent, frozen=True, device=agent.sampler_devices[0], sampler_devices=None, offload="none")
+            copy = replace(agent, frozen=True, device=agent.sampler_devices[0], sampler_devices=None, offload="none",
+                           devices=None)  # fmt: skip
             p, margin = _plan_agent(config, i, copy, device_memory)
             p.name = f"{agent.name} (sampler)"
             plans.append((p, margin))

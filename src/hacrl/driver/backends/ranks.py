@@ -184,6 +184,11 @@ class LocalRanks:
     def describe(self) -> WorkerInfo:
         return self.infos[0]
 
+    def open_weight_channel(self):
+        """Rank 0's channel to the group's sampler of its own (`ShardedWorker.open_weight_channel`; its shared
+        memory comes back through the pipe, as a sampler's process takes it at its start)."""
+        return self.call("open_weight_channel", (), "opening the weight channel of its sampler")
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
 

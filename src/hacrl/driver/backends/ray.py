@@ -211,7 +211,8 @@ class RayWorkers(WorkerGroup):
         self.groups.append(actors)
         self.actors.extend(actors)
         self.owners.extend((i, r) for r in range(k))
-        return [a.setup.remote(spec, RankInfo(r, k, init, device)) for r, a in enumerate(actors)]
+        role = "learner" if spec.agent.sampler_devices else "worker"
+        return [a.setup.remote(spec, RankInfo(r, k, init, device), role) for r, a in enumerate(actors)]
 
     def _check_capacity(self, resources: list[dict[str, float]]) -> None:
         total = self._ray.cluster_resources()
@@ -324,7 +325,9 @@ class RayWorkers(WorkerGroup):
         for i, sampler in enumerate(self.samplers):
             if sampler is not None:
                 stream = self._gather([sampler.call.remote("stream")], what, [(i, "sampler")])[0]
-                self._gather([self.groups[i][0].call.remote("adopt_stream", stream)], what, [(i, None)])
+                ranks = self.groups[i]  # a worker group's ranks each take their own (`ShardedWorker.adopt_stream`)
+                owners = [(i, r if len(ranks) > 1 else None) for r in range(len(ranks))]
+                self._gather([a.call.remote("adopt_stream", stream) for a in ranks], what, owners)
         super().save(directory, what=what)
 
     def load(self, directory: str) -> None:
