@@ -15,7 +15,7 @@ from hacrl.agent.logprobs import TokenBatch, token_logprobs  # noqa: E402
 from hacrl.agent.model import Agent  # noqa: E402
 from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config  # noqa: E402
 from hacrl.tools.cli import main  # noqa: E402
-from tests.conftest import assert_resumes_exactly, records, write_config  # noqa: E402
+from tests.conftest import assert_resumes_exactly, records, without_timings, write_config  # noqa: E402
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
 
@@ -192,3 +192,31 @@ def test_a_merged_sampling_copy_follows_the_adapters_and_leaves_the_base_alone(t
             assert torch.equal(weights[name], value), key
             checked += name.endswith("base_layer.weight")
     assert checked == 3 * 2  # q, v and up projections of both layers
+
+
+@pytest.mark.slow
+def test_a_lora_agent_with_a_sampler_of_its_own_hands_over_its_adapters_only(tiny_agents, tmp_path):
+    """llama (LoRA, its merged copy sampling) with a sampler process of its own at lag 1: the learner hands over
+    only its adapters, the sampler merges them into its own copy of the base, and every number and adapter weight
+    is that of the run without the sampler; stopped one step early and resumed, the same."""
+    import yaml
+
+    def config(run, sampler=True):
+        cfg = _config(tiny_agents, tmp_path, run, trainer={"steps": 3, "lag": 1}, checkpoint={"every": 1},
+                      scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
+        if sampler:
+            data = yaml.safe_load(cfg.read_text())
+            data["agents"][0]["sampler_devices"] = ["cpu"]
+            cfg.write_text(yaml.safe_dump(data))
+        return cfg
+
+    reference = tmp_path / "alone"
+    assert main(["train", str(config(reference, sampler=False))]) == 0
+    full, _ = assert_resumes_exactly(config, tmp_path, 3)
+    ours, theirs = records(full), records(reference)
+    assert [without_timings(r) for r in ours] == [without_timings(r) for r in theirs]
+    a = load_file(full / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
+    b = load_file(reference / "checkpoints" / "step_000003" / "agents" / "llama" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(v.abs().sum() > 0 for k, v in a.items() if "lora_B" in k)  # the adapters moved
+    assert all(r["llama/time/weight_sync"] > 0 for r in ours[1:])

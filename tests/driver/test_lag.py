@@ -206,7 +206,6 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
         (["agents.0.sampler_devices=[cpu]"], "needs trainer.lag >= 1"),
         (["agents.0.sampler_devices=[cpu, cpu]", "trainer.lag=1"], "must name one device"),
         (["agents.0.sampler_devices=[gpu]", "trainer.lag=1"], "agents.0.sampler_devices.0"),
-        (["agents.0.sampler_devices=[cpu]", "trainer.lag=1", "agents.0.lora={r: 4}"], "not LoRA adapters"),
         (
             ["agents.0.sampler_devices=[cuda:1]", "trainer.lag=1", "agents.0.devices=[cuda:0, cuda:1]"],
             "is one of the learner's own GPUs (agents.0.devices)",

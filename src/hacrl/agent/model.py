@@ -360,6 +360,13 @@ class Agent:
         """Response text for scoring and sharing: special tokens (EOS, stray pads) are dropped."""
         return self.tokenizer.decode(response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
+    def handed_over(self) -> dict[str, torch.nn.Parameter]:
+        """What a learner hands its sampler of its own after each update: a LoRA agent's adapters (the sampler
+        holds the same base; its merged copy follows them), otherwise every weight of the module it samples with."""
+        if self.lora is not None:
+            return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        return dict(self.sampling_model.named_parameters())
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

@@ -40,7 +40,8 @@ class SamplerWorker(AgentWorker):
         self.world = spec.agent.num_ranks
         """The ranks of its learner's worker group (1: one worker): it samples rank r's share of every batch from
         rank r's stream, as the group would have (`rank_share`, `seeds.rank`)."""
-        agent = replace(spec.agent, frozen=True, device=device, sampler_devices=None, devices=None)
+        # a LoRA agent's sampler keeps the adapters (never stepped): its old log-probs come from them, as its learner's
+        agent = replace(spec.agent, frozen=spec.agent.lora is None, device=device, sampler_devices=None, devices=None)
         super().__init__(replace(spec, agent=agent, algorithm=replace(spec.algorithm, kl_coef=0.0)), device=device)
         self._streams = [self._seeded(r) for r in range(self.world)] if self.world > 1 else []
         self.channel = channel
@@ -88,7 +89,7 @@ class SamplerWorker(AgentWorker):
     def _take(self, wanted: int) -> None:
         """Hold the weights after update `wanted` (taken from the learner unless held already)."""
         if self.learns and wanted != self.version:
-            self._sync_s += self.channel.take(self.agent.sampling_model, wanted)
+            self._sync_s += self.channel.take(self.agent.handed_over(), wanted)
             self.agent.weights_changed()
             self.version = wanted
 

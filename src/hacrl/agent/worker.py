@@ -291,7 +291,7 @@ class AgentWorker:
     def open_weight_channel(self, kind: type = WeightChannel) -> WeightChannel:
         """The channel through which a sampler of its own gets its weights after each update (`hacrl.agent.weightsync`:
         shared memory on one machine, handed over on Ray)."""
-        self.channel = kind(self.agent.sampling_model, self.name)
+        self.channel = kind(self.agent.handed_over(), self.name)
         return self.channel
 
     def adopt_stream(self, rng: dict) -> None:
@@ -301,7 +301,7 @@ class AgentWorker:
     def publish_weights(self, step: int) -> dict[str, float]:
         """After update `step`: its weights to its sampler of its own (if any); the seconds as a metric."""
         channel = self.channel
-        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.sampling_model, step)}
+        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.handed_over(), step)}
 
     def memory(self) -> dict[str, int]:
         """This worker's device memory (`guards.device_memory`); benchmarks ask it of workers in other processes."""

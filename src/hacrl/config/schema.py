@@ -202,8 +202,8 @@ class AgentConfig:
     memory on the local backend; on Ray a second actor with the agent's num_cpus / num_gpus, the weights handed over
     through Ray's object store; `<agent>/time/weight_sync`). The numbers are those of the same run without it. With
     `devices` (a worker group) rank 0 hands over the whole compute copy the ranks gather after each update, and the
-    sampler draws each rank's share from that rank's stream. Not with `lora`. None: the agent's worker samples and
-    learns in turn."""
+    sampler draws each rank's share from that rank's stream. With `lora` only the adapters are handed over (the
+    sampler loads the same base). None: the agent's worker samples and learns in turn."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -276,11 +276,6 @@ class AgentConfig:
         if not isinstance(devices, list) or len(devices) != 1 or not isinstance(devices[0], str):
             raise ConfigError(f"{key} must name one device, like [cpu] or [cuda:3], got {devices!r}")
         check_device_name(devices[0], f"{key}.0")
-        if self.lora is not None:
-            raise ConfigError(
-                f"{key}: a sampler of its own is built for fully trained agents, not LoRA adapters; remove "
-                f"{where}.lora or {key}"
-            )
         learner = self.devices if self.devices else [self.device]
         if devices[0].startswith("cuda") and devices[0] in learner:
             which = f"{where}.devices" if self.devices else f"{where}.device"
