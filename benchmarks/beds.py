@@ -60,8 +60,19 @@ MANY4 = replace(
     DEMO3,
     agents=[
         *DEMO3.agents,
-        AgentRecipe("qwen-char", "qwen2", "char", hidden=96, layers=3, heads=4, kv_heads=2, sft_steps=640,
-                    sft_lr=3e-3, seed=4, sft_schedule="constant"),  # fmt: skip
+        AgentRecipe(
+            "qwen-char",
+            "qwen2",
+            "char",
+            hidden=96,
+            layers=3,
+            heads=4,
+            kv_heads=2,
+            sft_steps=640,
+            sft_lr=3e-3,
+            seed=4,
+            sft_schedule="constant",
+        ),
     ],
 )
 """Four agents of four sizes: llama-char 1.1M, qwen-bpe 2.4M, llama-bpe 1.2M (demo3's) and qwen-char 0.3M."""

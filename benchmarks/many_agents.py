@@ -4,6 +4,7 @@ per-step sampling / scoring / update seconds under `sharing.policy: all` and wit
 
     python benchmarks/many_agents.py                       # N = 2 4 8 16, all and budget 8, 4 steps per run
     python benchmarks/many_agents.py --agents 2 4 8 16 32 --budgets 8 16
+    python benchmarks/many_agents.py --policies correct learner_fails top_k adaptive   # the other policies too
     python benchmarks/many_agents.py --driver-pool 16 1024 4096   # the driver's memory for one step's pool
     python benchmarks/many_agents.py --cluster 8                  # N = 8 across a two-node local Ray cluster
 
@@ -54,6 +55,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 AGENTS = ROOT / ".cache" / "many-agents"
 FAMILIES = ("llama", "qwen2", "qwen3")
 WIDTHS = (32, 48, 64)
+PROMPTS, GROUP = 8, 8
+POOL_RECORD_BYTES = 120
+"""What a pooled answer costs the driver besides its text (its record's numbers; `hacrl plan`'s estimate)."""
 ALPHABET = "0123456789+-*=() .,:?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\n"
 
 
@@ -72,21 +76,21 @@ def build_agents(n: int) -> list[Path]:
     return out
 
 
-def write_config(path: Path, agents: list[Path], budget: int | None, steps: int) -> Path:
+def write_config(path: Path, agents: list[Path], sharing: dict | None, steps: int) -> Path:
     cfg = {
         "agents": [{"name": p.name.split("-")[0], "model": str(p), "lr": 1e-4} for p in agents],
         "algorithm": {"name": "hacpo"},
-        "rollout": {"group_size": 8, "max_new_tokens": 16, "max_prompt_tokens": 96},
+        "rollout": {"group_size": GROUP, "max_new_tokens": 16, "max_prompt_tokens": 96},
         "data": {"task": "chain_sum", "task_options": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                                                        "max_digits": 2}, "train_size": 256, "eval_size": 8},
-        "trainer": {"steps": steps, "prompts_per_step": 8, "mini_batch_size": 64, "micro_batch_size": 64},
+        "trainer": {"steps": steps, "prompts_per_step": PROMPTS, "mini_batch_size": 64, "micro_batch_size": 64},
         "eval": {"at_start": False, "every": 0, "max_prompts": 1, "save_completions": False},
         "checkpoint": {"every": 0},
         "logging": {"console": False, "tensorboard": False},
         "runtime": {"backend": "local", "torch_threads": 1},
     }  # fmt: skip
-    if budget is not None:
-        cfg["sharing"] = {"budget_per_prompt": budget}
+    if sharing:
+        cfg["sharing"] = sharing
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -105,6 +109,9 @@ def run_once(config: Path, out: Path) -> dict:
     out = {k: statistics.median(r[f"time/{k}"] for r in rows) for k in ("sampling", "scoring", "update", "step")}
     names = [a for a in {k.split("/")[0] for k in rows[0] if k.endswith("/trained_sequences")}]
     out["trained_rows_per_learner"] = statistics.median(r[f"{a}/trained_sequences"] for r in rows for a in names)
+    answers = PROMPTS * GROUP  # each agent's; its character tokenizer makes a token one byte of text
+    out["pool_kib"] = statistics.median(sum(answers * r[f"{a}/response_length_mean"] for a in names) for r in rows)
+    out["pool_kib"] = (out["pool_kib"] + POOL_RECORD_BYTES * answers * len(names)) / 1024
     out["peak_mib"] = int(peak_kib) / 1024
     out["cpu_s"] = float(user) + float(system)
     return out
@@ -386,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--budgets", type=int, nargs="*", default=[8], help="sharing.budget_per_prompt values")
+    parser.add_argument("--policies", nargs="*", default=[], choices=["correct", "learner_fails", "top_k", "adaptive"],
+                        help="sharing policies to time besides `all` (with their default settings)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--driver-pool", type=int, nargs=3, metavar=("N", "ANSWERS", "TOKENS"),
                         help="measure the driver's memory for one step's pool of this size instead")  # fmt: skip
@@ -426,11 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     scratch = RESULTS / ".runs" / "many-agents"
     scratch.mkdir(parents=True, exist_ok=True)
     agents = build_agents(max(args.agents))
-    variants = {"all": None, **{f"budget {b}": b for b in args.budgets}}
+    variants = {"all": None, **{f"budget {b}": {"budget_per_prompt": b} for b in args.budgets},
+                **{p: {"policy": p} for p in args.policies}}  # fmt: skip
     table: dict[str, dict[int, dict]] = {v: {} for v in variants}
     for n in args.agents:
-        for label, budget in variants.items():
-            row = run_once(write_config(scratch / f"n{n}.yaml", agents[:n], budget, args.steps), scratch)
+        for label, sharing in variants.items():
+            row = run_once(write_config(scratch / f"n{n}.yaml", agents[:n], sharing, args.steps), scratch)
             table[label][n] = row
             rows = row["trained_rows_per_learner"]
             print(f"N = {n:2d} {label:>9}: update {row['update']:.2f} s, sampling {row['sampling']:.2f} s, "
@@ -451,14 +461,19 @@ def render(result: dict, argv: list[str]) -> str:
     lines = ["# Many agents: a step's cost as N grows, with and without a sharing budget", "",
              f"Machine: {result['machine']}. Command: `python benchmarks/many_agents.py {' '.join(argv)}`. Tiny random "
              "agents (llama / qwen2 / qwen3, hidden 32-64), HACPO, 8 prompts x 8 answers each, the local backend with "
-             "one torch thread: a phase's seconds are the sum over agents. Medians of steps 2 on.", "",
+             "one torch thread: a phase's seconds are the sum over agents. Medians of steps 2 on. Pool: the step's "
+             f"answers' text (character tokenizers: a byte a token) plus {POOL_RECORD_BYTES} bytes of record each. "
+             "Random agents score 0 on every answer, so the policies that read rewards sit at their extremes here: "
+             "`correct` and `adaptive` keep no foreign row (GSPO's cost), `learner_fails` keeps every one (`all`'s); "
+             "`top_k` keeps k = 4 a prompt after a no-grad forward over every foreign row.", "",
              "| sharing | N | sampling s | scoring s | update s | rows trained per learner | step s | CPU s (run) | "
-             "peak MiB |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "peak MiB | pool KiB |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, rows in result["table"].items():
         for n, r in sorted(rows.items(), key=lambda kv: int(kv[0])):
+            pool = f"{r['pool_kib']:.0f}" if "pool_kib" in r else "-"
             lines.append(f"| {label} | {n} | {r['sampling']:.2f} | {r['scoring']:.2f} | {r['update']:.2f} | "
                          f"{r['trained_rows_per_learner']:.0f} | {r['step']:.2f} | {r['cpu_s']:.0f} | "
-                         f"{r['peak_mib']:.0f} |")  # fmt: skip
+                         f"{r['peak_mib']:.0f} | {pool} |")  # fmt: skip
     lines.append("")
     for label, slope in result["update_exponent_4_16"].items():
         if slope is not None:

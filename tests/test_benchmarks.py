@@ -1002,10 +1002,10 @@ def test_many_agents_fits_the_update_exponent_and_renders_its_table():
     assert many.exponent({4: 1.0, 16: 4.0}, 4, 16) == pytest.approx(1.0)
     assert many.exponent({4: 1.0}, 4, 16) is None
     row = {"sampling": 0.1, "scoring": 0.0, "update": 1.0, "step": 1.2, "trained_rows_per_learner": 96, "cpu_s": 9,
-           "peak_mib": 800}  # fmt: skip
+           "peak_mib": 800, "pool_kib": 10.4}  # fmt: skip
     text = many.render({"machine": "m", "table": {"all": {4: row, 16: {**row, "update": 16.0}}},
                         "update_exponent_4_16": {"all": 2.0}}, [])  # fmt: skip
-    assert "| all | 16 | 0.10 | 0.00 | 16.00 | 96 | 1.20 | 9 | 800 |" in text
+    assert "| all | 16 | 0.10 | 0.00 | 16.00 | 96 | 1.20 | 9 | 800 | 10 |" in text
     assert "Update seconds ~ N^2.00 between N = 4 and 16 with `all`." in text
 
 
