@@ -200,12 +200,36 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
     same_weights(run, lag_reference, 3)
 
 
+@pytest.mark.slow
+def test_weights_broadcast_at_the_end_of_each_step_give_the_same_run_and_a_death_mid_transfer_is_named(
+    tiny_agents, tmp_path, lag_reference, capsys, monkeypatch
+):
+    """agents.<i>.weight_sync=broadcast (gloo here; NCCL between GPUs): each learner sends its weights to its
+    sampler in a group of their own at the end of every step, and the run is the one without samplers. A sampler
+    killed mid-transfer (after the first tensor) stops the run naming it; --resume ends with the same run."""
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [0, 1])
+    broadcast = ["agents.0.weight_sync=broadcast", "agents.1.weight_sync=broadcast"]
+    monkeypatch.setenv("HACRL_FAULTS", "weight_sync:2")  # each sampler's 2nd transfer: the weights after update 2
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    assert main(["train", str(cfg), *broadcast]) == 2
+    err = capsys.readouterr().err
+    assert "the sampler of agent 'llama'" in err and "died while handing over the weights after update 2" in err, err
+    monkeypatch.delenv("HACRL_FAULTS")
+    assert main(["train", str(cfg), "--resume", *broadcast]) == 0
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+    assert all(r["qwen/time/weight_sync"] > 0 for r in records(run)[2:])  # the transfer of update 1 on
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         (["agents.0.sampler_devices=[cpu]"], "needs trainer.lag >= 1"),
         (["agents.0.sampler_devices=[cpu, cpu]", "trainer.lag=1"], "must name one device"),
         (["agents.0.sampler_devices=[gpu]", "trainer.lag=1"], "agents.0.sampler_devices.0"),
+        (["agents.0.weight_sync=broadcast"], "agents.0.weight_sync=broadcast chooses how a sampler of its own"),
         (
             ["agents.0.sampler_devices=[cuda:1]", "trainer.lag=1", "agents.0.devices=[cuda:0, cuda:1]"],
             "is one of the learner's own GPUs (agents.0.devices)",

@@ -29,14 +29,16 @@ import torch
 
 from hacrl import faults, seeds
 from hacrl.agent.sharded import rank_share
-from hacrl.agent.weightsync import HandedWeights, WeightChannel
+from hacrl.agent.weightsync import BroadcastWeights, HandedWeights, WeightChannel
 from hacrl.agent.worker import AgentWorker, _Rollout
 from hacrl.checkpoint import agent_part, read_rng
 from hacrl.messages import LearnCall, Learned, OwnRollout, SampleCall, Sampled, WorkerInfo, WorkerSpec
 
+Channel = WeightChannel | HandedWeights | BroadcastWeights
+
 
 class SamplerWorker(AgentWorker):
-    def __init__(self, spec: WorkerSpec, channel: WeightChannel | HandedWeights, device: str) -> None:
+    def __init__(self, spec: WorkerSpec, channel: Channel, device: str) -> None:
         self.world = spec.agent.num_ranks
         """The ranks of its learner's worker group (1: one worker): it samples rank r's share of every batch from
         rank r's stream, as the group would have (`rank_share`, `seeds.rank`)."""
@@ -85,6 +87,12 @@ class SamplerWorker(AgentWorker):
             values = [x.tolist() for x in self._old_logprobs(_Rollout.from_portable(rollout).samples[first:])]
         faults.hit("proximal")
         return values
+
+    def recv_weights(self, step: int) -> None:
+        """A broadcast channel's transfer of the weights after update `step` (its learner sends meanwhile)."""
+        self._sync_s += self.channel.recv(self.agent.handed_over(), step)
+        self.agent.weights_changed()
+        self.version = step
 
     def _take(self, wanted: int) -> None:
         """Hold the weights after update `wanted` (taken from the learner unless held already)."""

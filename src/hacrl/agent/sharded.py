@@ -94,10 +94,10 @@ class ShardedWorker(AgentWorker):
         self.agent.sync_sampling_weights()
         return super().publish_weights(step)
 
-    def open_weight_channel(self, kind: type = WeightChannel) -> WeightChannel | None:
+    def open_weight_channel(self, kind: type = WeightChannel, options: dict | None = None) -> WeightChannel | None:
         """Rank 0 writes the group's weights for its sampler (the whole compute copy every rank gathers); the other
         ranks hold none."""
-        return super().open_weight_channel(kind) if self.rank == 0 else None
+        return super().open_weight_channel(kind, options) if self.rank == 0 else None
 
     def adopt_stream(self, rng: dict | list[dict]) -> None:
         """A group's sampler draws each rank's share from that rank's stream: rank r takes the r-th."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -117,6 +118,112 @@ class HandedWeights:
             for n, p in _named(model).items():
                 p.copy_(self.held[1][n])
         return time.perf_counter() - start
+
+
+class BroadcastWeights:
+    """A torch.distributed broadcast from the learner (rank 0) to its sampler (rank 1) in a group of their own (NCCL
+    between GPUs, gloo otherwise; `agents.<i>.weight_sync: broadcast`). A broadcast needs both ends at once, so it
+    is not sent from inside the update: `publish` only notes the version, and the backend runs `send` on the learner
+    and `recv` on the sampler together at the end of the step, when both are idle (one step later than the
+    sampler needs it at the soonest, so nothing waits). The group is joined at the first transfer, in each process.
+
+    A transfer that fails halfway leaves the sampler's version unset: it refuses to sample until a later transfer
+    completes (a run stops at the failure anyway, and the sampler of the resumed run loads the checkpoint)."""
+
+    def __init__(self, model: Weights | None, name: str, *, init: str, backend: str, timeout_s: float = 300.0) -> None:
+        self.init, self.name, self.backend, self.timeout_s = init, name, backend, timeout_s
+        self.group = None
+        self.pending: int | None = None
+        """Learner: the version `publish` noted, sent at the next `send`."""
+        self.received: int | None = None
+        """Sampler: the version its weights hold after the last complete `recv` (None: mid-transfer)."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "group": None}  # each process joins the group itself
+
+    def _join(self, rank: int) -> None:
+        if self.group is not None:
+            return
+        import datetime
+
+        import torch.distributed as dist
+
+        host, port = self.init.removeprefix("tcp://").rsplit(":", 1)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = dist.TCPStore(host, int(port), 2, rank == 0, timeout=timeout)
+        kind = dist.ProcessGroupNCCL if self.backend == "nccl" else dist.ProcessGroupGloo
+        self.group = kind(store, rank, 2, timeout) if kind is dist.ProcessGroupGloo else kind(store, rank, 2)
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        for i, t in enumerate(tensors):
+            self.group.broadcast([t], options).wait()
+            if i == 0:
+                faults.hit("weight_sync")
+
+    def publish(self, model: Weights, version: int) -> float:
+        self.pending = version
+        return 0.0
+
+    def send(self, model: Weights, version: int) -> float:
+        """Learner: the weights after update `version` to the sampler (which runs `recv` meanwhile)."""
+        if self.pending != version:
+            raise RuntimeError(f"agent {self.name!r}: no weights after update {version} to send ({self.pending} noted)")
+        start = time.perf_counter()
+        self._join(0)
+        with torch.no_grad():
+            self._broadcast([p.detach() for p in _named(model).values()])
+        self.pending = None
+        return time.perf_counter() - start
+
+    def recv(self, model: Weights, version: int) -> float:
+        """Sampler: the weights after update `version` into `model`, straight from the learner."""
+        start, self.received = time.perf_counter(), None
+        self._join(1)
+        with torch.no_grad():
+            self._broadcast([p.data for p in _named(model).values()])
+        self.received = version
+        return time.perf_counter() - start
+
+    def take(self, model: Weights, version: int) -> float:
+        """Sampler, before a batch: its weights are those after update `version` (received), or it refuses."""
+        if self.received != version:
+            _refuse(self.name, version, "nothing whole" if self.received is None else f"those after update "
+                    f"{self.received}")  # fmt: skip
+        return 0.0
+
+    def hand_over(self) -> None:
+        """Nothing travels through Ray's object store (see `send`)."""
+
+    def receive(self, held: None) -> None:
+        """Nothing comes that way either (`HandedWeights.receive`'s place on Ray)."""
+
+
+class WeightsPublisher:
+    """A learner's side of the link to its sampler of its own (`AgentWorker` is one): `self.channel` set by
+    `open_weight_channel`, written after each update (`publish_weights`), sent by a broadcast (`send_weights`)."""
+
+    channel = None
+    agent: Any
+    name: str
+
+    def open_weight_channel(self, kind: type = WeightChannel, options: dict | None = None):
+        """The channel through which a sampler of its own gets its weights after each update: shared memory on one
+        machine (`WeightChannel`), handed over on Ray (`HandedWeights`), or a broadcast (`BroadcastWeights`)."""
+        self.channel = kind(self.agent.handed_over(), self.name, **(options or {}))
+        return self.channel
+
+    def publish_weights(self, step: int) -> dict[str, float]:
+        """After update `step`: its weights to its sampler of its own (if any); the seconds as a metric."""
+        channel = self.channel
+        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.handed_over(), step)}
+
+    def send_weights(self, step: int) -> float:
+        """A broadcast channel's transfer of the weights after update `step` (its sampler receives meanwhile)."""
+        return self.channel.send(self.agent.handed_over(), step) if self.channel is not None else 0.0
 
 
 def _refuse(name: str, version: int, held: str) -> None:

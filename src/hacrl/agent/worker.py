@@ -36,7 +36,7 @@ from hacrl.agent.precision import MasterStep
 from hacrl.agent.rollout import generate, generate_completions
 from hacrl.agent.samplers.base import Sample
 from hacrl.agent.sharing import relevance, select_pool
-from hacrl.agent.weightsync import WeightChannel
+from hacrl.agent.weightsync import WeightChannel, WeightsPublisher
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
@@ -99,7 +99,7 @@ class _Rollout:
         return cls(rollout.step, rollout.prompt_ids, samples, behaviour, rollout.trajectories)
 
 
-class AgentWorker:
+class AgentWorker(WeightsPublisher):
     """One agent's worker on one device (see the module docstring). A worker group (`hacrl.agent.sharded`) is this
     class on each rank with its extension points overridden: `stream_seed` (a rank's own stream),
     `training_logprobs` (the sharded forward) and `accumulate` (a rank's share of a mini-batch), besides the calls
@@ -288,20 +288,9 @@ class AgentWorker:
     def describe(self) -> WorkerInfo:
         return WorkerInfo(name=self.name, device=str(self.agent.device), pid=os.getpid())
 
-    def open_weight_channel(self, kind: type = WeightChannel) -> WeightChannel:
-        """The channel through which a sampler of its own gets its weights after each update (`hacrl.agent.weightsync`:
-        shared memory on one machine, handed over on Ray)."""
-        self.channel = kind(self.agent.handed_over(), self.name)
-        return self.channel
-
     def adopt_stream(self, rng: dict) -> None:
         """Take a sampler's stream as its own (saved in its checkpoint part: the agent's sampling stream)."""
         self._rng = rng
-
-    def publish_weights(self, step: int) -> dict[str, float]:
-        """After update `step`: its weights to its sampler of its own (if any); the seconds as a metric."""
-        channel = self.channel
-        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.handed_over(), step)}
 
     def memory(self) -> dict[str, int]:
         """This worker's device memory (`guards.device_memory`); benchmarks ask it of workers in other processes."""

@@ -204,6 +204,12 @@ class AgentConfig:
     `devices` (a worker group) rank 0 hands over the whole compute copy the ranks gather after each update, and the
     sampler draws each rank's share from that rank's stream. With `lora` only the adapters are handed over (the
     sampler loads the same base). None: the agent's worker samples and learns in turn."""
+    weight_sync: Literal["auto", "host", "broadcast"] = field(default="auto", metadata=SAFE)
+    """How a sampler of its own gets the weights: `host` (two slots of shared memory on the local backend, Ray's
+    object store on Ray: through host memory, which also crosses nodes), `broadcast` (a torch.distributed broadcast
+    in a group of the learner and its sampler, NCCL between GPUs, gloo otherwise, at the end of each step), `auto`:
+    broadcast when the learner and its sampler are both on CUDA devices, else host. The numbers do not depend on
+    it."""
     temperature: float | None = None
     """Sampling temperature for this agent; None: `rollout.temperature`."""
     top_p: float | None = None
@@ -262,6 +268,11 @@ class AgentConfig:
             self._check_devices(where)
         if self.sampler_devices is not None:
             self._check_sampler_devices(where)
+        elif self.weight_sync != "auto":
+            raise ConfigError(
+                f"{where}.weight_sync={self.weight_sync} chooses how a sampler of its own gets the weights, and this "
+                f"agent has none: set {where}.sampler_devices (with trainer.lag >= 1), or remove {where}.weight_sync"
+            )
         from hacrl.config.settings import Precision  # beside AgentSettings, which imports this module
 
         Precision.resolve(self, where)  # float16 training, offload without masters: refused there, with the fix
@@ -270,6 +281,20 @@ class AgentConfig:
                 raise ConfigError(f"{where}: a frozen agent trains nothing, so {where}.lora has nothing to do; "
                                   "remove one of them")  # fmt: skip
             self.lora.check(f"{where}.lora")
+
+    @property
+    def broadcasts_weights(self) -> bool:
+        """Whether its sampler of its own takes the weights by a torch.distributed broadcast (`weight_sync`)."""
+        if self.weight_sync != "auto":
+            return self.weight_sync == "broadcast"
+        return self.sampler_devices is not None and self.broadcast_backend == "nccl"
+
+    @property
+    def broadcast_backend(self) -> str:
+        """Its weight broadcast's torch.distributed backend: NCCL when the learner and its sampler are all on CUDA
+        devices, gloo otherwise."""
+        learner = self.devices if self.devices else [self.device]
+        return "nccl" if all(d.startswith("cuda") for d in [*learner, *(self.sampler_devices or ["cpu"])]) else "gloo"
 
     def _check_sampler_devices(self, where: str) -> None:
         key, devices = f"{where}.sampler_devices", self.sampler_devices

@@ -25,7 +25,7 @@ class LocalWorkers(WorkerGroup):
             for spec in specs:
                 worker = LocalRanks(spec) if spec.agent.devices else AgentWorker(spec)
                 self.workers.append(worker)
-                channel = worker.open_weight_channel() if spec.agent.sampler_devices else None
+                channel = worker.open_weight_channel(*_channel_kind(spec)) if spec.agent.sampler_devices else None
                 self.samplers.append(LocalRanks(spec, channel=channel) if channel is not None else None)
         except BaseException:
             self.close()
@@ -52,7 +52,24 @@ class LocalWorkers(WorkerGroup):
         for handle in deferred:  # taken by its learner unless every row after its first mini-batch was empty
             handle()
         sampled = self._end_sampling(own, what)
+        self._broadcast_weights(learns)
         return sampled, between(sampled), learned
+
+    def _broadcast_weights(self, learns: Sequence[LearnCall]) -> None:
+        """Each broadcast channel's transfer of the weights after this step's update (`BroadcastWeights`): the
+        sampler receives while its learner sends, both idle now."""
+        for j, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
+            agent = self.specs[j].agent
+            if sampler is None or agent.frozen or not agent.broadcasts_weights:
+                continue
+            what = f"handing over the weights after update {call.step}"
+            sampler.submit("recv_weights", (call.step,), what)
+            try:
+                self._call(j, "send_weights", (call.step,), what)
+            except Exception:
+                sampler.raise_if_dead(what)  # a sampler that died mid-transfer is the cause, named
+                raise
+            sampler.collect(what)
 
     def _proximal_on_samplers(self, learns: Sequence[LearnCall]) -> tuple[list[LearnCall], list[_Reply]]:
         """Each sampler first computes its learner's proximal log-probs (`SamplerWorker.proximal`), the learner
@@ -109,6 +126,16 @@ class LocalWorkers(WorkerGroup):
             if isinstance(worker, LocalRanks):
                 worker.close()
         self.workers, self.samplers = [], []
+
+
+def _channel_kind(spec: WorkerSpec) -> tuple[type, dict | None]:
+    """The weight channel of an agent with a sampler of its own on this machine: shared memory, or a broadcast."""
+    from hacrl.agent.weightsync import BroadcastWeights, WeightChannel
+    from hacrl.driver.backends.ranks import free_port
+
+    if not spec.agent.broadcasts_weights:
+        return WeightChannel, None
+    return BroadcastWeights, {"init": f"tcp://127.0.0.1:{free_port()}", "backend": spec.agent.broadcast_backend}
 
 
 class _Reply:

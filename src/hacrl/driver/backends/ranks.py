@@ -184,10 +184,18 @@ class LocalRanks:
     def describe(self) -> WorkerInfo:
         return self.infos[0]
 
-    def open_weight_channel(self):
+    def open_weight_channel(self, kind: type | None = None, options: dict | None = None):
         """Rank 0's channel to the group's sampler of its own (`ShardedWorker.open_weight_channel`; its shared
         memory comes back through the pipe, as a sampler's process takes it at its start)."""
-        return self.call("open_weight_channel", (), "opening the weight channel of its sampler")
+        args = () if kind is None else (kind, options)
+        return self.call("open_weight_channel", args, "opening the weight channel of its sampler")
+
+    def raise_if_dead(self, what: str) -> None:
+        """After an error that may be this process's death seen from its peer: within a grace, the death, named."""
+        ready = wait([p.sentinel for p in self.processes], timeout=PEER_GRACE_S)
+        for rank, process in enumerate(self.processes):
+            if process.sentinel in ready:
+                self._died(rank, what)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]

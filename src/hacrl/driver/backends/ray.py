@@ -38,18 +38,20 @@ class _Actor:
     def __init__(self) -> None:
         self.worker: AgentWorker | None = None
 
-    def setup(self, spec: WorkerSpec, info=None, role: str = "worker") -> tuple[WorkerInfo, str, str]:
+    def setup(self, spec: WorkerSpec, info=None, role: str = "worker", broadcast=None) -> tuple[WorkerInfo, str, str]:
         """Build the worker (rank `info` of a worker group when given; `role` "sampler": the agent's sampler of its
-        own, "learner": a worker whose sampler is another actor); its description, the Ray node id and the node's
-        address."""
+        own, "learner": a worker whose sampler is another actor; `broadcast`: a sampler's `BroadcastWeights` options);
+        its description, the Ray node id and the node's address."""
         import ray
 
-        from hacrl.agent.weightsync import HandedWeights
+        from hacrl.agent.weightsync import BroadcastWeights, HandedWeights
 
         if role == "sampler":
             from hacrl.agent.sampler_worker import SamplerWorker
 
-            self.worker = SamplerWorker(spec, HandedWeights(None, spec.agent.name), spec.agent.sampler_devices[0])
+            name = spec.agent.name
+            channel = BroadcastWeights(None, name, **broadcast) if broadcast else HandedWeights(None, name)
+            self.worker = SamplerWorker(spec, channel, spec.agent.sampler_devices[0])
         elif info is None:
             self.worker = AgentWorker(spec)
         else:
@@ -174,9 +176,22 @@ class RayWorkers(WorkerGroup):
             if spec.agent.sampler_devices:
                 self.samplers[i] = actor = self._actor(res)
                 self.actors.append(actor)
-                setups.append(actor.setup.remote(spec, None, "sampler"))
+                setups.append(actor.setup.remote(spec, None, "sampler", self._broadcast_channel(i, spec)))
                 owners.append((i, "sampler"))
         return self._gather(setups, "starting", owners) if setups else []
+
+    def _broadcast_channel(self, i: int, spec: WorkerSpec) -> dict | None:
+        """Where agent i's learner (rank 0) and sampler meet for its weight broadcast (`agents.<i>.weight_sync`),
+        with the learner's channel opened; None: the weights go through the object store."""
+        if not spec.agent.broadcasts_weights:
+            return None
+        from hacrl.agent.weightsync import BroadcastWeights
+
+        learner = self.groups[i][0]
+        options = {"init": self._ray.get(learner.rendezvous.remote()), "backend": spec.agent.broadcast_backend}
+        owner = [(i, 0 if len(self.groups[i]) > 1 else None)]
+        self._gather([learner.call.remote("open_weight_channel", BroadcastWeights, options)], "starting", owner)
+        return options
 
     def _actor(self, res: dict[str, float], **options: Any):
         options = {"num_cpus": res["num_cpus"], "num_gpus": res["num_gpus"], "max_restarts": 0, **options}
@@ -312,13 +327,28 @@ class RayWorkers(WorkerGroup):
         sample_refs, owners, first = self._submit_samples(samples, learns)
         learn_refs, learn_first = self._submit_learns(learns)
         for i, sampler in enumerate(self.samplers):
-            if sampler is not None:
+            if sampler is not None and not self.specs[i].agent.broadcasts_weights:
                 self._handed[i] = self.groups[i][0].hand_over.remote()
         results = self._gather(sample_refs, f"sampling at step {samples[0].step}", owners)
         sampled = [results[j] for j in first]
         extra = between(sampled)
         results = self._gather(learn_refs, f"learning at step {learns[0].step}")
+        self._broadcast_weights(learns)
         return sampled, extra, [results[j] for j in learn_first]
+
+    def _broadcast_weights(self, learns) -> None:
+        """Each broadcast channel's transfer of the weights after this step's update (`BroadcastWeights`): the
+        sampler's actor receives while its learner's rank 0 sends, both idle now."""
+        refs, owners = [], []
+        for i, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
+            agent = self.specs[i].agent
+            if sampler is None or agent.frozen or not agent.broadcasts_weights:
+                continue
+            learner = self.groups[i][0]
+            refs += [sampler.call.remote("recv_weights", call.step), learner.call.remote("send_weights", call.step)]
+            owners += [(i, "sampler"), (i, 0 if len(self.groups[i]) > 1 else None)]
+        if refs:
+            self._gather(refs, f"handing over the weights after update {learns[0].step}", owners)
 
     def save(self, directory: str, *, what: str) -> None:
         """A sampler's stream goes into its learner's part (as the agent's) before the save."""
