@@ -68,11 +68,12 @@ for item in ${GPU_CHECK:-tests=120 kernel=60 qwen=150 qwen-hf=70 llama=80 llama-
     precision) part precision "$limit" --only precision --shapes qwen3-4b --precision-new "${GPU_CHECK_PRECISION_NEW:-1024}" ;;
     logprobs) part logprobs "$limit" --only logprobs ;;
     step) part step "$limit" --only step --step-new "${GPU_CHECK_STEP_NEW:-512}" ;;
+    lag) part lag "$limit" --only lag --shapes qwen3-4b ;;  # two GPUs: the paper step at lag 0 and 1 (issue 59)
     sync)  # a sampler of its own: the weight sync of the 4B shape on one GPU (issue 59)
       timeout "$limit" python benchmarks/weight_sync.py --device cuda --shape qwen3-4b --out "$RESULTS" \
         >> "$RESULTS/gpu-throughput.log" 2>&1
       say "sync exit $?" ;;
-    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper precision logprobs step sync)"
+    *) echo "gpu_check: no part named $name (tests kernel qwen qwen-hf llama llama-hf parity long paper precision logprobs step lag sync)"
        exit 2 ;;
   esac
 done

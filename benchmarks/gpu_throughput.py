@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-PARTS = ("kernel", "sampling", "parity", "logprobs", "step", "long", "paper", "precision")
+PARTS = ("kernel", "sampling", "parity", "logprobs", "step", "long", "paper", "precision", "lag")
 """The parts of the check, in the order they run."""
 MODES = ("no-stop", "varied")
 """Sampling modes. `no-stop`: no stop token, every row decodes `new` tokens (random weights never emit EOS).
@@ -584,9 +585,24 @@ def paper_step(
     import yaml
 
     from hacrl.config import load_config
-    from hacrl.driver.trainer import Trainer
     from hacrl.tools.plan import plan
 
+    config = _paper_config(directory, device, dtype, prompts, new, work, agent_extra)
+    if margin is not None:
+        config["rollout"]["kv_cache_margin"] = margin
+    path = work / "paper.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cfg = load_config(path)
+    predicted = plan(cfg)[0]
+    out = {"config": config, "plan": {"rows_per_call": predicted.rows, "peak_gib": predicted.peak / 2**30,
+                                      "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()},
+                                      "host_gib": sum(predicted.host.values()) / 2**30}}  # fmt: skip
+    return _paper_run(cfg, out, predicted, device)
+
+
+def _paper_config(directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path,
+                  agent_extra: dict | None = None) -> dict:  # fmt: skip
+    """The paper step's config (see `paper_step`), its data file written into `work`."""
     ask = "Please reason step by step, and put your final answer within \\boxed{}."
     rows = [
         json.dumps({"problem": f"What is {a} + {b}? {ask}", "answer": str(a + b)}) for a in range(20) for b in range(20)
@@ -609,15 +625,13 @@ def paper_step(
         "logging": {"console": False, "tensorboard": False},
         "checkpoint": {"every": 1000},
     }  # fmt: skip
-    if margin is not None:
-        config["rollout"]["kv_cache_margin"] = margin
-    path = work / "paper.yaml"
-    path.write_text(yaml.safe_dump(config))
-    cfg = load_config(path)
-    predicted = plan(cfg)[0]
-    out = {"config": config, "plan": {"rows_per_call": predicted.rows, "peak_gib": predicted.peak / 2**30,
-                                      "parts_gib": {k: v / 2**30 for k, v in predicted.parts.items()},
-                                      "host_gib": sum(predicted.host.values()) / 2**30}}  # fmt: skip
+    return config
+
+
+def _paper_run(cfg, out: dict, predicted, device: str) -> dict:
+    """One step of the paper config `cfg` (see `paper_step`), measured into `out`."""
+    from hacrl.driver.trainer import Trainer
+
     trainer = Trainer(cfg)
     if cfg.agents[0].devices:  # a worker group: its rank samples and learns in its own process
         return _group_step(trainer, out, predicted)
@@ -649,6 +663,49 @@ def paper_step(
         if peak is not None:
             out["mfu"] = 6 * params * tokens / metrics["time/update"] / (peak * 1e12)
             out["bf16_peak_tflops"] = peak
+    return out
+
+
+def lag_steps(directory: Path, device: str, dtype: str, prompts: int, new: int, work: Path, steps: int = 3) -> dict:
+    """Issue 59, 6: the paper-shape agent at `trainer.lag` 0 and at 1 with a sampler of its own on a second device
+    (`cuda:1`; the CPU dry run: `cpu`), `steps` steps each through the trainer: each step's seconds and phases, the
+    median of the steps after the first (the first fills the pipeline and compiles), and the weight sync's seconds
+    (a broadcast: NCCL between the two GPUs). With one GPU: not run (the `sync` part measures the weight sync on
+    one GPU), said in the result."""
+    import yaml
+
+    from hacrl.config import load_config
+    from hacrl.driver.trainer import Trainer
+
+    second = "cpu" if device == "cpu" else "cuda:1"
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        return {"skipped": f"needs two GPUs, this machine has {torch.cuda.device_count()}"}
+    out: dict = {"steps": steps, "sampler_device": second, "prompts": prompts, "new_tokens": new}
+    for lag in (0, 1):
+        config = _paper_config(directory, device, dtype, prompts, new, work)
+        mini = prompts * 4  # two optimizer steps: the second mini-batch's proximal pass runs on the sampler
+        config["trainer"].update(steps=steps, lag=lag, mini_batch_size=mini, micro_batch_size=min(8, mini))
+        if lag:
+            config["agents"][0]["sampler_devices"] = [second]
+        config["rollout"]["cuda_graphs"] = False  # two processes capture alike; the lockstep step is the baseline
+        path = work / f"lag{lag}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        trainer = Trainer(load_config(path))
+        records = []
+        try:
+            for step in range(1, steps + 1):
+                records.append(trainer.train_step())
+                trainer.step = step  # as the run loop counts them
+        finally:
+            trainer.close()
+        name = directory.name
+        out[f"lag{lag}"] = {
+            "time/step": [r["time/step"] for r in records],
+            "median_step_s": statistics.median(r["time/step"] for r in records[1:]),
+            "weight_sync_s": [r.get(f"{name}/time/weight_sync", 0.0) for r in records],
+            **{k: statistics.median(r[k] for r in records[1:]) for k in ("time/sampling", "time/update")},
+        }
+    out["ratio"] = out["lag1"]["median_step_s"] / out["lag0"]["median_step_s"]
     return out
 
 
@@ -834,6 +891,12 @@ def main(argv: list[str] | None = None) -> int:
                         torch.cuda.empty_cache()
                 result["precision"][label] = measured
                 save()
+        if "lag" in args.only:
+            prompts, new = (1, 4) if device == "cpu" else (args.paper[0], args.precision_new)
+            shape = "qwen3-4b-char" if device == "cpu" else "qwen3-4b"
+            paper_dir = build_agent(shape, shapes[shape], models, getattr(torch, dtype), build_device)
+            result["lag"] = lag_steps(paper_dir, device, dtype, prompts, new, work)
+            save()
     save()
     print(markdown(result))
     return 0
@@ -955,8 +1018,26 @@ def markdown(r: dict) -> str:
                          f"{t['time/update']:.2f} | {100 * t['sampling_share']:.0f} % | {peak} | {warm} |")  # fmt: skip
         lines.append("")
     lines += _markdown_kernel(r.get("kernel")) + _markdown_long(r.get("long")) + _markdown_paper(r.get("paper"))
-    lines += _markdown_precision(r.get("precision"))
+    lines += _markdown_precision(r.get("precision")) + _markdown_lag(r.get("lag"))
     return "\n".join(lines) + "\n"
+
+
+def _markdown_lag(lag: dict | None) -> list[str]:
+    if not lag:
+        return []
+    lines = ["## The paper step beside a sampler of its own (issue 59: trainer.lag 0 and 1)", ""]
+    if "skipped" in lag:
+        return [*lines, f"Not run: {lag['skipped']}.", ""]
+    lines += [f"{lag['prompts']} prompts x 8 x {lag['new_tokens']} new tokens, {lag['steps']} steps each, the sampler "
+              f"on {lag['sampler_device']}; medians of the steps after the first.", "",
+              "| lag | step s | sampling s | update s | weight sync s (each step) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for k in (0, 1):
+        run = lag[f"lag{k}"]
+        sync = ", ".join(f"{x:.3f}" for x in run["weight_sync_s"])
+        lines.append(f"| {k} | {run['median_step_s']:.2f} | {run['time/sampling']:.2f} | {run['time/update']:.2f} | "
+                     f"{sync} |")  # fmt: skip
+    return [*lines, "", f"lag 1 / lag 0: {lag['ratio']:.2f}x the step.", ""]
 
 
 def _config_name(c: dict) -> str:

@@ -135,6 +135,10 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     assert "## One 2-agent HACPO step" in text and "## One paper-shape step" in text and "## Long responses" in text
     assert precision["FSDP2 on 1 device, CPU offload"]["plan"]["host_gib"] > 0  # the shards and AdamW on the host
     assert "## Precision: the paper step as each kind of agent" in text
+    lag = result["lag"]  # the paper step at lag 0 and at lag 1 with a sampler process of its own (here on the CPU)
+    assert len(lag["lag0"]["time/step"]) == len(lag["lag1"]["time/step"]) == 3 and lag["ratio"] > 0
+    assert lag["lag0"]["weight_sync_s"] == [0.0] * 3 and all(x > 0 for x in lag["lag1"]["weight_sync_s"][1:])
+    assert "## The paper step beside a sampler of its own" in text
 
 
 @pytest.mark.slow
