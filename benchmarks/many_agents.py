@@ -393,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--budgets", type=int, nargs="*", default=[8], help="sharing.budget_per_prompt values")
+    parser.add_argument("--name", default="many_agents", help="the cost curve's result files: NAME.md / NAME.json")
     parser.add_argument("--policies", nargs="*", default=[], choices=["correct", "learner_fails", "top_k", "adaptive"],
                         help="sharing policies to time besides `all` (with their default settings)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=4)
@@ -450,9 +451,9 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     result = {"machine": machine, "args": vars(args), "table": table, "update_exponent_4_16": slopes}
-    (RESULTS / "many_agents.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     text = render(result, argv if argv is not None else sys.argv[1:])
-    (RESULTS / "many_agents.md").write_text(text)
+    (RESULTS / f"{args.name}.md").write_text(text)
     print(text)
     return 0
 
