@@ -33,15 +33,19 @@ CASES = {
     "hacpo-3-agents": (["llama", "qwen", "tiny"], {"name": "hacpo"}),
     "hacpo-lag-1": (["llama", "qwen"], {"name": "hacpo"}),  # sample and learn calls at once on each actor
     "hacpo-lag-1-samplers": (["llama", "qwen"], {"name": "hacpo"}),  # each agent's sampler an actor / a process
-    "hacpo-lag-1-group-sampler": (["llama", "qwen"], {"name": "hacpo"}),  # qwen: two ranks and a sampler of its own
-    "hacpo-lag-1-broadcast": (["llama", "qwen"], {"name": "hacpo"}),  # samplers taking the weights by a broadcast
+    # llama's sampler takes the weights through the object store, qwen's (two ranks) by a broadcast from rank 0
+    "hacpo-lag-1-group-sampler": (["llama", "qwen"], {"name": "hacpo"}),
 }
 OVERRIDES = {
     "hacpo-lag-1-samplers": ["agents.0.sampler_devices=[cpu]", "agents.1.sampler_devices=[cpu]"],
-    "hacpo-lag-1-group-sampler": ["agents.1.devices=[cpu, cpu]", "agents.1.sampler_devices=[cpu]"],
-    "hacpo-lag-1-broadcast": [
-        f"agents.{i}.{k}" for i in (0, 1) for k in ("sampler_devices=[cpu]", "weight_sync=broadcast")
-    ],
+    "hacpo-lag-1-group-sampler": [
+        "agents.0.sampler_devices=[cpu]",
+        "agents.1.devices=[cpu, cpu]",
+        "agents.1.sampler_devices=[cpu]",
+        "agents.1.weight_sync=broadcast",
+        "agents.0.num_cpus=0.5",
+        "agents.1.num_cpus=0.5",
+    ],  # five actors in the 4 CPUs of this module's Ray
 }
 
 

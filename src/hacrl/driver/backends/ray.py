@@ -126,10 +126,12 @@ class RayWorkers(WorkerGroup):
         self._handed: list[Any] = [None] * len(specs)
         """Each learner's weights after its last update (an object reference), for its sampler's next batch."""
         self._placement_groups: list[Any] = []
+        ranks = [s.agent.num_ranks + bool(s.agent.sampler_devices) for s in specs]  # actors per agent
         if not ray.is_initialized():
             address = runtime.ray.address
-            if address is None:
-                cpus = max(os.cpu_count() or 1, math.ceil(sum(r["num_cpus"] for r in resources)))
+            if address is None:  # room for every actor: a worker group's ranks and a sampler each ask their agent's
+                asked = sum(r["num_cpus"] * k for r, k in zip(resources, ranks, strict=True))
+                cpus = max(os.cpu_count() or 1, math.ceil(asked))
                 # address="local": always a new instance, never whatever a stale /tmp/ray file points at
                 ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
                 self._started_ray = True
@@ -142,7 +144,6 @@ class RayWorkers(WorkerGroup):
                         "`ray start --head` or leave runtime.ray.address unset to start one for this run"
                     ) from None
         try:
-            ranks = [s.agent.num_ranks + bool(s.agent.sampler_devices) for s in specs]
             self._check_capacity(
                 [{k: v * k_ranks for k, v in r.items()} for r, k_ranks in zip(resources, ranks, strict=True)]
             )
