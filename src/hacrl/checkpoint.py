@@ -8,6 +8,8 @@ Layout of `<output_dir>/checkpoints/step_000010/` (each worker writes its agent'
     optimizer/<name>/     its AdamW state sharded with torch.distributed.checkpoint (each rank writes its part:
                           `__<rank>_0.distcp`, and `.metadata`), instead of optimizer/<name>.pt
     rng/<name>.rank<r>.pt the random stream of rank r >= 1 (rank 0's is rng/<name>.pt)
+    pending.pt            trainer.lag = k > 0: the k batches in flight (sampled and scored, not yet trained on), with
+                          every agent's answers, rewards, token ids and behaviour log-probs (`hacrl.inflight`)
     config.yaml           the run's resolved config
     state.json            step, agent names (and which are frozen: their part is rng/<name>.pt only), capability
                           history, data position, and the size and SHA-256 of every other file of the checkpoint
@@ -18,8 +20,9 @@ Rules:
    after that. Leftover temporary directories of a crashed writer are removed when the next run takes the lock.
 2. Before a checkpoint is resumed from it is checked: `state.json` readable, every listed file present with its
    size (and its SHA-256 when `checkpoint.verify_digests`), each safetensors header and optimizer archive
-   readable. A damaged newest checkpoint is renamed `step_N.damaged` (kept for inspection) and resume falls back
-   to the newest good one, saying so; an explicitly named checkpoint is never replaced by another.
+   readable, and pending.pt's values within what its run allows (`hacrl.inflight.pending_problems`). A damaged
+   newest checkpoint is renamed `step_N.damaged` (kept for inspection) and resume falls back to the newest good
+   one, saying so; an explicitly named checkpoint is never replaced by another.
 3. Loading never runs code from a file (the rule and every loader: docs/reliability.md, "Files hacrl did not
    write"): safetensors, `torch.load(weights_only=True)`, and a sharded optimizer's `.metadata` (a pickle written by
    torch.distributed.checkpoint) through an unpickler that admits only its own record classes, rebuilt as tensor
@@ -44,6 +47,7 @@ import torch
 from hacrl import faults
 from hacrl.errors import CheckpointError, HacrlError, clip, first_line
 from hacrl.files import sha256_of
+from hacrl.inflight import PENDING_FILE, pending_problems
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _TMP_DIR = re.compile(r"^step_(\d{6,})\.tmp(-.*)?$")
@@ -196,6 +200,8 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
             problem = _torch_file_problem(optimizer)
         if problem:
             problems.append(f"{optimizer.relative_to(path)}: {problem}")
+    if not any(p.startswith(PENDING_FILE) for p in problems):
+        problems += pending_problems(path, state)  # the values of the batches in flight, not only their bytes
     return sorted(set(problems), key=problems.index)
 
 

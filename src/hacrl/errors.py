@@ -43,8 +43,13 @@ class RunDirError(HacrlError, RuntimeError):
 
 
 class WorkerError(HacrlError, RuntimeError):
-    """An agent worker's process died (killed, out of memory, a crash in native code); names the agent and what it
-    was doing. The latest checkpoint is intact."""
+    """An agent worker's process died (killed, out of memory, a crash in native code) or went silent past its
+    deadline; names the agent and what it was doing. The latest checkpoint is intact (`INTACT`; where the run has
+    none, the run loop says so instead)."""
+
+
+INTACT = "The latest checkpoint is intact: continue with `hacrl train <config> --resume`"
+"""How a worker's error ends; `hacrl.driver.runloop` puts what is true in its place when the run has no checkpoint."""
 
 
 class OutOfMemory(HacrlError, MemoryError):
@@ -59,9 +64,11 @@ class NonFiniteError(HacrlError, FloatingPointError):
 class TrainingInterrupted(HacrlError):
     """Training stopped on SIGTERM / SIGINT after finishing its step and writing a checkpoint."""
 
-    def __init__(self, message: str, signum: int) -> None:
+    def __init__(self, message: str, signum: int, *, at_once: bool = False) -> None:
         super().__init__(message)
         self.signum = signum
+        self.at_once = at_once
+        """A second signal: stopped mid-step, without a checkpoint (the workers are killed, not waited for)."""
 
 
 class HacrlWarning(UserWarning):

@@ -134,6 +134,41 @@ def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, 
 
 
 @pytest.mark.slow
+def test_a_stopped_actor_is_named_and_killed_at_the_calls_deadline(tiny_agents, tmp_path, capsys):
+    """SIGSTOP of qwen's actor after the first checkpoint (a stuck device call's stand-in): the run used to wait
+    forever. The driver names it within the sampling call's deadline (here 5 x its slowest earlier sampling, at
+    least 3 s), kills it and exits 2; the checkpoint stays valid."""
+    import hacrl.driver.trainer
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
+    real_save = hacrl.driver.trainer.Trainer.save
+    stopped: list[tuple[int, float]] = []
+
+    def save_then_stop_qwen(trainer):
+        path = real_save(trainer)
+        if trainer.step == 1:
+            pid = trainer.workers.pids()[1]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append((pid, time.monotonic()))
+        return path
+
+    hacrl.driver.trainer.Trainer.save = save_then_stop_qwen
+    try:
+        deadlines = ["runtime.deadline.minimum=3", "runtime.deadline.factor=5"]
+        assert main(["train", str(cfg), "runtime.backend=ray", *deadlines]) == 2
+    finally:
+        hacrl.driver.trainer.Trainer.save = real_save
+    pid, at = stopped[0]
+    assert time.monotonic() - at < 30
+    err = capsys.readouterr().err
+    assert "the worker of agent 'qwen'" in err and "did not answer within" in err, err
+    assert "while sampling at step 2; it is stopped (SIGSTOP" in err and "Traceback" not in err, err
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    assert latest_checkpoint(run).name == "step_000001" and checkpoint_problems(latest_checkpoint(run)) == []
+
+
+@pytest.mark.slow
 def test_an_error_inside_a_worker_reaches_the_user_as_itself(tiny_agents, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -264,8 +264,9 @@ def test_export_writes_beside_out_privately_and_a_failure_leaves_nothing(tiny_ag
 
     monkeypatch.setattr(shutil, "copy2", full_disk)
     capsys.readouterr()
-    fails_cleanly(capsys, ["export", str(run), "--agent", "llama", str(out)], "No space left on device",
-                  "free disk space")  # fmt: skip
+    err = fails_cleanly(capsys, ["export", str(run), "--agent", "llama", str(out)], "No space left on device",
+                        f"to {str(out)!r}", "Free space on that disk")  # fmt: skip
+    assert "trainer.output_dir" not in err and ".tmp-" not in err  # it named a temporary file and the run's key
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if "exported" in p.name) == ["exported.tmp-export"]
     monkeypatch.setattr(shutil, "copy2", real_copy)

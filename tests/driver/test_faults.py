@@ -108,6 +108,25 @@ def test_a_forked_run_past_its_time_limit_is_killed_and_reported(tiny_agents, tm
 
 
 @pytest.mark.slow
+def test_a_full_disk_at_the_runs_end_with_a_sampler_process_exits(tiny_agents, tmp_path):
+    """The disk fills as the run closes its metrics (its last writes) while an agent has a sampler process: one
+    paragraph and exit 2. The process used to print it and never exit: the sampler was left running, and at the
+    interpreter's exit multiprocessing sent it SIGTERM, which it ignores, then joined it forever."""
+    import yaml
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 1, "lag": 1})
+    data = yaml.safe_load(cfg.read_text())
+    data["agents"][1]["sampler_devices"] = ["cpu"]
+    cfg.write_text(yaml.safe_dump(data))
+    env = {"HACRL_FAULTS": "logger.close:1:ENOSPC", "OMP_NUM_THREADS": "2", MARK[0]: MARK[1]}
+    done = forked.hacrl(["train", str(cfg)], env, cwd=ROOT, timeout=120)  # TimeoutExpired: the hang
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "No space left on device" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "leaked semaphore" not in done.stderr  # a killed sampler's progress-bar lock (tqdm's) no longer leaks
+
+
+@pytest.mark.slow
 def test_sigterm_mid_step_finishes_the_step_checkpoints_and_resumes_exactly(tiny_agents, tmp_path, reference):
     run = tmp_path / "run"
     cfg = write_config(

@@ -300,3 +300,252 @@ def test_a_worker_groups_sampler_of_its_own_gives_the_groups_run_and_resumes_exa
     same_numbers(records(cut), records(reference))
     same_weights(cut, reference, 3)
     assert all(r["qwen/time/weight_sync"] > 0 for r in records(cut)[1:])
+
+
+# -- liveness: a sampler that stops answering (issue 71, 1) ---------------------------------------------------------
+
+QUICK_DEADLINES = ["runtime.deadline.minimum=3", "runtime.deadline.factor=5"]
+
+
+def _stopped_children(parent: int) -> list[int]:
+    """The processes below `parent` that are stopped (state T)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if entry.name.isdigit() and fields[0] == "T" and int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_stopped_sampler_is_named_and_killed_at_its_deadline_and_the_run_resumes_exactly(
+    tiny_agents, tmp_path, lag_reference, capsys, monkeypatch
+):
+    """qwen's sampler stops (SIGSTOP, the stand-in for a stuck device call) in its 3rd batch: the run stopped
+    forever. Now the driver names it within the call's deadline (runtime.deadline: here 5 x the slowest earlier
+    sampling, at least 3 s), kills it, exits 2, and --resume ends with the uninterrupted run."""
+    import os
+    import time
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [1])
+    monkeypatch.setenv("HACRL_FAULTS", "sampling:3:STOP")
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    start = time.monotonic()
+    assert main(["train", str(cfg), *QUICK_DEADLINES]) == 2
+    assert time.monotonic() - start < 60
+    err = capsys.readouterr().err
+    assert "the sampler of agent 'qwen'" in err and "did not answer within" in err, err
+    assert "while sampling at step 3; it is stopped (SIGSTOP" in err and "runtime.deadline.factor" in err, err
+    assert "--resume" in err and "Traceback" not in err
+    assert _stopped_children(os.getpid()) == []  # killed, not left behind
+    monkeypatch.delenv("HACRL_FAULTS")
+    assert main(["train", str(cfg), "--resume"]) == 0
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_stops_at_once_while_a_sampler_is_stopped(tiny_agents, tmp_path, capsys, monkeypatch):
+    """A stopped sampler (default deadlines: it would be called stuck only after minutes): the first SIGTERM asks
+    for a stop after the step, which cannot end; the second stops the run at once (it waited 30 s for the stopped
+    sampler to exit, which it never does), killing the sampler."""
+    import os
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [1])
+    monkeypatch.setenv("HACRL_FAULTS", "sampling:3:STOP")
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    second: list[float] = []
+
+    def signal_twice_once_it_stops() -> None:
+        deadline = time.monotonic() + 120
+        while not _stopped_children(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+        second.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_twice_once_it_stops, daemon=True).start()
+    assert main(["train", str(cfg)]) == 128 + signal.SIGTERM
+    assert time.monotonic() - second[0] < 10
+    err = capsys.readouterr().err
+    assert "stopped at once by a second SIGTERM" in err and "Traceback" not in err, err
+    assert _stopped_children(os.getpid()) == []
+
+
+# -- pending.pt's values are checked, not only its digest (issue 71, 2) ----------------------------------------------
+
+
+def _edit_pending(run, step: int, edit) -> None:
+    """`edit(state)` on a copy's pending.pt at `step`, state.json re-digested (what a hand edit can do)."""
+    from tests.driver.test_untrusted_files import redigest
+
+    checkpoint = run / "checkpoints" / f"step_{step:06d}"
+    state = torch.load(checkpoint / "pending.pt", weights_only=True)
+    edit(state)
+    torch.save(state, checkpoint / "pending.pt")
+    redigest(checkpoint)
+
+
+def _answers(state, agent=1):
+    return state["batches"][0]["agents"][agent]
+
+
+PENDING_DAMAGE = {
+    "token id past the vocabulary": (
+        lambda s: _answers(s)["rollout"]["response_ids"][2].__setitem__(0, 10**6),
+        "agent 'qwen''s answers in batch 3: answer 2 holds token id 1000000, outside the agent's vocabulary (0 .. 79",
+    ),
+    "NaN reward": (lambda s: _answers(s)["rewards"].__setitem__(1, float("nan")), "reward 1 is nan, not a finite"),
+    "huge reward": (
+        lambda s: _answers(s, 0)["rewards"].__setitem__(0, 1e30),
+        "reward 0 is 1e+30, not a finite number in [0, 1] (algorithm.r_max)",
+    ),  # fmt: skip
+    "an answer missing": (lambda s: _answers(s)["trajectories"].pop(), "7 answers, the run samples 2 prompts x 4 = 8"),
+    "positive log-prob": (lambda s: _answers(s)["rollout"]["behaviour"].__setitem__(0, 5.0), "not a finite log-prob"),
+    "another step": (
+        lambda s: s["batches"][0].__setitem__("step", 4),
+        "holds batches [4], a step-2 checkpoint at trainer.lag=1 holds [3]",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.slow
+def test_pending_values_past_what_the_run_allows_are_found_like_any_damage(lag_reference, tmp_path):
+    """Each edit re-digested (so only the values tell): a token id of 10^6, a NaN or 1e30 reward, an answer missing,
+    a positive log-prob, another step. Each was a traceback after 'resumed from step 2'; each is now a problem of
+    the checkpoint, named, as a damaged file is."""
+    import shutil
+
+    from hacrl.checkpoint import checkpoint_problems
+
+    for case, (edit, expected) in PENDING_DAMAGE.items():
+        run = tmp_path / case.replace(" ", "-")
+        shutil.copytree(lag_reference, run)
+        _edit_pending(run, 2, edit)
+        problems = checkpoint_problems(run / "checkpoints" / "step_000002")
+        assert len(problems) == 1 and problems[0].startswith("pending.pt: ") and expected in problems[0], (
+            case,
+            problems,
+        )
+    assert checkpoint_problems(lag_reference / "checkpoints" / "step_000002") == []
+
+
+@pytest.mark.slow
+def test_a_resume_moves_a_checkpoint_with_bad_pending_values_aside_and_falls_back(lag_reference, tmp_path, capsys):
+    """A token id of 10^6 in step 2's pending.pt (re-digested): resume names it, keeps the checkpoint as
+    step_000002.damaged and continues from step 1, ending with the uninterrupted run. The same with
+    verify_digests=false and a pending.pt overwritten in place (it stopped the run, blaming runs without lag)."""
+    import shutil
+
+    edit, expected = PENDING_DAMAGE["token id past the vocabulary"]
+    for case in ("values", "overwritten"):
+        run = tmp_path / case.replace(" ", "-")
+        shutil.copytree(lag_reference, run)
+        shutil.rmtree(run / "checkpoints" / "step_000003")
+        overrides = []
+        if case == "values":
+            _edit_pending(run, 2, edit)
+        else:
+            pending = run / "checkpoints" / "step_000002" / "pending.pt"
+            data = pending.read_bytes()
+            pending.write_bytes(data[:40] + bytes(200) + data[240:])  # the same size: only a digest would tell
+            overrides = ["checkpoint.verify_digests=false"]
+        capsys.readouterr()
+        assert main(["train", str(run / "config.yaml"), f"trainer.output_dir={run}", "--resume", *overrides]) == 0
+        err = capsys.readouterr().err
+        assert "step_000002 is damaged: pending.pt" in err and "Moved to step_000002.damaged" in err, err
+        assert expected in err if case == "values" else "pending.pt cannot be read" in err, err
+        assert (run / "checkpoints" / "step_000002.damaged").is_dir()
+        same_numbers(records(run), records(lag_reference))
+        same_weights(run, lag_reference, 3)
+
+
+@pytest.mark.slow
+def test_a_sampler_that_dies_while_it_starts_says_nothing_was_written(tiny_agents, tmp_path, capsys, monkeypatch):
+    """It said 'The latest checkpoint is intact' of a run that had none and no run directory."""
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG)
+    _with_samplers(cfg, [1])
+    monkeypatch.setenv("HACRL_FAULTS", "start:1")
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "sampler")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "the sampler of agent 'qwen'" in err and "died while starting" in err, err
+    assert "Nothing of the run was written: start it again with `hacrl train <config>`" in err, err
+    assert "checkpoint is intact" not in err and not run.exists()
+
+
+def test_a_lag_past_the_runs_steps_is_refused(tiny_agents, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    fails_cleanly(capsys, ["train", str(cfg), "trainer.lag=16", "trainer.steps=2"], "trainer.lag=16 samples 16 "
+                  "batches ahead of a 2-step run: 18 batches sampled, 2 trained on")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_non_strict_resume_at_another_lag_says_which_batches_in_flight_it_drops_or_samples(lag_reference, tmp_path,
+                                                                                           capsys):  # fmt: skip
+    """checkpoint.strict_resume=false lets the lag change (no longer bit-exact): lag 1 -> 0 drops the batch in flight
+    (it was silently ignored), 1 -> 2 samples the missing one at the first step (it was refused, blaming
+    state.json)."""
+    import shutil
+
+    for lag, said in ((0, "the ones for steps [3] are dropped (their prompts are never trained on) and each step "
+                          "samples its own batch"),
+                      (2, "at trainer.lag=2 the first step samples those for steps [4] with the checkpoint's "
+                          "weights")):  # fmt: skip
+        run = tmp_path / f"lag{lag}"
+        shutil.copytree(lag_reference, run)
+        shutil.rmtree(run / "checkpoints" / "step_000003")
+        capsys.readouterr()
+        argv = ["train", str(run / "config.yaml"), f"trainer.output_dir={run}", "--resume", f"trainer.lag={lag}",
+                "checkpoint.strict_resume=false", "trainer.steps=3"]  # fmt: skip
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert said in err and "state.json" not in err, err
+        assert [r["step"] for r in records(run)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_adding_a_sampler_on_resume_keeps_the_run_and_says_nothing_of_exactness(lag_reference, tmp_path, capsys):
+    """A sampler of its own samples what the learner would have: a resume that adds one continues the same run (it
+    said 'no longer bit-identical')."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(lag_reference, run)
+    shutil.rmtree(run / "checkpoints" / "step_000003")
+    capsys.readouterr()
+    argv = [
+        "train",
+        str(run / "config.yaml"),
+        f"trainer.output_dir={run}",
+        "--resume",
+        "agents.1.sampler_devices=[cpu]",
+    ]
+    assert main(argv) == 0
+    assert "bit" not in capsys.readouterr().err
+    same_numbers(records(run), records(lag_reference))
+    same_weights(run, lag_reference, 3)
+
+
+@pytest.mark.slow
+def test_an_agent_with_its_optimizer_offloaded_may_have_a_sampler_of_its_own(tiny_agents, tmp_path):
+    """`offload: optimizer` with `sampler_devices` passed validation, then failed as the sampler started, calling the
+    agent frozen (the sampler's copy of the agent kept the offload, which needs an optimizer)."""
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1,
+                       "lag": 1})  # fmt: skip
+    _with_samplers(cfg, [1])
+    assert main(["train", str(cfg), "agents.1.dtype=bfloat16", "agents.1.offload=optimizer"]) == 0

@@ -10,10 +10,13 @@ import multiprocessing
 import os
 import signal
 import time
+from collections import deque
 
 import pytest
 
+from hacrl.config import DeadlineConfig
 from hacrl.driver.backends import ranks
+from hacrl.driver.supervision import Deadlines, kind_of
 from hacrl.errors import WorkerError
 
 PEER_ERROR = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
@@ -37,6 +40,8 @@ def _local_group(*targets) -> ranks.LocalRanks:
     context = multiprocessing.get_context("fork")
     group = ranks.LocalRanks.__new__(ranks.LocalRanks)
     group.name, group.processes, group.pipes, group.sampler = "qwen", [], [], False
+    group.deadlines, group._answered = Deadlines(), 0.0
+    group._calls = deque([("sampling at step #", time.monotonic())])  # the call the test collects
     for target in targets:
         ours, theirs = context.Pipe()
         process = context.Process(target=target, args=(theirs,), daemon=True)
@@ -94,7 +99,7 @@ def _ray_workers(fake):
     from hacrl.driver.backends.ray import RayWorkers
 
     workers = RayWorkers.__new__(RayWorkers)
-    workers._ray, workers.names = fake, ["llama", "qwen"]
+    workers._ray, workers.names, workers.deadlines, workers._placed = fake, ["llama", "qwen"], Deadlines(), {}
     workers.owners = [(0, None), (1, 0), (1, 1)]  # llama; qwen rank 0, qwen rank 1
     return workers
 
@@ -127,3 +132,48 @@ def test_ray_names_a_dead_sampler_actor_and_does_not_wait_for_peers_of_a_sampler
     workers = _ray_workers(_FakeRay(["qwen-sampler"], {"qwen-sampler": ex.RayTaskError(ValueError("its own"))}))
     with pytest.raises(ValueError, match="its own"):  # no grace: a sampler has no peers in a collective
         workers._gather(["qwen-sampler"], "sampling at step 3", [(1, "sampler")])
+
+
+# -- silence: a call's deadline (runtime.deadline) ------------------------------------------------------------------
+
+
+def test_a_calls_deadline_is_the_first_call_allowance_then_a_multiple_of_its_kinds_slowest_answer():
+    deadlines = Deadlines(DeadlineConfig(first_call=600, factor=10, minimum=30))
+    kind = kind_of("sampling at step 12")
+    assert kind == kind_of("sampling at step 3") == "sampling at step #" != kind_of("evaluating at step 3")
+    assert deadlines.limit(kind) == 600 and "first_call=600" in deadlines.rule(kind)
+    deadlines.observe(kind, 1.5)
+    assert deadlines.limit(kind) == 30  # 10 x 1.5 = 15, at least 30
+    deadlines.observe(kind, 4.0)
+    deadlines.observe(kind, 2.0)  # the slowest answer counts
+    assert deadlines.limit(kind) == 40 and "(4.0 s)" in deadlines.rule(kind)
+    assert deadlines.limit("evaluating at step #") == 600  # each kind its own
+
+
+def test_a_rank_that_does_not_answer_is_named_and_the_group_killed_at_the_deadline():
+    group = _local_group(_stays_alive, _stays_alive)
+    group.deadlines = Deadlines(DeadlineConfig(first_call=0.5))
+    pids = [p.pid for p in group.processes]
+    os.kill(pids[1], signal.SIGSTOP)  # the stopped rank is named, not rank 0 (silent too, waiting for it)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 of agent 'qwen' \(pid \d+\) did not answer within 0\.\d s while "
+                       r"sampling at step 2; it is stopped \(SIGSTOP.*first_call=0.5 s"):  # fmt: skip
+        group._replies("sampling at step 2")
+    assert time.monotonic() - start < 5
+    assert group.processes == [] and not any(os.path.exists(f"/proc/{pid}/stat") and _state(pid) != "Z" for pid in pids)
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return "gone"
+    return stat[stat.rfind(")") + 2]
+
+
+def test_ray_names_an_actor_silent_past_its_deadline():
+    workers = _ray_workers(_FakeRay(["llama", "qwen0"], {"llama": "sampled", "qwen0": "sampled"}))
+    workers.deadlines = Deadlines(DeadlineConfig(first_call=0.2))
+    with pytest.raises(WorkerError, match=r"agent 'qwen' \(rank 1\) did not answer within 0\.\d s while "
+                       "sampling at step 2"):  # fmt: skip
+        workers._gather(["llama", "qwen0", "qwen1"], "sampling at step 2")

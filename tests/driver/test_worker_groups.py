@@ -123,6 +123,29 @@ def test_kill_9_of_one_rank_stops_the_run_naming_it_and_the_run_resumes_exactly(
 
 
 @pytest.mark.slow
+def test_a_stopped_rank_is_named_and_its_group_killed_at_the_calls_deadline(tiny_agents, tmp_path, monkeypatch,
+                                                                           capsys):  # fmt: skip
+    """Rank 1 of qwen stops (SIGSTOP) in its 10th micro-batch: rank 0 waits for it inside a collective and the run
+    stalled forever. The driver names the stopped rank (not rank 0, silent too) within the learn call's deadline,
+    kills the group and exits 2; the checkpoint of step 2 stays the newest (the kill-9 test resumes from such a
+    stop)."""
+    import time
+
+    cut = _config(tiny_agents, tmp_path, "cut")
+    monkeypatch.setenv("HACRL_FAULTS", "update.micro_batch:10:STOP")
+    monkeypatch.setenv("HACRL_FAULTS_RANK", "1")
+    faults.reset()
+    capsys.readouterr()
+    start = time.monotonic()
+    assert main(["train", str(cut), "runtime.deadline.minimum=3", "runtime.deadline.factor=5"]) == 2
+    assert time.monotonic() - start < 90
+    err = capsys.readouterr().err
+    assert "rank 1 of agent 'qwen'" in err and "did not answer within" in err and "while learning at step 3" in err
+    assert "it is stopped (SIGSTOP" in err and "--resume" in err and "Traceback" not in err, err
+    assert latest_checkpoint(tmp_path / "cut").name == "step_000002"
+
+
+@pytest.mark.slow
 def test_a_checkpoint_resumes_on_another_number_of_ranks(tiny_agents, tmp_path, capsys, two_rank_run):
     """K = 2 -> 1 (step 3) -> 2 (step 4): each time the optimizer state loads resharded, the run says it is no
     longer bit-identical, and it trains on."""

@@ -60,6 +60,11 @@ def test_plan_devices_prints_the_split_and_the_settings(tiny_agents, tmp_path, c
     assert "a model, not a measurement" in out and "chosen: llama on 1, qwen on 1" in out
     assert "set: agents.0.device=cuda:0 agents.1.device=cuda:1" in out
     fails_cleanly(capsys, ["plan", str(cfg), "--devices", "0"], "--devices 0")
+    fails_cleanly(capsys, ["plan", str(cfg), "--devices", "2", "--slack", "inf"], "--slack inf")  # was accepted
+    # fewer devices than agents: it blamed memory
+    fails_cleanly(
+        capsys, ["plan", str(cfg), "--devices", "1"], "each of the 2 agents at least one device", "--devices 2"
+    )
 
 
 def test_each_agent_is_planned_once_per_device_count_and_many_devices_take_the_greedy_search(

@@ -43,7 +43,14 @@ class SamplerWorker(AgentWorker):
         """The ranks of its learner's worker group (1: one worker): it samples rank r's share of every batch from
         rank r's stream, as the group would have (`rank_share`, `seeds.rank`)."""
         # a LoRA agent's sampler keeps the adapters (never stepped): its old log-probs come from them, as its learner's
-        agent = replace(spec.agent, frozen=spec.agent.lora is None, device=device, sampler_devices=None, devices=None)
+        agent = replace(
+            spec.agent,
+            frozen=spec.agent.lora is None,
+            device=device,
+            sampler_devices=None,
+            devices=None,
+            offload="none",
+        )  # it never steps: no optimizer to offload
         super().__init__(replace(spec, agent=agent, algorithm=replace(spec.algorithm, kl_coef=0.0)), device=device)
         self._streams = [self._seeded(r) for r in range(self.world)] if self.world > 1 else []
         self.channel = channel

@@ -195,7 +195,7 @@ class AgentConfig:
     gradients and AdamW's state live on the host, each layer copied to the GPU when it computes). Under
     `runtime.backend: ray` each rank is an actor asking for `num_cpus` and `num_gpus`; Ray picks the GPUs, the list's
     length is K. None (the default): one worker on `device`, without FSDP."""
-    sampler_devices: list[str] | None = field(default=None, metadata=NOT_EXACT)
+    sampler_devices: list[str] | None = field(default=None, metadata=SAFE)
     """With `trainer.lag` >= 1: a sampler of its own on this device, e.g. `[cpu]` or `[cuda:3]` (one device): a
     process holding the agent's compute-dtype weights, its sampler and its old-log-prob pass, which samples batch
     t + k while the learner runs update t, and takes the learner's new weights after each update (host shared
@@ -699,6 +699,13 @@ class TrainerConfig:
                 f"{where}.lag must be an integer in [0, 16] (0: sample then learn; k: batch t + k is sampled during "
                 f"update t), got {self.lag!r}"
             )
+        if self.lag > self.steps:
+            raise ConfigError(
+                f"{where}.lag={self.lag} samples {self.lag} batches ahead of a {self.steps}-step run: "
+                f"{self.lag + self.steps} batches sampled, {self.steps} trained on. Set {where}.lag <= "
+                f"{where}.steps (batches sampled ahead of the last step are kept in its checkpoint, for a resume with "
+                "more steps)"
+            )
         chunk = self.logprob_chunk_size
         if (
             chunk is not None
@@ -848,6 +855,33 @@ class RayConfig:
 
 
 @dataclass
+class DeadlineConfig:
+    """How long a call to a worker process (a rank of a worker group, a sampler of its own, a Ray actor) may go
+    unanswered before the worker is called stuck, killed, and the run stopped naming it (resumable with `--resume`).
+    A call's deadline: `first_call` seconds while no call of its kind (method, agent and role) has answered yet,
+    then `factor` x the slowest answer of its kind so far, at least `minimum` seconds. Workers in the driver's own
+    process (the local backend's one-device agents) have none: the driver is the worker."""
+
+    RESUME: ClassVar[dict] = SAFE
+
+    first_call: float = 3600.0
+    """Seconds for a call whose kind has not answered yet (the start, which loads the model, and each kind's first
+    call, which may compile or warm up)."""
+    factor: float = 10.0
+    """A later call may take this many times the slowest answer of its kind so far."""
+    minimum: float = 300.0
+    """...and never less than this many seconds."""
+
+    def check(self, where: str = "runtime.deadline") -> None:
+        for key in ("first_call", "factor", "minimum"):
+            value = getattr(self, key)
+            if not value > 0:
+                raise ConfigError(f"{where}.{key} must be positive, got {value}")
+        if self.factor < 1:
+            raise ConfigError(f"{where}.factor must be >= 1 (a call may take as long as its kind did): {self.factor}")
+
+
+@dataclass
 class RuntimeConfig:
     """Where the agent workers run."""
 
@@ -858,8 +892,10 @@ class RuntimeConfig:
     """torch intra-op threads in each worker's process; None: the process's default (local: this process's; a Ray
     actor: its num_cpus). Set it to compare backends bit for bit (the thread count changes float sums)."""
     ray: RayConfig = field(default_factory=RayConfig)
+    deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
 
     def check(self, where: str = "runtime") -> None:
+        self.deadline.check(f"{where}.deadline")
         if self.backend == "ray":
             import importlib.util
 

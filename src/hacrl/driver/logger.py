@@ -122,7 +122,7 @@ class MetricsLogger:
         self._progress = self._jsonl = self._tb = None
         self._trackers = []
         error = None
-        for close in closers:
+        for close in [lambda: faults.hit("logger.close"), *closers]:
             try:
                 close()
             except Exception as e:  # noqa: BLE001 - the others still close; the first error is raised below

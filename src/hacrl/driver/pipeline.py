@@ -4,6 +4,8 @@ After step t the driver holds batches t + 1 .. t + k (`Pending`): every agent's 
 sum, the agent's own token ids and the log-probs of the weights that sampled them) and their rewards. A checkpoint
 holds them in `pending.pt` (tensors, numbers and strings only: read back with `weights_only`, never unpickled as
 code), so a resumed run trains on exactly the batches the uninterrupted one would have and samples nothing twice.
+The file's layout and the checks of its values, made with every other part's before a checkpoint is used:
+`hacrl.inflight`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import torch
 from hacrl.checkpoint import restoring
 from hacrl.driver.scoring import ScoreResult
 from hacrl.errors import CheckpointError, first_line
+from hacrl.inflight import PENDING_FILE
 from hacrl.messages import OwnRollout, Sampled, Trajectory
-
-PENDING_FILE = "pending.pt"
 
 
 @dataclass
@@ -36,27 +37,35 @@ def write_pending(directory: Path, pending: list[Pending]) -> None:
     torch.save({"batches": [_batch_state(b) for b in pending]}, directory / PENDING_FILE)
 
 
-def read_pending(checkpoint: str | Path, step: int, lag: int, names: list[str]) -> list[Pending]:
-    """The batches a checkpoint of step `step` holds for a run at `trainer.lag` = `lag`: steps step + 1 .. step + lag,
-    checked; a CheckpointError naming the file otherwise."""
+def read_pending(checkpoint: str | Path, step: int, lag: int, notice) -> list[Pending]:
+    """The batches in flight a resumed run at `trainer.lag` = `lag` takes from a step-`step` checkpoint: steps
+    step + 1 .. step + lag. The file was checked with the rest of the checkpoint (`hacrl.inflight`), so it holds the
+    batches of the lag its run had; a run resumed at another lag (only with `checkpoint.strict_resume=false`) keeps
+    the first `lag` of them and drops the rest, or has the missing ones sampled by its first step, and `notice` says
+    which."""
     file = Path(checkpoint) / PENDING_FILE
-    try:
-        state = torch.load(file, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - missing or damaged: named, with what to do
-        raise CheckpointError(
-            f"{file}: cannot read the batches in flight of this trainer.lag={lag} run ({type(e).__name__}: "
-            f"{first_line(e)}); a checkpoint of a run without lag has none: resume with the trainer.lag it was "
-            "written with, or from another checkpoint (checkpoint.resume=<dir>)"
-        ) from None
-    with restoring(checkpoint, "batches in flight"):
-        batches = [_batch(b) for b in state["batches"]]
-        steps = [b.step for b in batches]
-        if steps != list(range(step + 1, step + 1 + lag)) or any(len(b.sampled) != len(names) for b in batches):
-            raise ValueError(
-                f"it holds batches {steps} of {len(batches[0].sampled) if batches else 0} agents, a step-{step} "
-                f"checkpoint at trainer.lag={lag} needs {list(range(step + 1, step + 1 + lag))} of {len(names)}"
-            )
-    return batches
+    if not file.is_file():
+        held = []
+    else:
+        try:
+            state = torch.load(file, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - changed since it was checked: named, with what to do
+            raise CheckpointError(f"{file}: cannot read the batches in flight ({type(e).__name__}: {first_line(e)}); "
+                                  "resume from another checkpoint (checkpoint.resume=<dir>)") from None  # fmt: skip
+        with restoring(checkpoint, "batches in flight"):
+            held = [_batch(b) for b in state["batches"]]
+    if len(held) > lag:
+        dropped = [b.step for b in held[lag:]]
+        notice(f"{file} holds the batches in flight of a trainer.lag={len(held)} run; at trainer.lag={lag} the ones "
+               f"for steps {dropped} are dropped (their prompts are never trained on) and "
+               f"{'each step samples its own batch' if lag == 0 else 'sampled again later'}")  # fmt: skip
+    elif len(held) < lag:
+        missing = list(range(step + 1 + len(held), step + 1 + lag))
+        notice(
+            f"{'the checkpoint holds no batches in flight' if not held else f'{file} holds {len(held)} batches'}; "
+            f"at trainer.lag={lag} the first step samples those for steps {missing} with the checkpoint's weights"
+        )
+    return held[:lag]
 
 
 def _batch_state(batch: Pending) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from hacrl.checkpoint import latest_checkpoint
 from hacrl.driver.logger import MetricsLogger, check_trackers
 from hacrl.driver.resume import ResumePlan, prepare_run_dir
 from hacrl.driver.rundir import RunLock, claim_run_dir
-from hacrl.errors import TrainingInterrupted
+from hacrl.errors import INTACT, TrainingInterrupted, WorkerError
 
 
 class RunLoop:
@@ -56,9 +56,10 @@ class RunLoop:
         self._release = weakref.finalize(self, self.lock.release)  # also when a trainer is dropped without close()
         try:
             self._setup(resume or config.checkpoint.resume)
-        except BaseException:
-            self.close()
+        except BaseException as e:
+            self.close(force=True)
             claim.undo()  # a refused start leaves nothing behind (the mark of a new claim, a directory it created)
+            self._say_where_to_resume(e)
             raise
 
     # -- what a subclass supplies ------------------------------------------------------------------------------------
@@ -91,13 +92,29 @@ class RunLoop:
         else:
             print(f"hacrl: {message}", file=sys.stderr, flush=True)
 
-    def close(self) -> None:
-        """Release the run directory (idempotent); a subclass also stops what it started."""
+    def close(self, *, force: bool = False) -> None:
+        """Release the run directory (idempotent); a subclass also stops what it started (`force`: at once, without
+        waiting for a call its workers are in)."""
         self._release()
+
+    def _say_where_to_resume(self, error: BaseException) -> None:
+        """A worker's error says the latest checkpoint is intact (`INTACT`): where the run has none, raise it saying
+        what is true instead (nothing was written; or `--resume` starts again from step 0)."""
+        if not isinstance(error, WorkerError) or INTACT not in str(error):
+            return
+        if latest_checkpoint(self.run_dir) is not None:
+            return
+        truth = (
+            f"The run has no checkpoint yet: `{self.command} <config> --resume` starts it again from step 0"
+            if (self.run_dir / "metrics.jsonl").exists()
+            else f"Nothing of the run was written: start it again with `{self.command} <config>`"
+        )
+        raise WorkerError(str(error).replace(INTACT, truth)) from None
 
     def train(self) -> list[dict[str, Any]]:
         """Run from `self.step` to `trainer.steps`; returns every step's metrics (also logged)."""
         cfg = self.config
+        force = True  # whatever stops the run mid-step (an error, a second signal) stops its workers at once
         try:
             prepare_run_dir(self.plan, self.run_dir, self.notice)
             self._write_config(self.run_dir / "config.yaml")
@@ -115,11 +132,20 @@ class RunLoop:
                 self.notice, lambda: self.step, self.command, lambda: latest_checkpoint(self.run_dir)
             ) as stop:
                 self._loop(stop)
+            force = False
+        except TrainingInterrupted as e:
+            force = e.at_once  # the first signal's stop ends after a step and its checkpoint: the workers are idle
+            raise
+        except WorkerError as e:
+            self._say_where_to_resume(e)
+            raise
         finally:
-            if self._logger is not None:
-                self._logger.close()
-                self._logger = None
-            self.close()
+            try:
+                if self._logger is not None:
+                    logger, self._logger = self._logger, None
+                    logger.close()  # may raise (a full disk): the workers are stopped all the same
+            finally:
+                self.close(force=force)
         return self.history
 
     def _loop(self, stop: GracefulStop) -> None:
@@ -191,6 +217,7 @@ class GracefulStop:
                 f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
                 f"without a checkpoint; {where}",
                 signum,
+                at_once=True,
             )
         self.signum = signum
         again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"

@@ -66,8 +66,8 @@ class Trainer(RunLoop):
         names = [a.name for a in config.agents]
         self.pending: deque[Pending] = deque()
         """trainer.lag > 0: the batches sampled and scored but not yet trained on (steps step + 1 .. step + k)."""
-        if plan.checkpoint is not None and config.trainer.lag:  # before any model loads: a missing file fails fast
-            self.pending = deque(read_pending(plan.checkpoint, plan.step, config.trainer.lag, names))
+        if plan.checkpoint is not None:  # before any model loads: a file that changed since its check fails fast
+            self.pending = deque(read_pending(plan.checkpoint, plan.step, config.trainer.lag, self.notice))
         self.frozen = [a.frozen for a in config.agents]
         if config.runtime.backend == "local":  # a Ray worker may run on another machine: its own start checks
             check_devices_here(config)
@@ -127,12 +127,16 @@ class Trainer(RunLoop):
             self.tracker.load_state_dict(plan.state["capability"])
             self.stream.load_state_dict(plan.state["data"])
 
-    def close(self) -> None:
+    def close(self, *, force: bool = False) -> None:
         """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in
         a process, `hacrl.driver.scoring.shared_scorer`, and stop at its exit)."""
         if self.workers is not None:
-            self.workers.close()
-            self.workers = None
+            workers, self.workers = self.workers, None
+            try:
+                workers.close(force=force)
+            finally:
+                super().close()
+            return
         super().close()
 
     def _write_config(self, path: Path) -> None:

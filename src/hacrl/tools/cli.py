@@ -430,13 +430,21 @@ def _measure(config, slack: float) -> int:
 
 def _place(config, devices: int, device_memory, slack: float) -> int:
     """`hacrl plan CONFIG --devices N`: the time model's placement and budgets (`hacrl.tools.placement`)."""
+    import math
+
     from hacrl.errors import ConfigError
     from hacrl.tools.placement import place, render
 
     if not 1 <= devices <= 64:
         raise ConfigError(f"--devices {devices}: give the number of GPUs to place the agents on (1 to 64)")
-    if not (slack >= 0):
+    if not (math.isfinite(slack) and slack >= 0):
         raise ConfigError(f"--slack {slack}: give a fraction >= 0 by which the step may grow (0.1: 10 %)")
+    if devices < len(config.agents):
+        raise ConfigError(
+            f"--devices {devices}: the placement gives each of the {len(config.agents)} agents at least one device of "
+            f"its own; give --devices {len(config.agents)} or more (two small agents can share a GPU on Ray with "
+            "fractional agents.<i>.num_gpus, which this model does not plan)"
+        )
     tried, chosen = place(config, devices, device_memory, slack=slack)
     print(render(config, devices, tried, chosen))
     return 0 if chosen is not None else 3

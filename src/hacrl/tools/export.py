@@ -10,6 +10,7 @@ nothing of hacrl or peft installed; `--adapters-only` copies the adapters instea
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -74,7 +75,6 @@ def export_agent(
     """Write agent `agent` of a run directory's newest checkpoint (or of the checkpoint `path`) to `out`, its
     weights in `dtype` ("auto": the agent's compute dtype). Written into a private directory beside `out` and
     renamed to `out` once whole: a failure (a full disk) leaves nothing under `out` and no temporary behind."""
-    from hacrl.agent.model import load_tokenizer
     from hacrl.checkpoint import AGENTS_DIR, agent_weights_dir, checkpoint_to_read
     from hacrl.files import private_dir_beside
 
@@ -104,29 +104,44 @@ def export_agent(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = private_dir_beside(out)  # never a directory of the user's, whatever its name
     try:
-        if adapters_only:
-            _copy_files(source, tmp)
-        elif not lora and _weights_dtype(source) == target:
-            _copy_files(source, tmp)
-            _name_dtype(tmp, target)
-        else:
-            if lora:
-                model = merged_model(source, "float32").to(_torch_dtype(target))  # merged in float32, then cast
-            else:
-                from transformers import AutoModelForCausalLM
-
-                model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target),
-                                                             trust_remote_code=False)  # fmt: skip
-            model.save_pretrained(tmp, safe_serialization=True)
-            load_tokenizer(source).save_pretrained(tmp)
-            _name_dtype(tmp, target)
+        _write(source, tmp, target, adapters_only=adapters_only, lora=lora)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)  # a half-written export never stands under the name asked for
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+            raise CheckpointError(
+                f"could not write the export of agent {agent!r} to {str(out)!r} ({e.strerror}); nothing was left "
+                f"there. Free space on that disk or fix its permissions, or export into another directory"
+            ) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write(source: Path, tmp: Path, target: str, *, adapters_only: bool, lora: bool) -> None:
+    """The export's files into `tmp`: the adapters as they are, or the weights in `target` (LoRA merged)."""
+    from hacrl.agent.model import load_tokenizer
+
+    if adapters_only:
+        _copy_files(source, tmp)
+    elif not lora and _weights_dtype(source) == target:
+        _copy_files(source, tmp)
+        _name_dtype(tmp, target)
+    else:
+        if lora:
+            model = merged_model(source, "float32").to(_torch_dtype(target))  # merged in float32, then cast
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=_torch_dtype(target),
+                                                         trust_remote_code=False)  # fmt: skip
+        model.save_pretrained(tmp, safe_serialization=True)
+        load_tokenizer(source).save_pretrained(tmp)
+        _name_dtype(tmp, target)
 
 
 def _compute_dtype(checkpoint: Path, agent: str, source: Path, lora: bool) -> str:

@@ -54,8 +54,8 @@ class Workers(Protocol):
 
     def load(self, directory: str) -> None: ...
 
-    def close(self) -> None:
-        """Stop the workers (idempotent)."""
+    def close(self, *, force: bool = False) -> None:
+        """Stop the workers (idempotent); `force`: at once, without waiting for a call they are in."""
         ...
 
 

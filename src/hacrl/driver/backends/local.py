@@ -21,12 +21,14 @@ class LocalWorkers(WorkerGroup):
         self.samplers: list[LocalRanks | None] = []
         self.names = [spec.agent.name for spec in specs]
         self.specs = specs
+        deadlines = runtime.deadline
         try:
             for spec in specs:
-                worker = LocalRanks(spec) if spec.agent.devices else AgentWorker(spec)
+                worker = LocalRanks(spec, deadlines=deadlines) if spec.agent.devices else AgentWorker(spec)
                 self.workers.append(worker)
                 channel = worker.open_weight_channel(*_channel_kind(spec)) if spec.agent.sampler_devices else None
-                self.samplers.append(LocalRanks(spec, channel=channel) if channel is not None else None)
+                sampler = LocalRanks(spec, channel=channel, deadlines=deadlines) if channel is not None else None
+                self.samplers.append(sampler)
         except BaseException:
             self.close()
             raise
@@ -68,6 +70,7 @@ class LocalWorkers(WorkerGroup):
                 self._call(j, "send_weights", (call.step,), what)
             except Exception:
                 sampler.raise_if_dead(what)  # a sampler that died mid-transfer is the cause, named
+                sampler.collect(what)  # ... or one that is silent (past its deadline) or failed on its side
                 raise
             sampler.collect(what)
 
@@ -121,10 +124,10 @@ class LocalWorkers(WorkerGroup):
         worker = self.workers[j]
         return worker.call(method, args, what) if isinstance(worker, LocalRanks) else getattr(worker, method)(*args)
 
-    def close(self) -> None:
+    def close(self, *, force: bool = False) -> None:
         for worker in [*self.workers, *self.samplers]:
             if isinstance(worker, LocalRanks):
-                worker.close()
+                worker.close(force=force)
         self.workers, self.samplers = [], []
 
 

@@ -14,17 +14,22 @@ pipe closed at its next call and exits).
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import pickle
 import signal
 import socket
+import time
+import weakref
+from collections import deque
 from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any, NoReturn
 
 from hacrl.driver.backends import PEER_GRACE_S
-from hacrl.errors import WorkerError
+from hacrl.driver.supervision import Deadlines, is_stopped, kind_of, process_state, silent
+from hacrl.errors import INTACT, WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
 
 
@@ -77,8 +82,11 @@ def _sampler_main(spec: WorkerSpec, channel, conn) -> None:
 
 def _serve(build, where: str, conn) -> None:
     """Build the worker, then answer calls until the driver says stop or goes away."""
+    from hacrl import faults
+
     try:
         worker = build()
+        faults.hit("start")
         conn.send(("ok", worker.describe()))
     except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
         conn.send(("error", portable(e, where)))
@@ -112,6 +120,7 @@ def _follow_the_driver() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)  # blocked by the driver while it started us
+    _no_process_locks_for_progress_bars()
     try:
         import ctypes
 
@@ -121,6 +130,19 @@ def _follow_the_driver() -> None:
 
 
 _STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _no_process_locks_for_progress_bars() -> None:
+    """tqdm guards its bars with a multiprocessing lock, a named semaphore that a killed rank cannot give back: the
+    driver then ended with the resource tracker's 'leaked semaphore objects' warning. A rank's bars need a thread
+    lock only."""
+    import threading
+
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def _start_ignoring_stops(process) -> None:
@@ -146,13 +168,19 @@ def _start_ignoring_stops(process) -> None:
 class LocalRanks:
     """The K rank processes of one agent; `call` runs a worker method on all of them and returns rank 0's answer."""
 
-    def __init__(self, spec: WorkerSpec, *, channel=None) -> None:
+    def __init__(self, spec: WorkerSpec, *, channel=None, deadlines=None) -> None:
         """The ranks of `spec.agent.devices`; with `channel` (`hacrl.agent.weightsync.WeightChannel`), instead the one
-        process of its sampler on `spec.agent.sampler_devices`."""
+        process of its sampler on `spec.agent.sampler_devices`. `deadlines` (`runtime.deadline`): how long a call
+        may go unanswered (`hacrl.driver.supervision`)."""
         from hacrl.agent.distributed import RankInfo
 
         self.name = spec.agent.name
         self.sampler = channel is not None
+        self.deadlines = Deadlines(deadlines)
+        self._calls: deque[tuple[str, float]] = deque()
+        """The calls sent and not yet answered, in order: (kind, when it was sent)."""
+        self._answered = time.monotonic()
+        """When the last answer came (a call sent before it waited in the pipe until then)."""
         devices = list(spec.agent.sampler_devices if self.sampler else spec.agent.devices or [])
         context = multiprocessing.get_context("spawn")
         init = f"tcp://127.0.0.1:{free_port()}"
@@ -173,6 +201,8 @@ class LocalRanks:
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(ours)
+            _LIVE.add(self)
+            self._calls.append(("starting", time.monotonic()))
             self.infos: list[WorkerInfo] = self._replies("starting")
         except KeyboardInterrupt:
             self.close(force=True)  # the ranks may be loading for minutes: do not wait for them
@@ -206,6 +236,7 @@ class LocalRanks:
 
     def submit(self, method: str, args: tuple, what: str) -> None:
         """Send the call to every rank without waiting (`collect` takes the answer)."""
+        self._calls.append((kind_of(what), time.monotonic()))
         for rank, pipe in enumerate(self.pipes):
             try:
                 pipe.send((method, args))
@@ -213,26 +244,29 @@ class LocalRanks:
                 self._died(rank, what)
 
     def collect(self, what: str) -> Any:
-        """Rank 0's answer to the call `submit` sent."""
+        """Rank 0's answer to the oldest call `submit` sent."""
         return self._replies(what)[0]
 
     def _died(self, rank: int, what: str) -> NoReturn:
         process = self.processes[rank]
+        who = self._who(rank)
         self.close(force=True)
         process.join(timeout=5)
-        who = f"the sampler of agent {self.name!r}" if self.sampler else f"rank {rank} of agent {self.name!r}"
-        raise WorkerError(
-            f"{who} (pid {process.pid}) died while {what} "
-            f"({_exit_reason(process.exitcode)}). The latest checkpoint is intact: continue with "
-            "`hacrl train <config> --resume`."
-        )
+        raise WorkerError(f"{who} (pid {process.pid}) died while {what} ({_exit_reason(process.exitcode)}). {INTACT}.")
 
     def _replies(self, what: str) -> list[Any]:
-        """Every rank's answer, in rank order; the first error or death stops the group and is raised."""
+        """Every rank's answer to the oldest call sent, in rank order; the first error, death or silence past the
+        call's deadline stops the group and is raised."""
+        kind, sent = self._calls.popleft()
+        start = max(sent, self._answered)  # the ranks answer in order: this call began when the one before ended
+        deadline = start + self.deadlines.limit(kind)
         replies: list[Any] = [None] * len(self.pipes)
         pending = set(range(len(self.pipes)))
         while pending:
-            ready = set(wait([self.pipes[r] for r in pending] + [self.processes[r].sentinel for r in pending]))
+            watched = [self.pipes[r] for r in pending] + [self.processes[r].sentinel for r in pending]
+            ready = set(wait(watched, timeout=max(0.0, deadline - time.monotonic())))
+            if not ready and time.monotonic() >= deadline:
+                self._silent(pending, what, kind, time.monotonic() - start)
             for rank in sorted(pending):
                 pipe, process = self.pipes[rank], self.processes[rank]
                 if pipe in ready or pipe.poll():
@@ -253,7 +287,23 @@ class LocalRanks:
                     self.close(force=True)
                     raise value
                 self._died(rank, what)
+        self._answered = time.monotonic()
+        self.deadlines.observe(kind, self._answered - start)
         return replies
+
+    def _silent(self, pending: set[int], what: str, kind: str, waited: float) -> NoReturn:
+        """No answer within the deadline: name the silent rank (a stopped one first: its peers wait for it inside a
+        collective), kill the group, raise."""
+        ranks = sorted(pending, key=lambda r: (not is_stopped(self.processes[r].pid), r))
+        rank = ranks[0]
+        pid = self.processes[rank].pid
+        state = process_state(pid)
+        rule = self.deadlines.rule(kind)
+        self.close(force=True)
+        raise silent(self._who(rank), pid, what, waited, rule, state=state)
+
+    def _who(self, rank: int) -> str:
+        return f"the sampler of agent {self.name!r}" if self.sampler else f"rank {rank} of agent {self.name!r}"
 
     def _raise_if_a_peer_died(self, rank: int, what: str) -> None:
         """A rank's error may be a peer's death seen through the collective (gloo: 'Connection reset by peer'):
@@ -267,22 +317,43 @@ class LocalRanks:
                 self._died(r, what)
 
     def close(self, *, force: bool = False) -> None:
-        """Stop the ranks (idempotent): ask them to exit, then kill what is still there."""
-        for pipe in self.pipes:
-            if not force:
+        """Stop the ranks (idempotent): ask them to exit and give them CLOSE_GRACE_S to, then kill what is still
+        there; `force`: kill them at once (a second Ctrl-C, an error mid-call)."""
+        if not force:
+            for pipe in self.pipes:
                 try:
                     pipe.send(None)
                 except (BrokenPipeError, OSError):
                     pass
+            deadline = time.monotonic() + CLOSE_GRACE_S
+            for process in self.processes:
+                if not is_stopped(process.pid):  # a stopped rank never reads the request: no grace for it
+                    process.join(timeout=max(0.0, deadline - time.monotonic()))
         for process in self.processes:
-            if not force:
-                process.join(timeout=30)
             if process.is_alive():
-                process.kill()
+                process.kill()  # SIGKILL also ends a stopped process
                 process.join(timeout=10)
         for pipe in self.pipes:
             pipe.close()
         self.processes, self.pipes = [], []
+        self._calls.clear()
+        _LIVE.discard(self)
+
+
+CLOSE_GRACE_S = 30.0
+"""How long a close waits for the ranks to finish their call and exit before it kills them."""
+
+_LIVE: weakref.WeakSet[LocalRanks] = weakref.WeakSet()
+"""The groups started and not yet closed in this process."""
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """At the interpreter's exit, kill the rank and sampler processes that nothing closed. multiprocessing's own exit
+    handler (registered before this one, so it runs after it) would send them SIGTERM, which they ignore, then join
+    them: forever (a run that stopped on a full disk hung there). Nothing is left to save at that point."""
+    for ranks in list(_LIVE):
+        ranks.close(force=True)
 
 
 def _exit_reason(code: int | None) -> str:

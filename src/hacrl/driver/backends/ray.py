@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
 from hacrl.agent.worker import AgentWorker
 from hacrl.driver.backends import PEER_GRACE_S, WorkerGroup
-from hacrl.errors import ConfigError, WorkerError
+from hacrl.driver.supervision import Deadlines, is_stopped, kind_of, process_state, silent
+from hacrl.errors import INTACT, ConfigError, WorkerError
 from hacrl.messages import LearnCall, Trajectory, WorkerInfo, WorkerSpec
 
 
@@ -126,6 +129,9 @@ class RayWorkers(WorkerGroup):
         self._handed: list[Any] = [None] * len(specs)
         """Each learner's weights after its last update (an object reference), for its sampler's next batch."""
         self._placement_groups: list[Any] = []
+        self.deadlines = Deadlines(runtime.deadline)
+        self._placed: dict[tuple, tuple[Any, int, str]] = {}
+        """(agent, rank / None / "sampler") -> (its actor, its pid, its node id), for a silent actor's kill."""
         ranks = [s.agent.num_ranks + bool(s.agent.sampler_devices) for s in specs]  # actors per agent
         if not ray.is_initialized():
             address = runtime.ray.address
@@ -161,6 +167,7 @@ class RayWorkers(WorkerGroup):
                     setups.extend(self._start_group(i, spec, res, runtime))
             infos = self._gather(setups, "starting")
             self.info = [infos[j] for j, (_, rank) in enumerate(self.owners) if not rank]
+            self._note_placed(self.owners, self.actors, infos)
             infos += self._start_samplers(specs, resources)
             placed = ", ".join(
                 f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in infos
@@ -179,7 +186,16 @@ class RayWorkers(WorkerGroup):
                 self.actors.append(actor)
                 setups.append(actor.setup.remote(spec, None, "sampler", self._broadcast_channel(i, spec)))
                 owners.append((i, "sampler"))
-        return self._gather(setups, "starting", owners) if setups else []
+        if not setups:
+            return []
+        infos = self._gather(setups, "starting", owners)
+        self._note_placed(owners, [self.samplers[i] for i, _ in owners], infos)
+        return infos
+
+    def _note_placed(self, owners: list[tuple], actors: list, infos: list) -> None:
+        """Where each started actor runs (its pid and node), for a silent one's kill."""
+        for owner, actor, (info, node, _) in zip(owners, actors, infos, strict=True):
+            self._placed[owner] = (actor, info.pid, node)
 
     def _broadcast_channel(self, i: int, spec: WorkerSpec) -> dict | None:
         """Where agent i's learner (rank 0) and sampler meet for its weight broadcast (`agents.<i>.weight_sync`),
@@ -325,6 +341,7 @@ class RayWorkers(WorkerGroup):
         sampler actor samples there while its learner learns; the learner's new weights (an object reference) go
         to the sampler before its next batch."""
         learns = list(learns)
+        since = time.monotonic()
         sample_refs, owners, first = self._submit_samples(samples, learns)
         learn_refs, learn_first = self._submit_learns(learns)
         for i, sampler in enumerate(self.samplers):
@@ -333,7 +350,7 @@ class RayWorkers(WorkerGroup):
         results = self._gather(sample_refs, f"sampling at step {samples[0].step}", owners)
         sampled = [results[j] for j in first]
         extra = between(sampled)
-        results = self._gather(learn_refs, f"learning at step {learns[0].step}")
+        results = self._gather(learn_refs, f"learning at step {learns[0].step}", since=since)
         self._broadcast_weights(learns)
         return sampled, extra, [results[j] for j in learn_first]
 
@@ -367,19 +384,29 @@ class RayWorkers(WorkerGroup):
         if refs:
             self._gather([r for _, r in refs], "loading its checkpoint part", [(i, "sampler") for i, _ in refs])
 
-    def _gather(self, refs: list, what: str, owners: list | None = None) -> list[Any]:
+    def _gather(self, refs: list, what: str, owners: list | None = None, *, since: float | None = None) -> list[Any]:
         """Results in actor order (`owners`: each ref's (agent, rank or "sampler"); default: every actor's, in
-        order); the first failure, whichever actor it is, stops the wait at once."""
+        order); the first failure, whichever actor it is, stops the wait at once, and so does an actor silent past
+        its call's deadline (`runtime.deadline`, counted from `since`, when the calls were sent: now by default)."""
         ray, owners = self._ray, owners if owners is not None else self.owners
+        start = time.monotonic() if since is None else since
+        keys = [(owner, kind_of(what)) for owner in owners]
+        deadlines = [start + self.deadlines.limit(key) for key in keys]
         results: list[Any] = [None] * len(refs)
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            soonest = min(deadlines[index[ref]] for ref in pending)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, soonest - time.monotonic()))
+            if not ready:
+                late = [index[ref] for ref in pending if deadlines[index[ref]] <= time.monotonic()]
+                if late:
+                    self._silent([owners[i] for i in late], what, keys[late[0]][1], time.monotonic() - start)
             for ref in ready:
                 i = index[ref]
                 try:
                     results[i] = ray.get(ref)
+                    self.deadlines.observe(keys[i], time.monotonic() - start)
                 except ray.exceptions.RayTaskError as e:  # an exception inside the worker: raise it as itself
                     self._raise_if_a_peer_died(i, refs, what, owners)
                     cause = getattr(e, "cause", None)
@@ -390,15 +417,37 @@ class RayWorkers(WorkerGroup):
                     self._raise_died(owners[i], e, what)
         return results
 
-    def _raise_died(self, owner: tuple, error: Exception, what: str) -> NoReturn:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    def _silent(self, late: list[tuple], what: str, kind: str, waited: float) -> NoReturn:
+        """Actors silent past their deadline: name one (a stopped one first: its peers wait for it), kill it, raise."""
+        placed = [(owner, *self._placed.get(owner, (None, None, None))) for owner in late]
+        owner, actor, pid, node = min(placed, key=lambda p: not (self._here(p[3]) and is_stopped(p[2])))
+        state = process_state(pid) if self._here(node) else ""
+        rule = self.deadlines.rule((owner, kind))
+        if pid is not None and self._here(node):
+            try:
+                os.kill(pid, signal.SIGKILL)  # Ray's own kill asks the process, which a stopped one never hears
+            except OSError:
+                pass
+        if actor is not None:
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        raise silent(self._who(owner), pid, what, waited, rule, state=state)
+
+    def _here(self, node: str | None) -> bool:
+        """Whether Ray node `node` is this process's own (its processes are ours to look at and signal)."""
+        return node is not None and node == self._ray.get_runtime_context().get_node_id()
+
+    def _who(self, owner: tuple) -> str:
         agent, rank = owner
         role = "" if rank is None else f" (rank {rank})" if isinstance(rank, int) else f" ({rank})"
-        who = f"the worker of agent {self.names[agent]!r}{role}"
-        raise WorkerError(
-            f"{who} died while {what} ({reason}). The latest checkpoint is intact: continue with "
-            "`hacrl train <config> --resume`."
-        ) from None
+        return f"the worker of agent {self.names[agent]!r}{role}"
+
+    def _raise_died(self, owner: tuple, error: Exception, what: str) -> NoReturn:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        who = self._who(owner)
+        raise WorkerError(f"{who} died while {what} ({reason}). {INTACT}.") from None
 
     def _raise_if_a_peer_died(self, i: int, refs: list, what: str, owners: list) -> None:
         """A rank's error may be its peer's death seen through the collective (gloo: 'Connection reset by peer',
@@ -420,7 +469,8 @@ class RayWorkers(WorkerGroup):
         """The actors' process ids (tests kill one to check that the driver stops)."""
         return self._ray.get([a.pid.remote() for a in self.actors])
 
-    def close(self) -> None:
+    def close(self, *, force: bool = False) -> None:
+        """Kill every actor (Ray's kill does not wait for a call in progress, so `force` changes nothing here)."""
         ray = self._ray
         for actor in self.actors:
             try:
