@@ -156,3 +156,56 @@ def test_a_hostile_output_cannot_hang_the_math_verifier():
     start = time.perf_counter()
     assert fn(prompts=[""], completions=["\\boxed{9^{9^{9^{9^{9^{9}}}}}}"], answer=["3"]) == [0.0]
     assert time.perf_counter() - start < 30  # without the limit this does not return
+
+
+# -- a real instruct model's prose (issue 69): right answers score 1, wrong ones 0 -----------------------------------
+
+REAL_PROSE = [  # (gold, SmolLM2-135M-Instruct's kind of answer, reward)
+    ("5", "To calculate 4 + 1, we simply add them together. 4 + 1 equals 5.", 1.0),
+    ("71", "To add 23 and 48, we line up the digits: 3 + 8 = 11, carry 1; 2 + 4 + 1 = 7. So 23 + 48 = 71.", 1.0),
+    ("71", "The sum of 23 and 48 is 71.", 1.0),
+    ("12", "7 + 5 = 12\n\nSo the answer is 12.", 1.0),
+    ("71", "So the final answer is \\boxed{71}.", 1.0),
+    (
+        "148",
+        "To add 50 and 98, we need to find a common multiple of 50 and 98, which is 181. 181 is indeed 50 + 98 = 181.",
+        0.0,
+    ),
+    ("100", "To add 34 and 66, we need to perform the arithmetic operation of 34 + 66 = 140.", 0.0),
+    ("60", "Adding 54 and 6 gives us 11, which is the result of the operation.", 0.0),
+    ("71", "23 + 48 = 71? No wait, it is 61.", 0.0),
+    ("12", "7 + 5 = 13", 0.0),
+]
+
+
+def test_the_math_verifier_scores_a_real_models_prose_right_and_wrong():
+    """The real bed's scoring (`scoring.builtin: math`): prose with the right sum scores 1, with a wrong one 0 (the
+    last box, else the last line read by math-verify)."""
+    from hacrl.tasks.rewards import math_reward
+
+    golds, texts, expected = zip(*REAL_PROSE, strict=True)
+    assert math_reward()([""] * len(texts), list(texts), answer=list(golds)) == list(expected)
+
+
+def test_reasoning_gym_tasks_read_answer_tags_and_score_prose_only_through_them():
+    """reasoning-gym's own scorer compares the last line with the bare answer: prose scored noise (0.06 for a right
+    sum). Its recipe's `<answer>` tags are read first: a right answer in them scores 1 whatever prose surrounds it,
+    a wrong one 0 (0.01 for gsm_symbolic's format credit); untagged prose stays what the task's scorer makes of it
+    (why the real bed scores with math)."""
+    from hacrl.tasks.data import import_reasoning_gym
+    from hacrl.tasks.rewards import ReasoningGymReward
+
+    rg = import_reasoning_gym()
+    options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ("+",)}
+    for task in ("basic_arithmetic", "chain_sum", "gsm_symbolic"):
+        dataset = rg.create_dataset(task, seed=3, size=4, **(options if task == "basic_arithmetic" else {}))
+        entry = dataset[0]
+        gold, wrong = entry["answer"], str(int(entry["answer"]) + 1)
+        texts = [
+            f"Let me think. First I add the numbers step by step.\n<answer>{gold}</answer>",
+            f"I computed it: <answer>{wrong}</answer> is my answer.",
+            f"The answer is {gold}.",
+        ]
+        scores = ReasoningGymReward(dataset)([""] * 3, texts, entry=[entry] * 3)
+        assert scores[0] == 1.0 and scores[1] <= 0.01, (task, scores)  # gsm_symbolic gives a wrong number 0.01
+        assert scores[2] <= 1.0  # the task's own reading of prose (gsm_symbolic finds the number: 1.0)

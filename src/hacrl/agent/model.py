@@ -32,7 +32,11 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     """The tokenizer of a local directory; `key` names the config key in error messages."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    from hacrl.gguf import gguf_file, plain_directory
+
     path = Path(path)
+    if gguf_file(path) is not None:  # a GGUF agent's tokenizer: its converted directory's copy (`hacrl.gguf`)
+        path = plain_directory(path, key)
     if not path.is_dir():
         raise ModelError(f"{key}: tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -138,9 +142,12 @@ def first_nonfinite(model: torch.nn.Module) -> str | None:
 
 
 def _load_model(path: str | Path, cfg: AgentConfig, index: int, *, dtype: torch.dtype | None = None, device=None):
-    """The model of a local directory in `dtype` (default: the agent's) on `device` (default: the agent's)."""
+    """The model of a local directory (or GGUF file) in `dtype` (default: the agent's) on `device` (default: the
+    agent's). transformers' per-file progress bars stay off in every worker process: hacrl says what it loads."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     model_dir = require_model_dir(path, f"agents.{index}.model")
     try:
         model = AutoModelForCausalLM.from_pretrained(

@@ -64,10 +64,20 @@ class LoraConfig:
             raise ConfigError(f'{where} needs peft, an optional extra: pip install "hacrl[lora]" (or pip install peft)')
 
 
-def require_model_dir(model: str | Path, key: str) -> Path:
+def require_model_dir(model: str | Path, key: str, *, convert: bool = True) -> Path:
     """`model` as a local Hugging Face model directory (one with config.json) that ships no code to run, or a
-    ModelError that names the config key and the fix: hacrl loads local directories only and never downloads."""
+    ModelError that names the config key and the fix: hacrl loads local directories only and never downloads. A GGUF
+    file (or a directory holding one) is converted once into a plain directory (`hacrl.gguf`), which is returned;
+    `convert=False`: the GGUF file itself (`hacrl plan` reads its metadata only)."""
+    from hacrl.gguf import gguf_file, plain_directory
+
     path = Path(model).expanduser()
+    gguf = gguf_file(path)
+    if gguf is not None:
+        if not gguf.is_file():
+            raise ModelError(f"{key}: the GGUF file {str(gguf)!r} does not exist (hacrl never downloads: point {key} "
+                             "at a local copy, e.g. the one `hacrl bootstrap --recipe smollm2` fetches)")  # fmt: skip
+        return plain_directory(gguf, key) if convert else gguf
     if not (path / "config.json").is_file():
         what = "holds no config.json" if path.is_dir() else "does not exist"
         raise ModelError(

@@ -107,8 +107,14 @@ def math_reward(timeout: float = 5.0, max_answer_chars: int = MAX_ANSWER_CHARS) 
 
 
 class ReasoningGymReward:
-    """The task's own scorer: `dataset.score_answer(extract_answer(completion), entry)`, entry from the data.
+    """The task's own scorer: `dataset.score_answer(answer, entry)`, entry from the data, the answer being what the
+    last `<answer>...</answer>` holds (reasoning-gym's own recipe: its system prompt asks for the tags, and its
+    `extract_answer` takes them before scoring), else `extract_answer(completion)` (the last box, `####`,
+    "answer:", else the last line).
 
+    Most tasks compare the answer with the gold as text, so a model that answers in prose without tags or a box is
+    scored on its whole last line ("4 + 1 equals 5." against "5": 0.06): give such a model reasoning-gym's system
+    prompt (`data.system_prompt`), or score a numeric task with the math verifier (`scoring.builtin: math`).
     An extracted answer longer than `max_answer_chars` scores 0 without reaching the task's scorer."""
 
     def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS) -> None:
@@ -118,11 +124,25 @@ class ReasoningGymReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], entry: Sequence[dict], **_: Any):
         out = []
         for completion, e in zip(completions, entry, strict=True):
-            answer = extract_answer(completion)
+            answer = tagged_answer(completion)
+            answer = extract_answer(completion) if answer is None else answer
             out.append(
                 0.0 if len(answer) > self.max_answer_chars else float(self.dataset.score_answer(answer, entry=e))
             )
         return out
+
+
+def tagged_answer(text: str) -> str | None:
+    """What the last `<answer>...</answer>` of `text` holds, stripped (None: no complete pair). Linear in the text.
+
+    >>> tagged_answer("so <answer>3</answer> no, <answer> 5 </answer>")
+    '5'
+    """
+    end = text.rfind("</answer>")
+    if end < 0:
+        return None
+    start = text.rfind("<answer>", 0, end)
+    return None if start < 0 else text[start + len("<answer>") : end].strip()
 
 
 def reasoning_gym_reward(dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS) -> ReasoningGymReward:

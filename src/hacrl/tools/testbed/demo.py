@@ -58,6 +58,12 @@ class AgentRecipe:
     sft_schedule: str = "cosine"
     sft_mix: dict[str, float] | None = None
     """Share of each sub-skill (`+`, `-`) in this agent's warm-start data; None: the task's own mixture."""
+    split_digits: bool = False
+    """A BPE tokenizer with every digit a token of its own (`bpe_tokenizer(digits=True)`)."""
+    target: str = "worked"
+    """The warm-start's answers: `worked` (the column results, then the answer on its own line: `worked_solution`)
+    or `boxed` (the same columns, then a sentence ending in the boxed answer, as a real instruct model is asked to give
+    it: `boxed_solution`)."""
 
 
 @dataclass
@@ -161,11 +167,50 @@ TINY3 = BootstrapRecipe(
     sft_batch_size=TINY.sft_batch_size,
 )
 
+REAL_TASK: dict[str, Any] = {
+    "task": "basic_arithmetic",
+    "task_options": {**DEMO_TASK["task_options"], "max_digits": 2},
+    "system_prompt": "Solve the problem. Put the final answer in \\boxed{}.",
+    "scoring": "math",
+}
+"""The real bed's task (`configs/real.yaml`): 1-2 digit additions, `Calculate 47 + 5.` with a system prompt asking
+for a boxed answer, scored by the math verifier on the answer's prose (the last `\\boxed{}`, else its last line):
+reasoning-gym's own scorer compares the whole last line with the bare number, which scores prose as noise."""
+
+REAL_PARTNER = BootstrapRecipe(
+    agents=[
+        AgentRecipe(
+            "qwen-bpe-4m",
+            "qwen2",
+            "bpe",
+            hidden=256,
+            layers=4,
+            heads=4,
+            kv_heads=2,
+            sft_steps=300,
+            sft_lr=2e-3,
+            bpe_vocab=384,
+            seed=5,
+            sft_schedule="constant",
+            split_digits=True,
+            target="boxed",
+        ),
+    ],
+    data=REAL_TASK,
+    sft_batch_size=32,
+)
+"""The real bed's partner beside SmolLM2-135M-Instruct (`hacrl bootstrap --recipe real`): a 4M-parameter Qwen2 on a
+384-token BPE trained on the task's text, with its own one-line template, warm-started to answer in a sentence that
+ends in the boxed sum. It differs from SmolLM2 in size (~30x), tokenizer (its 384 tokens against a 49,152-token
+BPE), architecture (Qwen2 against Llama) and template (`Q:`/`A:` against ChatML), and trains in seconds a step
+beside SmolLM2's minute on 2 CPU cores."""
+
 RECIPES = {
     "demo": DEMO,
     "demo3": DEMO3,
     "tiny": TINY,
     "tiny3": TINY3,
+    "real-partner": REAL_PARTNER,
 }
 """The demo's bootstrap recipes (`hacrl demo --recipe`, `hacrl bootstrap --recipe`); the learning benchmarks' own
 beds are in `benchmarks/beds.py`."""
@@ -205,6 +250,17 @@ def worked_solution(expression: str) -> str:
     if op == "+" and carry:
         columns.append(str(carry))
     return ",".join(columns) + "\n" + str(a + b if op == "+" else a - b)
+
+
+def boxed_solution(expression: str) -> str:
+    """The `boxed` warm-start target: the column results (as `worked_solution`), then a sentence ending in the boxed
+    result.
+
+    >>> boxed_solution("47 + 5")
+    '12,5\\n47 + 5 = \\\\boxed{52}.'
+    """
+    columns, answer = worked_solution(expression).split("\n")
+    return f"{columns}\n{' '.join(expression.split())} = \\boxed{{{answer}}}."
 
 
 def sub_skill(expression_or_prompt: str) -> str:
@@ -260,7 +316,15 @@ def data_config(recipe: BootstrapRecipe, out: str | Path | None = None) -> DataC
         train_size=recipe.train_size,
         eval_size=recipe.eval_size,
         seed=recipe.seed,
+        system_prompt=recipe.data.get("system_prompt"),
     )
+
+
+def scoring_config(recipe: BootstrapRecipe):
+    """How the recipe's task is scored: its built-in scorer, or the math verifier where the recipe says so."""
+    from hacrl.config import ScoringConfig
+
+    return ScoringConfig(builtin=recipe.data.get("scoring", "auto"))
 
 
 def arithmetic_rows(count: int, rng: random.Random, operators: list[str], max_digits: int = 3) -> list[dict]:
@@ -385,7 +449,8 @@ def _warm_start_agent(
     torch.set_num_threads(threads)
     start = time.perf_counter()
     recipe_agent = next(a for a in recipe.agents if a.name == name)
-    task = load_task(data_config(recipe, out))
+    scoring = scoring_config(recipe)
+    task = load_task(data_config(recipe, out), scoring)
     pairs, tokenizer, model = _untrained_agent(recipe_agent, task)
     params = sum(p.numel() for p in model.parameters())
     log(
@@ -410,7 +475,7 @@ def _warm_start_agent(
     )
     supervised_finetune(model, tokenizer, pairs, sft, on_step=progress)
     directory = save_agent(model, tokenizer, Path(out) / name)
-    accuracy = _greedy_accuracy(name, directory, task) if evaluate_agent else None
+    accuracy = _greedy_accuracy(name, directory, task, scoring) if evaluate_agent else None
     seconds = time.perf_counter() - start
     if accuracy is None:
         log(f"  {name}: warm-started in {seconds:.0f}s")
@@ -428,14 +493,17 @@ def _untrained_agent(recipe_agent, task):
         ex.columns["expression"] if "expression" in ex.columns else ex.columns["entry"]["metadata"]["expression"]
         for ex in task.train
     ]
-    pairs = [(ex.messages, worked_solution(e)) for ex, e in zip(task.train, expressions, strict=True)]
-    texts = [f"Q:{ex.prompt}\nA:{target}" for ex, (_, target) in zip(task.train, pairs, strict=True)]
+    solve = boxed_solution if recipe_agent.target == "boxed" else worked_solution
+    pairs = [(ex.messages, solve(e)) for ex, e in zip(task.train, expressions, strict=True)]
+    system = [m["content"] for m in task.train[0].messages if m["role"] == "system"]
+    texts = [f"{f'S:{system[0]}' if system else ''}Q:{ex.prompt}\nA:{target}"
+             for ex, (_, target) in zip(task.train, pairs, strict=True)]  # fmt: skip
     if recipe_agent.sft_mix:
         pairs = _mix(pairs, [sub_skill(e) for e in expressions], recipe_agent.sft_mix)
     if recipe_agent.tokenizer == "char":
         tokenizer = char_tokenizer("".join(sorted({ch for t in texts for ch in t})))
     else:
-        tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab)
+        tokenizer = bpe_tokenizer(texts[:5000], recipe_agent.bpe_vocab, digits=recipe_agent.split_digits)
     model = tiny_model(
         recipe_agent.family,
         tokenizer,
@@ -448,14 +516,14 @@ def _untrained_agent(recipe_agent, task):
     return pairs, tokenizer, model
 
 
-def _greedy_accuracy(name: str, directory, task) -> float:
+def _greedy_accuracy(name: str, directory, task, scoring=None) -> float:
     """Greedy pass@1 of the saved agent in `directory` on the task's eval split."""
     from hacrl.agent.model import Agent
     from hacrl.config import AgentConfig, RolloutConfig, ScoringConfig
     from hacrl.driver.scoring import scorer_for
     from hacrl.tools.evaluate import evaluate
 
-    scorer = scorer_for(task, ScoringConfig(), r_max=1.0).start()
+    scorer = scorer_for(task, scoring or ScoringConfig(), r_max=1.0).start()
     try:
         agent = Agent(0, AgentConfig(name=name, model=str(directory)), RolloutConfig(max_new_tokens=24))
         return evaluate(agent, task.eval, scorer)["pass@1"]

@@ -46,11 +46,14 @@ def char_tokenizer(alphabet: str, *, chat_template: str = CHAT_TEMPLATE):
     return _wrap(tk, chat_template)
 
 
-def bpe_tokenizer(corpus: list[str], vocab_size: int, *, chat_template: str = CHAT_TEMPLATE):
-    """A BPE tokenizer trained on `corpus` with `tokenizers` (merges may span digits, so '12' can be one token)."""
-    from tokenizers import Tokenizer, decoders, models, trainers
+def bpe_tokenizer(corpus: list[str], vocab_size: int, *, chat_template: str = CHAT_TEMPLATE, digits: bool = False):
+    """A BPE tokenizer trained on `corpus` with `tokenizers` (merges may span digits, so '12' can be one token;
+    `digits`: every digit a token of its own, as Llama 3's and Qwen's tokenizers split numbers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    if digits:
+        tk.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
     tk.decoder = decoders.Fuse()
     alphabet = sorted({ch for text in corpus for ch in text})
     trainer = trainers.BpeTrainer(

