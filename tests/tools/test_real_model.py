@@ -189,3 +189,27 @@ def test_the_real_pair_trains_checkpoints_resumes_and_exports(smollm2, tiny_agen
     assert generated.shape[1] > prompt["input_ids"].shape[1]
     before = AutoModelForCausalLM.from_pretrained(smollm2["dir"])
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
+
+
+def test_the_real_bed_config_validates_and_its_partner_recipe_answers_in_boxed_prose():
+    """configs/real.yaml loads and validates (scored by the math verifier); the partner's recipe splits digits into
+    tokens of their own and warm-starts on column sums then a sentence ending in the boxed sum, which the bed's
+    scorer gives 1."""
+    from dataclasses import replace
+
+    from hacrl.config import load_config
+    from hacrl.tasks.data import load_task
+    from hacrl.tasks.rewards import math_reward
+    from hacrl.tools.testbed.demo import REAL_PARTNER, _untrained_agent, data_config, scoring_config
+
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "real.yaml")
+    assert config.scoring.builtin == "math" and config.data.system_prompt and len(config.agents) == 2
+    recipe = replace(REAL_PARTNER, train_size=64, eval_size=8)
+    task = load_task(data_config(recipe), scoring_config(recipe))
+    agent = replace(recipe.agents[0], hidden=16, layers=1, heads=2, kv_heads=1)
+    pairs, tokenizer, _ = _untrained_agent(agent, task)
+    messages, target = pairs[0]
+    assert all(len(t) == 1 for t in tokenizer.tokenize(target.split("{")[1].rstrip("}.")))  # the sum: digit by digit
+    assert messages[0]["role"] == "system" and target.endswith("}.") and "\\boxed{" in target
+    gold = task.train[0].columns["answer"]
+    assert math_reward()([""], [target], answer=[gold]) == [1.0]
