@@ -1,0 +1,157 @@
+"""The real bed's learning round (issue 69, part 6; pre-registered in benchmarks/results/analysis.md, "Real-bed round
+1"): HACPO against GSPO for each agent of `configs/real.yaml` (SmolLM2-135M-Instruct and its 4M partner).
+
+    hacrl bootstrap --recipe real                        # the two agents (once)
+    python benchmarks/real_learning.py --pilot 2         # seconds per step of each arm (no evaluation looked at)
+    python benchmarks/real_learning.py --seeds 0 1 2     # the round; each finished run is logged, so seeds can run
+                                                         # in separate processes and a stop loses none
+    python benchmarks/real_learning.py --seeds           # render the runs logged so far
+
+Arms, each from `configs/real.yaml` with evaluation at the end only (256 held-out prompts, greedy pass@1):
+    A  HACPO, both agents together
+    B  GSPO, SmolLM2 alone
+    C  GSPO, the partner alone
+Every arm runs the same number of steps (the paper's comparison: equal steps, each agent sampling G answers a
+prompt; a HACPO learner also trains on the other's answers). Writes benchmarks/results/real-learning.md / .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+AGENTS = ROOT / ".cache" / "real-agents"
+STEPS = 40
+"""Steps of every arm (from the pilot: analysis.md)."""
+ARMS = {"A": ("hacpo", [0, 1]), "B": ("gspo", [0]), "C": ("gspo", [1])}
+"""arm -> (algorithm, the agents of configs/real.yaml it trains)."""
+
+
+def arm_config(arm: str, scratch: Path, steps: int, seed: int, at_start: bool) -> Path:
+    algorithm, which = ARMS[arm]
+    cfg = yaml.safe_load((ROOT / "configs" / "real.yaml").read_text())
+    agents = [dict(cfg["agents"][i], model=str(AGENTS / Path(cfg["agents"][i]["model"]).name)) for i in which]
+    cfg.update(agents=agents, algorithm={"name": algorithm})
+    cfg["trainer"].update(steps=steps, seed=seed, output_dir=str(scratch / f"run-{arm}-{seed}-{time.time_ns()}"))
+    cfg["eval"] = {"every": 0, "at_start": at_start}
+    cfg["checkpoint"] = {"every": 0}
+    cfg["logging"] = {"console": False, "tensorboard": False}
+    path = scratch / f"{arm}-{seed}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(config: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "hacrl", "train", str(config)], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"hacrl train {config} failed:\n{done.stderr[-3000:]}")
+    run_dir = Path(yaml.safe_load(config.read_text())["trainer"]["output_dir"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "time/step" in r]
+    names = [a["name"] for a in yaml.safe_load(config.read_text())["agents"]]
+    row = {"train_s": sum(r["time/step"] for r in steps),
+           "step_s": statistics.median(r["time/step"] for r in steps[1:] or steps)}  # fmt: skip
+    for name in names:
+        if f"eval/{name}/pass@1" in records[-1]:
+            row[f"{name}/pass@1"] = records[-1][f"eval/{name}/pass@1"]
+        if records[0].get("step") == 0 and f"eval/{name}/pass@1" in records[0]:
+            row[f"{name}/start"] = records[0][f"eval/{name}/pass@1"]
+    return row
+
+
+def pilot(steps: int) -> dict:
+    scratch = RESULTS / ".runs" / "real-learning-pilot"
+    scratch.mkdir(parents=True, exist_ok=True)
+    timing = {}
+    for arm in ARMS:
+        config = arm_config(arm, scratch, steps, 0, at_start=False)
+        cfg = yaml.safe_load(config.read_text())
+        cfg["eval"]["max_prompts"] = 1  # the last step evaluates: on one prompt (not looked at)
+        config.write_text(yaml.safe_dump(cfg))
+        timing[arm] = {k: v for k, v in run(config).items() if not k.endswith("pass@1")}
+        print(arm, json.dumps(timing[arm]), flush=True)
+    return {"steps": steps, "timing": timing}
+
+
+def learning(seeds: list[int]) -> dict:
+    scratch = RESULTS / ".runs" / "real-learning"
+    scratch.mkdir(parents=True, exist_ok=True)
+    log = scratch / "runs.jsonl"
+    for seed in seeds:
+        for arm in ["A", "B", "C"][seed % 3 :] + ["A", "B", "C"][: seed % 3]:
+            row = {"seed": seed, "arm": arm, "steps": STEPS,
+                   **run(arm_config(arm, scratch, STEPS, seed, at_start=arm == "A"))}  # fmt: skip
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    return {"runs": runs, "agents": [a["name"] for a in yaml.safe_load((ROOT / "configs" / "real.yaml").read_text())
+                                     ["agents"]]}  # fmt: skip
+
+
+def paired(runs: list[dict], agent: str, arm: str, base: str) -> str | None:
+    """`arm - base` on `agent`'s final pass@1, paired by seed, with the pre-registered rule."""
+    value = {(r["seed"], r["arm"]): r[f"{agent}/pass@1"] for r in runs if f"{agent}/pass@1" in r}
+    seeds = sorted({s for s, _ in value})
+    diffs = [value[(s, arm)] - value[(s, base)] for s in seeds if (s, arm) in value and (s, base) in value]
+    if len(diffs) < 2:
+        return None
+    mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    low, high = mean - 2 * se, mean + 2 * se
+    verdict = ("equivalent within +-3 points" if low > -0.03 and high < 0.03 else
+               "better" if low > 0 else "worse" if high < 0 else "inconclusive")  # fmt: skip
+    return (f"{agent}: {arm} - {base} = {100 * mean:+.1f} points (standard error {100 * se:.1f}, {len(diffs)} seeds; "
+            f"mean +- 2 SE [{100 * low:+.1f}, {100 * high:+.1f}]): {verdict}")  # fmt: skip
+
+
+def render(result: dict) -> str:
+    names, runs = result["agents"], result["runs"]
+    lines = ["# Real-bed round 1: HACPO against GSPO for SmolLM2-135M-Instruct and its partner", "",
+             "Pre-registered in `benchmarks/results/analysis.md` (Real-bed round 1); `python "
+             f"benchmarks/real_learning.py --seeds ...`. Every arm {STEPS} steps of `configs/real.yaml`: (A) HACPO, "
+             "both agents; (B) GSPO, SmolLM2 alone; (C) GSPO, the partner alone. Final greedy pass@1 on 256 held-out "
+             "prompts (start: A's step-0 evaluation).", "",
+             "| seed | arm | training s | " + " | ".join(f"{a} start | {a} final" for a in names) + " |",
+             "|---" * (3 + 2 * len(names)) + "|"]  # fmt: skip
+    for r in sorted(runs, key=lambda r: (r["seed"], r["arm"])):
+        cells = []
+        for a in names:
+            cells += [f"{100 * r[k]:.1f} %" if k in r else "" for k in (f"{a}/start", f"{a}/pass@1")]
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['train_s']:.0f} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for agent, base in zip(names, ("B", "C"), strict=False):
+        line = paired(runs, agent, "A", base)
+        if line:
+            lines.append(f"- {line}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pilot", type=int, metavar="STEPS", help="time STEPS steps of each arm")
+    parser.add_argument("--seeds", type=int, nargs="*", default=None, help="the round's seeds (none: render)")
+    args = parser.parse_args(argv)
+    if args.pilot:
+        result = pilot(args.pilot)
+        (RESULTS / "real-learning-pilot.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    result = learning(args.seeds or [])
+    (RESULTS / "real-learning.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "real-learning.md").write_text(render(result))
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
