@@ -133,6 +133,23 @@ def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, 
     same_weights(run, reference_run, 3)
 
 
+def ended(pid: int, born: str, within: float) -> bool:
+    """Whether process `pid` (started at clock tick `born`) has ended within `within` seconds: gone, a zombie, or its
+    pid reused by a later process (Ray starts workers all the time). A killed process's exit (its memory freed)
+    takes a moment, in which it still reads as running."""
+    until = time.monotonic() + within
+    while True:
+        try:
+            state, *fields = open(f"/proc/{pid}/stat").read().split(") ")[1].split()
+        except FileNotFoundError:
+            return True
+        if state == "Z" or fields[18] != born:
+            return True
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_a_stopped_actor_is_named_and_killed_at_the_calls_deadline(tiny_agents, tmp_path, capsys):
     """SIGSTOP of qwen's actor after the first checkpoint (a stuck device call's stand-in): the run used to wait
@@ -143,14 +160,15 @@ def test_a_stopped_actor_is_named_and_killed_at_the_calls_deadline(tiny_agents, 
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
     real_save = hacrl.driver.trainer.Trainer.save
-    stopped: list[tuple[int, float]] = []
+    stopped: list[tuple[int, str, float]] = []
 
     def save_then_stop_qwen(trainer):
         path = real_save(trainer)
         if trainer.step == 1:
             pid = trainer.workers.pids()[1]
+            born = open(f"/proc/{pid}/stat").read().split(") ")[1].split()[19]
             os.kill(pid, signal.SIGSTOP)
-            stopped.append((pid, time.monotonic()))
+            stopped.append((pid, born, time.monotonic()))
         return path
 
     hacrl.driver.trainer.Trainer.save = save_then_stop_qwen
@@ -159,12 +177,12 @@ def test_a_stopped_actor_is_named_and_killed_at_the_calls_deadline(tiny_agents, 
         assert main(["train", str(cfg), "runtime.backend=ray", *deadlines]) == 2
     finally:
         hacrl.driver.trainer.Trainer.save = real_save
-    pid, at = stopped[0]
+    pid, born, at = stopped[0]
     assert time.monotonic() - at < 30
     err = capsys.readouterr().err
     assert "the worker of agent 'qwen'" in err and "did not answer within" in err, err
     assert "while sampling at step 2; it is stopped (SIGSTOP" in err and "Traceback" not in err, err
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    assert ended(pid, born, within=10), f"the stopped actor {pid} still lives"
     assert latest_checkpoint(run).name == "step_000001" and checkpoint_problems(latest_checkpoint(run)) == []
 
 

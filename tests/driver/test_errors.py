@@ -224,6 +224,27 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_
     assert err.strip() == "hacrl: interrupted (Ctrl-C)" and not (tmp_path / "run").exists()
 
 
+def test_sigterm_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp_path, monkeypatch, capsys):
+    """SIGTERM while the run starts killed the process silently (exit -15, found by the chaos soak); now it stops
+    as Ctrl-C does then: one line, exit 143, nothing left behind."""
+    import os
+    import signal
+
+    import hacrl.driver.trainer
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the start")
+
+    monkeypatch.setattr(hacrl.driver.trainer, "load_task", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["train", str(pair_config(tiny_agents, tmp_path))]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped by SIGTERM while the run was starting" in err, err
+    assert not (tmp_path / "run").exists()
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the start's only
+
+
 @pytest.mark.slow
 def test_a_tracker_that_cannot_start_is_one_message(tiny_agents, tmp_path, monkeypatch, capsys):
     """W&B's own errors at init (no network, a bad key) are named with the setting to change."""

@@ -260,6 +260,27 @@ def test_a_scoring_process_that_died_while_idle_is_replaced_on_the_next_call():
         scorer.close()
 
 
+def test_a_scoring_process_killed_under_its_keeper_is_replaced_without_a_traceback(capfd):
+    """kill -9 of the scoring process itself (below its keeper): the keeper ends the same way. It tried to set a
+    handler for SIGKILL to do so, which raised EINVAL: a traceback on the run's stderr (found by the chaos soak)."""
+    import signal
+
+    from hacrl.driver.scoring import _descendants
+
+    scorer = _user("digits").start()
+    try:
+        assert scorer.score(["p"], ["12"], {}).rewards == [0.5]
+        keeper = scorer._workers[0].process
+        (child,) = _descendants(keeper.pid)
+        os.kill(child, signal.SIGKILL)
+        assert keeper.wait(timeout=10) == -signal.SIGKILL
+        assert scorer.score(["p"], ["1234"], {}).rewards == [1.0]
+    finally:
+        scorer.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Invalid argument" not in err, err
+
+
 def test_a_scoring_process_killed_before_its_first_job_is_replaced():
     import signal
 

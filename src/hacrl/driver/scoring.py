@@ -631,8 +631,10 @@ def _keep(scoring: int, trainer: int) -> NoReturn:
         time.sleep(0.1)
     _kill_below(me)
     if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(me, os.WTERMSIG(status))
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default: no handler may be set
+            signal.signal(sig, signal.SIG_DFL)  # (setting one raised EINVAL: a traceback per killed scorer)
+        os.kill(me, sig)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 

@@ -11,6 +11,7 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -374,13 +375,38 @@ def _train(args) -> int:
     from hacrl.driver.trainer import Trainer
 
     try:
-        trainer = Trainer(config, resume="auto" if args.resume else None)
+        with _stopped_by_sigterm_before_training():
+            trainer = Trainer(config, resume="auto" if args.resume else None)
         trainer.train()
     except OSError as e:  # a full disk: what the message says about resuming depends on what this run has saved
         e.hacrl_run_dir = config.trainer.output_dir
         raise
     print(f"run directory: {config.trainer.output_dir}")
     return 0
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm_before_training():
+    """SIGTERM while the run starts (models loading, workers starting) stops it as Ctrl-C does then: one line, exit
+    143, the start undone (it killed the process silently, exit -15). Once training runs, the graceful stop takes
+    over (finish the step, checkpoint)."""
+    import signal
+    import threading
+
+    from hacrl.errors import TrainingInterrupted
+
+    def stop(signum, frame):
+        raise TrainingInterrupted("stopped by SIGTERM while the run was starting, before its first step; nothing "
+                                  "of the run changed: run the same command again", signum)  # fmt: skip
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _control(args) -> int:

@@ -54,7 +54,7 @@ def _rank_main(spec: WorkerSpec, info, conn) -> None:
     """A rank's process: build the worker, then answer calls until the driver says stop or goes away."""
     from hacrl import faults
 
-    _follow_the_driver()
+    _follow_the_driver(f"hacrl:{spec.agent.name}:{info.rank}")
     faults.set_rank(info.rank)
     _serve(lambda: _sharded(spec, info), f"rank {info.rank} of agent {spec.agent.name!r}", conn)
 
@@ -69,7 +69,7 @@ def _sampler_main(spec: WorkerSpec, channel, conn) -> None:
     """A sampler's process (`agents.<i>.sampler_devices`): as a rank's, with a `SamplerWorker`."""
     from hacrl import faults
 
-    _follow_the_driver()
+    _follow_the_driver(f"hacrl:{spec.agent.name}:s")
     faults.set_rank("sampler")
 
     def build():
@@ -113,10 +113,12 @@ def _serve(build, where: str, conn) -> None:
         dist.destroy_process_group()
 
 
-def _follow_the_driver() -> None:
+def _follow_the_driver(name: str) -> None:
     """A rank lives and stops with the driver: Ctrl-C in a terminal reaches every process of the group, but the
     driver's handler finishes the step and checkpoints with its ranks, so they ignore SIGINT and SIGTERM (the driver
-    stops them); and on Linux a rank is killed when the driver dies, even inside a collective."""
+    stops them); and on Linux a rank is killed when the driver dies, even inside a collective. Its process name
+    (`name`, what `ps` and `top` show: `hacrl:<agent>:<rank>`, `hacrl:<agent>:s` for a sampler; the kernel keeps 15
+    bytes) says whose it is."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)  # blocked by the driver while it started us
@@ -124,7 +126,9 @@ def _follow_the_driver() -> None:
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]))  # PR_SET_NAME
     except (OSError, AttributeError):  # not Linux: the closed pipe ends the rank at its next call
         pass
 
