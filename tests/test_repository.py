@@ -49,6 +49,38 @@ def test_the_driver_reaches_agents_only_through_the_workers_messages():
     assert crossing == set()
 
 
+def test_no_code_rewrites_an_agents_placement_or_precision_settings():
+    """What another role or process of an agent does comes from `Precision.resolve(agent, role=...)` and
+    `Placement.resolve(agent)`, never from a copy of its config with `frozen`, `devices`, `sampler_devices`,
+    `offload` or `master_weights` rewritten (two such copies described its sampler, and disagreed)."""
+    keys = r"\b(frozen|devices|sampler_devices|offload|master_weights)="
+    rewrites = []
+    for path in sorted((ROOT / "src/hacrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "replace":
+                if any(re.match(keys, f"{k.arg}=") for k in node.keywords if k.arg):
+                    rewrites.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert rewrites == []
+
+
+def _packages() -> list[Path]:
+    return sorted(p.parent for p in (ROOT / "src/hacrl").rglob("__init__.py") if p.parent != ROOT / "src/hacrl")
+
+
+@pytest.mark.parametrize("package", _packages(), ids=lambda p: str(p.relative_to(ROOT / "src")))
+def test_every_module_is_named_by_its_folder_and_the_readmes_layout(package):
+    """Each folder's `__init__` says what it owns, and the README's Layout shows every room: a module that neither
+    names is one a reader cannot find."""
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    owner = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    owner += (package / "__init__.py").read_text()  # a lazy registry of names counts too
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    modules += sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    unnamed = [m for m in modules if not re.search(rf"\b{m}\b", owner)]
+    unlisted = [m for m in modules if not re.search(rf"\b{m}\b", layout)]
+    assert (unnamed, unlisted) == ([], [])
+
+
 def test_no_function_is_longer_than_60_lines():
     long = []
     for path in sorted((ROOT / "src/hacrl").rglob("*.py")):

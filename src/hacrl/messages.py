@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, SharingConfig, TrainerConfig
+from hacrl.config.settings import Placement
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,11 @@ class WorkerSpec:
     """Which of the other agents' rows this learner trains on (`hacrl.core.sharing`)."""
     agent_names: tuple[str, ...] = ()
     """Every agent's name, by index (names the sources in its sharing metrics); empty: the indices."""
+
+    @property
+    def placement(self) -> Placement:
+        """Where the agent's roles run (its worker or worker group, a sampler of its own, the weight link)."""
+        return Placement.resolve(self.agent)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent
 from hacrl.agent.precision import MasterStep, ParameterStep, half_ulp
 from hacrl.config import AgentConfig, ConfigError, LoraConfig, RolloutConfig, load_config
-from hacrl.config.settings import Precision
+from hacrl.config.settings import Placement, Precision
 from hacrl.errors import HacrlWarning
 from hacrl.tools.cli import main
 from tests.conftest import assert_resumes_exactly, write_config
@@ -213,6 +213,53 @@ def test_each_precision_mode_is_decided_once_from_the_config(settings, expected)
     read it (FSDP2 keeps float32 master shards whatever `master_weights` says, and may offload them)."""
     p = Precision.resolve(AgentConfig(name="a", model="m", **settings), "agents.0")
     assert (p.mode, p.compute, p.load, p.trains, p.steps_on, p.on_host, p.sampling_copy, p.describe()) == expected
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({}, ("frozen", "float32", "float32", "nothing", "none", (), "none")),
+        ({"dtype": "bfloat16", "offload": "optimizer"},
+         ("frozen", "bfloat16", "bfloat16", "nothing", "none", (), "none")),
+        ({"devices": ["cpu", "cpu"], "dtype": "bfloat16"},
+         ("frozen", "bfloat16", "bfloat16", "nothing", "none", (), "none")),
+        ({"lora": LoraConfig()}, ("lora", "float32", "float32", "nothing", "none", (), "none")),
+        ({"dtype": "bfloat16", "lora": LoraConfig(merge_for_sampling=True)},
+         ("lora", "bfloat16", "bfloat16", "nothing", "none", (), "merged")),
+        ({"frozen": True, "dtype": "float16"}, ("frozen", "float16", "float16", "nothing", "none", (), "none")),
+    ],
+)  # fmt: skip
+def test_a_samplers_precision_is_its_learners_compute_with_nothing_stepped(settings, expected):
+    """A sampler of its own (`sampler_devices`) holds the compute-dtype weights on one device and steps nothing,
+    so an offloaded or sharded learner's sampler has no optimizer to offload or shard; a LoRA agent's keeps its
+    adapters (its log-probs are the learner's) and merges them as the learner does. The same record for the
+    sampler process and `hacrl plan`: no config is rewritten to describe it."""
+    agent = AgentConfig(name="a", model="m", sampler_devices=["cpu"], **settings)
+    p = Precision.resolve(agent, "agents.0", "sampler")
+    assert (p.mode, p.compute, p.load, p.trains, p.steps_on, p.on_host, p.sampling_copy) == expected
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({}, (("cpu",), None, "none", "gloo", 1, 1)),
+        ({"devices": ["cuda:0", "cuda:1"]}, (("cuda:0", "cuda:1"), None, "none", "gloo", 2, 2)),
+        ({"sampler_devices": ["cpu"]}, (("cpu",), "cpu", "host", "gloo", 1, 2)),
+        ({"device": "cuda:0", "sampler_devices": ["cuda:1"]}, (("cuda:0",), "cuda:1", "broadcast", "nccl", 1, 2)),
+        ({"device": "cuda:0", "sampler_devices": ["cuda:1"], "weight_sync": "host"},
+         (("cuda:0",), "cuda:1", "host", "nccl", 1, 2)),
+        ({"devices": ["cpu", "cpu"], "sampler_devices": ["cpu"], "weight_sync": "broadcast"},
+         (("cpu", "cpu"), "cpu", "broadcast", "gloo", 2, 3)),
+    ],
+)  # fmt: skip
+def test_each_placement_is_decided_once_from_the_config(settings, expected):
+    """Where an agent's roles run: its learner's devices (a worker group's ranks), its sampler's, the weight link
+    between them (auto: a broadcast between CUDA devices, host memory otherwise) and its processes, each asking
+    Ray for the agent's num_cpus / num_gpus."""
+    p = Placement.resolve(AgentConfig(name="a", model="m", num_cpus=0.5, **settings))
+    assert (p.devices, p.sampler_device, p.weight_link, p.link_backend, p.ranks, p.processes) == expected
+    assert p.resources() == {"num_cpus": 0.5, "num_gpus": 0.0}
+    assert p.device("learner", p.ranks - 1) == p.devices[-1] and p.device("sampler") == p.sampler_device
 
 
 def test_the_agent_builds_what_its_precision_says(tiny_agents):

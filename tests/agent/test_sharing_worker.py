@@ -76,7 +76,7 @@ def test_the_update_reports_what_was_offered_kept_and_saved(tiny_agents, tmp_pat
     rollout = qwen._rollout
     own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, OWN, strict=True)]
     rows = learner_rows(qwen.agent, own, foreign, rollout.prompt_ids, [s.response_ids for s in rollout.samples],
-                        rollout.old_logp)  # fmt: skip
+                        rollout.behaviour_logp)  # fmt: skip
     _, metrics = _learn(spec, rollout, foreign)
     assert metrics["shared/llama/offered"] == metrics["shared_offered"] == 12
     assert metrics["shared/llama/kept"] == metrics["shared_kept"] == sum(FOREIGN) == 5
@@ -103,7 +103,7 @@ def test_top_k_relevance_is_each_foreign_rows_weight_in_hacpos_gradient(tiny_age
     rollout = qwen._rollout
     own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, OWN, strict=True)]
     rows = learner_rows(qwen.agent, own, foreign, rollout.prompt_ids, [s.response_ids for s in rollout.samples],
-                        rollout.old_logp)  # fmt: skip
+                        rollout.behaviour_logp)  # fmt: skip
     caps = torch.tensor([0.4, 0.6], dtype=torch.float64)
     adv = qwen.algorithm.advantages(
         torch.tensor([r.reward for r in rows], dtype=torch.float64), torch.tensor([r.group for r in rows]),

@@ -1,11 +1,11 @@
 """On Ray the step's pool goes into the object store once: each learner's call carries a reference to it, not its own
 copy of every other agent's answers (N copies would grow as N^2 in the object store), and the actor rebuilds exactly
-the foreign list the driver would have sent (`foreign_trajectories`). Scripted actors, no Ray started: the end-to-end
+the foreign list the driver would have sent (`foreign_of`). Scripted actors, no Ray started: the end-to-end
 identity of the two backends is `test_backends.py`'s."""
 
 from __future__ import annotations
 
-from hacrl.driver.trainer import foreign_trajectories
+from hacrl.core.sharing import foreign_of
 from hacrl.messages import LearnCall, Trajectory
 
 
@@ -45,8 +45,7 @@ def test_the_pool_is_put_once_and_each_actor_rebuilds_its_foreign_answers():
     workers._ray, workers.groups = store, [[_ScriptedActor(log, i)] for i in range(3)]
     frozen = 2
     calls = [
-        LearnCall(1, [1.0, 0.0], [] if k == frozen else foreign_trajectories(pool, k, shared=True), [0.5] * 3)
-        for k in range(3)
+        LearnCall(1, [1.0, 0.0], [] if k == frozen else foreign_of(pool, k, shared=True), [0.5] * 3) for k in range(3)
     ]
     refs, first = workers._submit_learns(calls)
     assert first == [0, 1, 2] and len(store.objects) == 1  # one copy of the pool

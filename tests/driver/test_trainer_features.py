@@ -11,8 +11,9 @@ from safetensors.torch import load_file
 
 from hacrl.checkpoint import latest_checkpoint
 from hacrl.config import load_config
+from hacrl.core.sharing import foreign_of
 from hacrl.driver.metrics import unknown_keys
-from hacrl.driver.trainer import Trainer, foreign_trajectories
+from hacrl.driver.trainer import Trainer
 from hacrl.messages import Trajectory
 from hacrl.tools.cli import main
 from tests.conftest import pair_config, records, without_timings, write_config
@@ -23,8 +24,8 @@ def test_foreign_trajectories_are_the_others_in_config_order():
     the order it sampled; none when the algorithm does not share."""
     pool = [Trajectory(0, text, 1.0, source, -1.0, 1, "eos", 1) for text, source in
             [("a", 2), ("b", 0), ("c", 1), ("d", 0), ("e", 2)]]  # fmt: skip
-    assert [t.text for t in foreign_trajectories(pool, 1, shared=True)] == ["b", "d", "a", "e"]
-    assert foreign_trajectories(pool, 0, shared=False) == []
+    assert [t.text for t in foreign_of(pool, 1, shared=True)] == ["b", "d", "a", "e"]
+    assert foreign_of(pool, 0, shared=False) == []
 
 
 @pytest.mark.slow

@@ -76,3 +76,37 @@ def test_a_sharing_budget_keeps_the_slow_learners_update_from_growing_so_the_fas
     now, proposed = propose(capped)
     assert proposed.group_sizes == [8, 32] and proposed.step == pytest.approx(now.step)
     assert proposed.answers_per_second == pytest.approx(2.5 * now.answers_per_second)
+
+
+@pytest.mark.parametrize(
+    "budget, groups", [(None, None), (3, None), (2, [["a", "b"], ["c"]]), (None, [["a", "b"], ["c"]])]
+)
+def test_the_predicted_pools_are_what_the_run_trains_on_with_budgets_and_groups(budget, groups):
+    """`plan --measure` (`predict`), `hacrl plan`'s pool lines and the run's selection (`keep_mask`) read one rule
+    (`foreign_per_prompt`): under `sharing.policy: all` each learner's predicted update rows are the rows the run
+    keeps, with a budget and with groups (`plan --measure` ignored `sharing.groups`: with a budget of 2 it predicted
+    a and b would each train on c's 8 answers a prompt, the run takes 2 of them)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hacrl.agent.sharing import keep_mask
+    from hacrl.config import SharingConfig
+    from hacrl.tools.budgets import sharing_terms
+
+    sizes, prompts, names = [4, 2, 8], 3, ["a", "b", "c"]
+    config = SimpleNamespace(sharing=SharingConfig(budget_per_prompt=budget, groups=groups),
+                             agents=[SimpleNamespace(name=n) for n in names])  # fmt: skip
+    costs = Costs(names=names, group_sizes=sizes, per_answer=[0.0] * 3, per_row=[1.0] * 3, scoring=0.0,
+                  shared=True, learns=[True] * 3, prompts=prompts, mini_batch_size=1, concurrent=True,
+                  **sharing_terms(config))  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    pool = [SimpleNamespace(reward=float(torch.rand((), generator=generator) > 0.5), group=p, source=j)
+            for j, g in enumerate(sizes) for p in range(prompts) for _ in range(g)]  # fmt: skip
+    adv = torch.randn(len(pool), generator=generator).tolist()
+    kept = [sum(keep_mask(pool, adv, torch.ones(3), learner=k, sharing=config.sharing, r_max=1.0, relevance=None,
+                          names=names)) for k in range(3)]  # fmt: skip
+    assert predict(costs, sizes).update == pytest.approx(kept)
+    if groups:  # a and b take each other's answers whole and at most `budget` of c's; c takes at most `budget`
+        across = budget or 0
+        assert kept == [prompts * (4 + 2 + across), prompts * (2 + 4 + across), prompts * (8 + across)]

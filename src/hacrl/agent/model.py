@@ -19,7 +19,7 @@ import torch
 
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
 from hacrl.config import AgentConfig, RolloutConfig, refuse_model_code, require_model_dir
-from hacrl.config.settings import AgentSettings, Precision
+from hacrl.config.settings import AgentSettings, Precision, Role
 from hacrl.errors import ModelError, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -182,21 +182,24 @@ class Agent:
         weights_from: str | Path | None = None,
         init_seed: int = 0,
         device: str | None = None,
+        role: Role = "learner",
     ) -> None:
         """`weights_from`: a checkpoint's model directory to resume from (the reference stays `cfg.model`).
         `init_seed`: seeds what is initialised at random here (new LoRA adapters), apart from any other stream.
         `device`: where this process holds the agent (a rank's device in a worker group; None: `cfg.device`); a
-        sharded agent (`cfg.devices`) needs its process group joined first (`hacrl.agent.distributed.init_group`)."""
+        sharded agent (`cfg.devices`) needs its process group joined first (`hacrl.agent.distributed.init_group`).
+        `role`: a learner, or a sampler of its own (`Precision.of_sampler`: nothing stepped, no reference)."""
         self.index = index
         self.name = cfg.name
         self.cfg = cfg
         self.settings = AgentSettings.resolve(cfg, rollout)
         """What it samples with (temperature, top-p, length limits, sampler, rows per call): resolved once here."""
-        self.precision = Precision.resolve(cfg, f"agents.{index}")
+        self.precision = Precision.resolve(cfg, f"agents.{index}", role)
         """How it computes and what AdamW steps (`hacrl.config.settings.Precision`): resolved once here."""
         self.device = torch.device(device or cfg.device)
-        self.frozen = cfg.frozen
-        self.lora = cfg.lora if not cfg.frozen else None
+        self.frozen = self.precision.trains == "nothing"
+        """Nothing stepped: a frozen agent (`agents.<i>.frozen`), or a sampler of its own."""
+        self.lora = cfg.lora if self.precision.mode == "lora" else None
         self._load_tokenizer(weights_from)
         self.peft_model = None
         self.optimizer: ParameterStep | MasterStep | None = None
@@ -208,11 +211,7 @@ class Agent:
         self._prompt_chars = self.settings.max_prompt_tokens * (longest + 1)
         """Characters of a rendered prompt kept before tokenizing: no token is longer than the longest vocabulary
         entry, so a prompt that fits in `max_prompt_tokens` tokens is never cut by it."""
-        self.eos_id = int(self.tokenizer.eos_token_id)
-        self.pad_id = int(self.tokenizer.pad_token_id)
-        extra = self.model.generation_config.eos_token_id
-        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
-        self.stop_ids = sorted({self.eos_id, *map(int, extra)})
+        self.eos_id, self.pad_id, self.stop_ids = self._special_ids()
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             # transformers also hooks the input embeddings to mark their output as requiring grad, which only the
@@ -230,6 +229,13 @@ class Agent:
 
         self.sampler = make_sampler(self.settings.sampler, self, self.sampling_model)
         self._weights_moved = False
+
+    def _special_ids(self) -> tuple[int, int, list[int]]:
+        """Its EOS and pad ids, and every id that ends an answer (EOS, and the generation config's own)."""
+        eos, pad = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
+        extra = self.model.generation_config.eos_token_id
+        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+        return eos, pad, sorted({eos, *map(int, extra)})
 
     def _load_tokenizer(self, weights_from: str | Path | None) -> None:
         cfg, index = self.cfg, self.index
@@ -265,8 +271,11 @@ class Agent:
                 f"agent {self.name!r}: the tokenizer has {len(self.tokenizer)} tokens but the model's "
                 f"embedding only {self.model.get_input_embeddings().num_embeddings}"
             )
-        if self.frozen:  # a peer that shares without learning: no gradients, no optimizer state
-            self.model.eval().requires_grad_(False)
+        self._adapters = [n for n, p in self.model.named_parameters() if p.requires_grad] if self.lora else []
+        """A LoRA agent's adapters, by parameter name (what its learner hands its sampler)."""
+        if self.frozen:  # a peer that shares without learning, or a sampler: no gradients, no optimizer state
+            # a sampler's module is in its learner's mode, so that its log-probs are the learner's
+            self.model.train(not self.cfg.frozen).requires_grad_(False)
             return
         self.model.train()
         if masters is not None:
@@ -371,7 +380,8 @@ class Agent:
         """What a learner hands its sampler of its own after each update: a LoRA agent's adapters (the sampler
         holds the same base; its merged copy follows them), otherwise every weight of the module it samples with."""
         if self.lora is not None:
-            return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+            params = dict(self.model.named_parameters())
+            return {n: params[n] for n in self._adapters}
         return dict(self.sampling_model.named_parameters())
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

@@ -1,7 +1,8 @@
 """An agent's sampler of its own (`agents.<i>.sampler_devices`, with `trainer.lag` >= 1): a process that holds the
 agent's compute-dtype weights, its sampler and its old-log-prob pass, and samples while the learner learns.
 
-It is an `AgentWorker` of the same agent, frozen (no optimizer, no reference) on its own device, drawing from the
+It is an `AgentWorker` of the same agent in the sampler's role (no optimizer, no reference) on its own device
+(`Placement.sampler_device`, `Precision.of_sampler`), drawing from the
 same stream the learner's worker would have drawn from (`seeds.training(seed, index)`), so a run with a sampler
 samples what the same run without one samples. Before sampling batch s it takes the weights after update
 s - 1 - lag from the learner (`hacrl.agent.weightsync.WeightChannel`) unless it holds them. Its stream travels in
@@ -30,7 +31,7 @@ import torch
 from hacrl import faults, seeds
 from hacrl.agent.sharded import rank_share
 from hacrl.agent.weightsync import BroadcastWeights, HandedWeights, WeightChannel
-from hacrl.agent.worker import AgentWorker, _Rollout
+from hacrl.agent.worker import AgentWorker, OwnSamples
 from hacrl.checkpoint import agent_part, read_rng
 from hacrl.messages import LearnCall, Learned, OwnRollout, SampleCall, Sampled, WorkerInfo, WorkerSpec
 
@@ -38,20 +39,14 @@ Channel = WeightChannel | HandedWeights | BroadcastWeights
 
 
 class SamplerWorker(AgentWorker):
-    def __init__(self, spec: WorkerSpec, channel: Channel, device: str) -> None:
-        self.world = spec.agent.num_ranks
+    def __init__(self, spec: WorkerSpec, channel: Channel) -> None:
+        placement = spec.placement
+        self.world = placement.ranks
         """The ranks of its learner's worker group (1: one worker): it samples rank r's share of every batch from
         rank r's stream, as the group would have (`rank_share`, `seeds.rank`)."""
-        # a LoRA agent's sampler keeps the adapters (never stepped): its old log-probs come from them, as its learner's
-        agent = replace(
-            spec.agent,
-            frozen=spec.agent.lora is None,
-            device=device,
-            sampler_devices=None,
-            devices=None,
-            offload="none",
-        )  # it never steps: no optimizer to offload
-        super().__init__(replace(spec, agent=agent, algorithm=replace(spec.algorithm, kl_coef=0.0)), device=device)
+        # the sampler's role: its compute-dtype weights on its own device, nothing stepped (`Precision.of_sampler`;
+        # a LoRA agent's keeps the adapters, its old log-probs the learner's)
+        super().__init__(spec, device=placement.sampler_device, role="sampler")
         self._streams = [self._seeded(r) for r in range(self.world)] if self.world > 1 else []
         self.channel = channel
         self.lag = spec.trainer.lag
@@ -80,7 +75,7 @@ class SamplerWorker(AgentWorker):
             self._streams[rank] = self._rng
             parts.append(part)
             generate_s, logprobs_s = generate_s + g, logprobs_s + lp
-        rollout = _Rollout.joined(call.step, parts)
+        rollout = OwnSamples.joined(call.step, parts)
         return replace(self._sampled(rollout, generate_s, logprobs_s, began), sync_s=sync_s)
 
     def proximal(self, step: int, rollout: OwnRollout, first: int) -> list[list[float]]:
@@ -91,7 +86,7 @@ class SamplerWorker(AgentWorker):
         before the learner reads the reply."""
         self._take(max(0, step - 1))
         with self._guarded("proximal log-probs", step):
-            values = [x.tolist() for x in self._old_logprobs(_Rollout.from_portable(rollout).samples[first:])]
+            values = [x.tolist() for x in self._old_logprobs(OwnSamples.from_portable(rollout).samples[first:])]
         faults.hit("proximal")
         return values
 

@@ -42,7 +42,7 @@ from hacrl.agent.distributed import (
 )
 from hacrl.agent.logprobs import TokenBatch
 from hacrl.agent.weightsync import WeightChannel
-from hacrl.agent.worker import AgentWorker, _Rollout
+from hacrl.agent.worker import AgentWorker, OwnSamples
 from hacrl.checkpoint import agent_part, read_rng, write_rng
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
@@ -80,7 +80,7 @@ class ShardedWorker(AgentWorker):
         mine, generate_s, logprobs_s = self._sample_share(call, rank_share(len(call.prompts), self.rank, self.world))
         parts: list = [None] * self.world
         dist.all_gather_object(parts, mine)  # every rank: the whole step's rollout, in one worker's order
-        rollout = _Rollout.joined(call.step, parts)
+        rollout = OwnSamples.joined(call.step, parts)
         return self._sampled(rollout, generate_s, logprobs_s, began)
 
     def learn(self, call: LearnCall) -> Learned:

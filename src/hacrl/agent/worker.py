@@ -38,6 +38,7 @@ from hacrl.agent.samplers.base import Sample
 from hacrl.agent.sharing import relevance, select_pool
 from hacrl.agent.weightsync import WeightChannel, WeightsPublisher
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
+from hacrl.config.settings import Role
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
@@ -57,14 +58,16 @@ from hacrl.messages import (
 
 
 @dataclass
-class _Rollout:
-    """What `sample` keeps for `learn`: the learner's own token ids, pre-update log-probs and trajectories of one
-    step."""
+class OwnSamples:
+    """What `sample` keeps for `learn` (or hands over under `trainer.lag`, as `OwnRollout`): the agent's own token
+    ids, behaviour log-probs and trajectories of one step; also what a sampler of its own and a worker group's ranks
+    build a batch from."""
 
     step: int
     prompt_ids: list[list[int]]
     samples: list[Sample]
-    old_logp: list[torch.Tensor | None]
+    behaviour_logp: list[torch.Tensor | None]
+    """Each row's per-token log-probs under the weights that sampled it (at lag 0 also the update's old ones)."""
     trajectories: list[Trajectory]
 
     def portable(self) -> OwnRollout:
@@ -74,23 +77,23 @@ class _Rollout:
             self.step,
             self.prompt_ids,
             [s.response_ids for s in self.samples],
-            [t.tolist() for t in self.old_logp],
+            [t.tolist() for t in self.behaviour_logp],
             self.trajectories,
         )
 
     @classmethod
-    def joined(cls, step: int, parts: list[_Rollout]) -> _Rollout:
+    def joined(cls, step: int, parts: list[OwnSamples]) -> OwnSamples:
         """The shares of a worker group's ranks, in rank order: the rollout one worker would have sampled."""
         return cls(
             step,
             [ids for part in parts for ids in part.prompt_ids],
             [s for part in parts for s in part.samples],
-            [t for part in parts for t in part.old_logp],
+            [t for part in parts for t in part.behaviour_logp],
             [t for part in parts for t in part.trajectories],
         )
 
     @classmethod
-    def from_portable(cls, rollout: OwnRollout) -> _Rollout:
+    def from_portable(cls, rollout: OwnRollout) -> OwnSamples:
         samples = [
             Sample(rollout.prompt_ids[t.group], ids, t.text, t.finish_reason == "eos")
             for ids, t in zip(rollout.response_ids, rollout.trajectories, strict=True)
@@ -105,8 +108,9 @@ class AgentWorker(WeightsPublisher):
     `training_logprobs` (the sharded forward) and `accumulate` (a rank's share of a mini-batch), besides the calls
     themselves, which it wraps with the group's collectives."""
 
-    def __init__(self, spec: WorkerSpec, *, device: str | None = None) -> None:
-        """`device`: where this process holds the agent (a rank's device; None: `spec.agent.device`)."""
+    def __init__(self, spec: WorkerSpec, *, device: str | None = None, role: Role = "learner") -> None:
+        """`device`: where this process holds the agent (a rank's device; None: `spec.agent.device`); `role`: what
+        it does with it (`hacrl.config.settings.Role`: a sampler of its own steps nothing)."""
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         self.spec = spec
@@ -122,13 +126,14 @@ class AgentWorker(WeightsPublisher):
             weights_from=spec.weights_from,
             init_seed=seeds.adapters(spec.trainer.seed, spec.index),
             device=device,
+            role=role,
         )
         cuda = [self.agent.device.index or 0] if self.agent.device.type == "cuda" else []
         self._cuda_devices = cuda
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(self.stream_seed())
             self._rng = self._capture_rng()
-        self._rollout: _Rollout | None = None
+        self._rollout: OwnSamples | None = None
         self.optimizer_steps = 0
         self.channel: WeightChannel | None = None
         """Where it publishes its weights after each update for a sampler of its own (`open_weight_channel`)."""
@@ -142,20 +147,20 @@ class AgentWorker(WeightsPublisher):
         rollout, generate_s, logprobs_s = self._sample_share(call, range(len(call.prompts)))
         return self._sampled(rollout, generate_s, logprobs_s, began)
 
-    def _sampled(self, rollout: _Rollout, generate_s: float, logprobs_s: float, began: float) -> Sampled:
+    def _sampled(self, rollout: OwnSamples, generate_s: float, logprobs_s: float, began: float) -> Sampled:
         """Keep the rollout for `learn`, or hand it over (`trainer.lag`: the driver gives it back k steps later)."""
         lagged = self.spec.trainer.lag > 0
         self._rollout = None if lagged else rollout
         portable = rollout.portable() if lagged else None
         return Sampled(rollout.trajectories, generate_s, logprobs_s, (began, time.time()), rollout=portable)
 
-    def _sample_share(self, call: SampleCall, groups: range) -> tuple[_Rollout, float, float]:
+    def _sample_share(self, call: SampleCall, groups: range) -> tuple[OwnSamples, float, float]:
         """Prompts `groups` of `call` (all of them on one worker; a rank's share in a worker group), sampled from
         this worker's stream: the rollout (row i is response i % G of prompt groups[i // G]), the seconds spent
         sampling and computing old log-probs."""
         agent, step, group_size = self.agent, call.step, call.group_size
         if not groups:  # a rank of a group with more ranks than the step has prompts
-            return _Rollout(step, [], [], [], []), 0.0, 0.0
+            return OwnSamples(step, [], [], [], []), 0.0, 0.0
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(call.prompts[g])[0] for g in groups]
         from_sampler = self.spec.trainer.old_logprobs == "sampler"
@@ -187,7 +192,7 @@ class AgentWorker(WeightsPublisher):
             )
             for i, s in enumerate(samples)
         ]
-        return _Rollout(step, prompt_ids, samples, old_logp, trajectories), generated - start, done - generated
+        return OwnSamples(step, prompt_ids, samples, old_logp, trajectories), generated - start, done - generated
 
     def learn(self, call: LearnCall) -> Learned:
         """One training step's update of this learner on its pool: advantages, then one optimizer step per
@@ -195,7 +200,7 @@ class AgentWorker(WeightsPublisher):
         step 5)."""
         step, began = call.step, time.time()
         stale = call.rollout is not None  # trainer.lag > 0: sampled by older weights, handed back by the driver
-        rollout = _Rollout.from_portable(call.rollout) if stale else self._rollout
+        rollout = OwnSamples.from_portable(call.rollout) if stale else self._rollout
         if rollout is None or rollout.step != step:
             raise RuntimeError(f"agent {self.name!r}: learn(step {step}) without sample(step {step}) first")
         if len(call.rewards) != len(rollout.trajectories):
@@ -208,7 +213,7 @@ class AgentWorker(WeightsPublisher):
             return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
-        old_logp, deferred = rollout.old_logp, None
+        old_logp, deferred = rollout.behaviour_logp, None
         if stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
             first = min(self.spec.trainer.mini_batch_size, len(rollout.samples))
             if call.proximal is not None:  # its sampler computes the rest meanwhile (it holds these weights)
@@ -220,7 +225,7 @@ class AgentWorker(WeightsPublisher):
             self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
         if stale:
-            for row, behaviour in zip(own_rows, rollout.old_logp, strict=True):
+            for row, behaviour in zip(own_rows, rollout.behaviour_logp, strict=True):
                 row.behaviour_logp = behaviour
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):

@@ -292,20 +292,6 @@ class AgentConfig:
                                   "remove one of them")  # fmt: skip
             self.lora.check(f"{where}.lora")
 
-    @property
-    def broadcasts_weights(self) -> bool:
-        """Whether its sampler of its own takes the weights by a torch.distributed broadcast (`weight_sync`)."""
-        if self.weight_sync != "auto":
-            return self.weight_sync == "broadcast"
-        return self.sampler_devices is not None and self.broadcast_backend == "nccl"
-
-    @property
-    def broadcast_backend(self) -> str:
-        """Its weight broadcast's torch.distributed backend: NCCL when the learner and its sampler are all on CUDA
-        devices, gloo otherwise."""
-        learner = self.devices if self.devices else [self.device]
-        return "nccl" if all(d.startswith("cuda") for d in [*learner, *(self.sampler_devices or ["cpu"])]) else "gloo"
-
     def _check_sampler_devices(self, where: str) -> None:
         key, devices = f"{where}.sampler_devices", self.sampler_devices
         if not isinstance(devices, list) or len(devices) != 1 or not isinstance(devices[0], str):

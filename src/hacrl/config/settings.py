@@ -3,17 +3,25 @@
 `AgentSettings.resolve(agent, rollout)` is the only place where `agents.<i>.temperature` falls back to
 `rollout.temperature` (and so on for every field below); the agent, its worker, the memory plan, the config's
 checks and the samplers all read the record it returns (a sampler through `SamplingAgent.settings`).
-`Precision.resolve(agent)` is the only place where an agent's dtype, master weights, offload, LoRA, frozen and devices
-settings become a mode (what it computes in, what AdamW steps, where the step runs).
+`Precision.resolve(agent, role=...)` is the only place where an agent's dtype, master weights, offload, LoRA, frozen and
+devices settings become a mode (what it computes in, what AdamW steps, where the step runs), for each of its roles:
+the learner, and a sampler of its own. `Placement.resolve(agent)` is the only place where its devices become
+processes (its worker or worker group, its sampler), the weight link between them and what each asks of Ray.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from hacrl.config.schema import AgentConfig, RolloutConfig
 from hacrl.errors import ConfigError
+
+if TYPE_CHECKING:  # the config's classes check themselves through this module: no import back at run time
+    from hacrl.config.schema import AgentConfig, RolloutConfig
+
+Role = Literal["learner", "sampler"]
+"""What a process does with an agent: learn (and sample, without a sampler of its own), or sample for its learner
+(`agents.<i>.sampler_devices`: its compute-dtype weights, nothing stepped)."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +129,11 @@ class Precision:
         }[self.mode]
 
     @classmethod
-    def resolve(cls, agent: AgentConfig, where: str = "agent") -> Precision:
-        """The precision of `agent`; a combination that cannot train is a ConfigError naming `where`'s keys."""
+    def resolve(cls, agent: AgentConfig, where: str = "agent", role: Role = "learner") -> Precision:
+        """The precision of `agent` in `role`; a combination that cannot train is a ConfigError naming `where`'s
+        keys."""
+        if role == "sampler":
+            return cls.of_sampler(agent)
         dtype, offload = agent.dtype, agent.offload == "optimizer"
         if not agent.frozen and dtype == "float16":
             raise ConfigError(
@@ -165,4 +176,91 @@ class Precision:
             else "merged"
             if mode == "lora" and agent.lora.merge_for_sampling
             else "none",  # fmt: skip
+        )
+
+    @classmethod
+    def of_sampler(cls, agent: AgentConfig) -> Precision:
+        """The precision of `agent`'s sampler of its own: the learner's compute dtype, nothing stepped (so nothing
+        offloaded, whatever `offload` says: it has no optimizer), one device (a worker group's sampler holds the
+        whole model); a LoRA agent's keeps its adapters (taken from the learner after each update, so its log-probs
+        are the learner's) and merges them for sampling as its learner does."""
+        lora = agent.lora is not None and not agent.frozen
+        return cls(
+            mode="lora" if lora else "frozen",
+            compute=agent.dtype,
+            load=agent.dtype,
+            trains="nothing",
+            steps_on="none",
+            on_host=(),
+            sampling_copy="merged" if lora and agent.lora.merge_for_sampling else "none",
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one agent's roles run, decided here once from its config (`Placement.resolve`): the processes, the
+    weight link between its learner and a sampler of its own, and what each process asks of Ray. The backends, the
+    workers and `hacrl plan` read this record; nothing rewrites the agent's config to describe its sampler.
+
+        agents.<i>          learner                         sampler                  weight link
+        device              one worker on `device`          -                        none
+        devices             a worker group, a rank each     -                        none
+        + sampler_devices   as above                        one process, one device  host, or broadcast
+    """
+
+    devices: tuple[str, ...]
+    """The learner's devices: one worker's, or a worker group's ranks in rank order (`agents.<i>.devices`)."""
+    sampler_device: str | None
+    """The device of its sampler of its own (`agents.<i>.sampler_devices`); None: the learner samples."""
+    weight_link: Literal["none", "host", "broadcast"]
+    """How the learner hands its sampler the weights after each update (`agents.<i>.weight_sync`): through host
+    memory (shared memory on one machine, Ray's object store across nodes), a torch.distributed broadcast, or none
+    (no sampler of its own)."""
+    link_backend: Literal["gloo", "nccl"]
+    """The broadcast's torch.distributed backend: NCCL when the learner and its sampler are all on CUDA devices."""
+    num_cpus: float
+    """CPUs each of its processes asks of Ray (`agents.<i>.num_cpus`)."""
+    num_gpus: float
+    """GPUs (fractions allowed) each of its processes asks of Ray (`agents.<i>.num_gpus`)."""
+
+    @property
+    def ranks(self) -> int:
+        """K: the processes of its learner (1: one worker)."""
+        return len(self.devices)
+
+    @property
+    def processes(self) -> int:
+        """Its processes in all: the learner's ranks, and its sampler's."""
+        return self.ranks + (self.sampler_device is not None)
+
+    @property
+    def broadcasts(self) -> bool:
+        return self.weight_link == "broadcast"
+
+    def device(self, role: Role, rank: int = 0) -> str:
+        """The device of `role`'s process (rank `rank` of a worker group)."""
+        return self.sampler_device if role == "sampler" else self.devices[rank]
+
+    def resources(self) -> dict[str, float]:
+        """What one of its processes asks of Ray."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+
+    @classmethod
+    def resolve(cls, agent: AgentConfig) -> Placement:
+        devices = tuple(agent.devices) if agent.devices else (agent.device,)
+        sampler = agent.sampler_devices[0] if agent.sampler_devices else None
+        on_cuda = all(d.startswith("cuda") for d in [*devices, sampler or "cpu"])
+        if sampler is None:
+            link = "none"
+        elif agent.weight_sync != "auto":
+            link = agent.weight_sync
+        else:
+            link = "broadcast" if on_cuda else "host"
+        return cls(
+            devices=devices,
+            sampler_device=sampler,
+            weight_link=link,
+            link_backend="nccl" if on_cuda else "gloo",
+            num_cpus=agent.num_cpus,
+            num_gpus=agent.num_gpus,
         )

@@ -44,6 +44,7 @@ from hacrl.control.observations import OBSERVATIONS
 from hacrl.control.policies import ARCHITECTURES, step_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
+from hacrl.core.sharing import foreign_of
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
@@ -115,7 +116,7 @@ class ControlTrainer(RunLoop):
         metrics: dict[str, Any] = {}
         update_total = 0.0
         for k in range(n):  # 5
-            foreign = sorted((e for e in pool if e.source != k), key=lambda e: e.source) if shared else []
+            foreign = foreign_of(pool, k, shared=shared)
             start = time.perf_counter()
             learned = self.learn(k, sampled[k] + foreign, caps)
             update_s = time.perf_counter() - start

@@ -1,7 +1,8 @@
 """hacrl.core: the HACPO equations as pure tensor functions (imports only torch).
 
 Reusable from any trainer (verl, TRL, your own). Names load lazily, so `hacrl.core.params` (used by the config and
-the CLI) does not import torch.
+the CLI) does not import torch. Besides the modules below, `metrics` reduces a loss's metrics by declared kind and
+`_checks` holds the input checks every function runs (a ValueError naming the tensor).
 """
 
 import importlib

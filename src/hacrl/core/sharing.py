@@ -31,6 +31,9 @@ learner takes what the policy keeps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
@@ -46,6 +49,59 @@ SETTINGS = {
 """Every policy, with the `sharing.*` settings it reads (the others are neither checked nor compared on resume)."""
 POLICIES = tuple(SETTINGS)
 """The policies' names: the one registry (`sharing.policy` is checked against it)."""
+
+Entry = TypeVar("Entry")
+
+
+def in_pool_order(entries: Iterable[Entry]) -> list[Entry]:
+    """`entries` (anything with a `source`: answers, episodes) in pool order: sources in config order, within a
+    source in the order they were sampled."""
+    return sorted(entries, key=lambda e: e.source)
+
+
+def foreign_of(pool: Iterable[Entry], learner: int, *, shared: bool = True) -> list[Entry]:
+    """The other agents' entries learner `learner` trains on (spec 2, step 5a): when the algorithm shares, every
+    other agent's, in pool order; none otherwise. A learner's pool is its own entries, then these: mini-batches
+    are taken in that order, so the own rows get the first optimizer steps and m counts the same for every
+    learner. The one rule for the LLM trainer (its driver and its Ray actors) and the control trainer.
+
+    >>> from types import SimpleNamespace as E
+    >>> pool = [E(source=s, i=i) for i, s in enumerate((2, 0, 1, 0, 2))]
+    >>> [(e.source, e.i) for e in foreign_of(pool, 1)]
+    [(0, 1), (0, 3), (2, 0), (2, 4)]
+    >>> foreign_of(pool, 2, shared=False)
+    []
+    """
+    return in_pool_order(e for e in pool if e.source != learner) if shared else []
+
+
+def foreign_per_prompt(group_sizes: Sequence[int], learner: int, *, budget: int | None,
+                       group_of: Sequence[int] | None = None) -> int:  # fmt: skip
+    """The most foreign answers per prompt learner `learner`'s update takes when agent j offers `group_sizes[j]`
+    answers per prompt: every other agent's, at most `budget` (`sharing.budget_per_prompt`); with groups
+    (`group_of[j]`: agent j's group, `sharing.groups`) every answer of its own group's, and at most `budget` (none
+    without one) from outside it. Exact under `sharing.policy: all`, an upper bound under the others; the one rule
+    for `hacrl plan`, `hacrl plan --measure` and `--devices` (the run applies it row by row: `within_budget`).
+
+    >>> foreign_per_prompt([4, 2, 8], 0, budget=None)
+    10
+    >>> foreign_per_prompt([4, 2, 8], 0, budget=3)
+    3
+    >>> foreign_per_prompt([4, 2, 8], 0, budget=3, group_of=[0, 0, 1])  # agent 1's 2, and 3 of agent 2's 8
+    5
+    >>> foreign_per_prompt([4, 2, 8], 2, budget=None, group_of=[0, 0, 1])  # alone in its group, no budget
+    0
+    """
+    same = [
+        g for j, g in enumerate(group_sizes) if j != learner and (group_of is None or group_of[j] == group_of[learner])
+    ]
+    other = [g for j, g in enumerate(group_sizes) if group_of is not None and group_of[j] != group_of[learner]]
+    inside, across = sum(same), sum(other)
+    if group_of is not None:
+        across = min(across, budget or 0)
+    elif budget is not None:
+        inside = min(inside, budget)
+    return inside + across
 
 
 def select_foreign(

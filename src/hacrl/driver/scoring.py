@@ -54,6 +54,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
 from hacrl.config import ScoringConfig
+from hacrl.driver.supervision import die_with_parent
 from hacrl.errors import RewardError, clip, warn
 from hacrl.tasks.rewards import (
     RewardFn,
@@ -535,7 +536,7 @@ def _worker_main(fd: int) -> None:
     if scoring:
         conn.close()  # the scoring process below holds the connection; here only its keeper stays
         _keep(scoring, parent_pid)
-    _die_with_parent(keeper)
+    die_with_parent(keeper)
     if memory_mb:
         import resource
 
@@ -664,29 +665,6 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel kills this process when its parent (its keeper) dies, even by SIGKILL. Elsewhere: a
-    watchdog thread."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
-            if os.getppid() != parent_pid:  # the parent died before prctl took effect
-                os._exit(1)
-            return
-    except (OSError, AttributeError):
-        pass
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _portable(out: Any) -> Any:

@@ -8,13 +8,20 @@ its kind so far, at least `minimum` seconds. A kind is the call's description wi
 ("sampling at step #", "learning at step #", "evaluating at step #", "loading its checkpoint part"), kept per worker,
 so a small agent's deadlines follow its own times and a benchmark's evaluation is not held to the eval split's.
 
+The processes it starts (ranks, samplers, scoring processes) die with their parent, even when it is killed
+(`die_with_parent`: the kernel's PR_SET_PDEATHSIG on Linux, a watchdog thread elsewhere), and carry names that say
+whose they are.
+
 Why a process is silent is told where the operating system says it: stopped (SIGSTOP, a debugger), in
 uninterruptible sleep (a hung device or file system call), or running (a livelock or a very slow call).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -95,3 +102,30 @@ def silent(who: str, pid: int | None, what: str, waited: float, rule: str, *, st
         f"{f'; {why}' if why else ''}. It was killed; its deadline was {rule}. {INTACT} (if calls like this one "
         "really take that long, raise the setting named there)."
     )
+
+
+def die_with_parent(parent_pid: int | None = None, name: str | None = None) -> None:
+    """This process is killed when its parent dies, even by SIGKILL (Linux: PR_SET_PDEATHSIG; elsewhere a watchdog
+    thread checks every second). `parent_pid`: the parent it must still have (one that died before the kernel took
+    the request ends this process at once); `name`: what `ps` and `top` show for it (Linux keeps 15 bytes)."""
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if name is not None:
+            libc.prctl(15, ctypes.c_char_p(name.encode()[:15]))  # PR_SET_NAME
+        if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent_pid:  # the parent died before the request took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()

@@ -35,6 +35,7 @@ from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_co
 from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
+from hacrl.core.sharing import foreign_of
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
@@ -112,8 +113,7 @@ class Trainer(RunLoop):
             )
             for i, cfg in enumerate(config.agents)
         ]
-        resources = [{"num_cpus": a.num_cpus, "num_gpus": a.num_gpus} for a in config.agents]
-        self.workers = start_workers(config.runtime, specs, resources)
+        self.workers = start_workers(config.runtime, specs)
         self.scorer.wait_ready()  # its reward module imported (in the scoring processes) while the models loaded
         if plan.checkpoint is not None:
             self._restore(plan)
@@ -203,7 +203,7 @@ class Trainer(RunLoop):
             LearnCall(
                 batch.step,
                 list(scored[k].rewards),
-                [] if self.frozen[k] else foreign_trajectories(pool, k, shared=shared),
+                [] if self.frozen[k] else foreign_of(pool, k, shared=shared),
                 caps,
                 rollout=sampled[k].rollout,
             )
@@ -425,20 +425,3 @@ class _Timer:
             yield
         finally:
             self.totals[name] += time.perf_counter() - start
-
-
-def foreign_trajectories(pool: list[Trajectory], learner: int, *, shared: bool) -> list[Trajectory]:
-    """The other agents' trajectories learner k trains on (spec 2, step 5a): when the algorithm shares, each other
-    agent's responses, agents in config order, within a source in the order they were sampled; none otherwise.
-    The learner's pool is its own responses, then these: mini-batches are taken in that order, so the own rows get
-    the first optimizer steps and m counts the same for every learner.
-
-    >>> pool = [Trajectory(0, "", 0.0, source, 0.0, 1, "eos", 0) for source in (0, 0, 1, 2, 2)]
-    >>> [t.source for t in foreign_trajectories(pool, 1, shared=True)]
-    [0, 0, 2, 2]
-    >>> foreign_trajectories(pool, 2, shared=False)
-    []
-    """
-    if not shared:
-        return []
-    return sorted((t for t in pool if t.source != learner), key=lambda t: t.source)

@@ -7,8 +7,9 @@ The time model (per step, B = `trainer.prompts_per_step`, G_j = agent j's group 
     update of learner k      U_k = b_k * B * P_k           b_k: its measured seconds per trained row; P_k the answers
                                                            per prompt in its pool: sum_j G_j when the algorithm shares
                                                            (G_k + at most `sharing.budget_per_prompt` of the others'
-                                                           with a budget), G_k when it does not, 0 for a frozen agent;
-                                                           a policy that keeps fewer rows makes this an upper bound
+                                                           with a budget; with groups: `foreign_per_prompt`), G_k
+                                                           when it does not, 0 for a frozen agent; a policy that
+                                                           keeps fewer rows makes this an upper bound
     scoring                  C = c * B * sum_j G_j         c: seconds per answer
     a lockstep step          T = max_j S_j + C + max_k U_k (agents concurrent: Ray, or a device each)
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from hacrl.config import TrainConfig
+from hacrl.core.sharing import foreign_per_prompt
 
 
 @dataclass
@@ -52,6 +54,9 @@ class Costs:
     """The measured step: time/step, time/idle_frac."""
     foreign_cap: int | None = None
     """`sharing.budget_per_prompt`: the foreign answers per prompt a learner trains on at most (None: all)."""
+    group_of: list[int] | None = None
+    """Each agent's group (`sharing.groups`; None: one group): with groups the budget bounds only the answers from
+    outside the learner's group, and none of those cross without one (`foreign_per_prompt`)."""
 
 
 @dataclass
@@ -68,9 +73,9 @@ def predict(costs: Costs, group_sizes: list[int]) -> Prediction:
     """The time model of the module docstring for these group sizes."""
     b, total = costs.prompts, sum(group_sizes)
     sampling = [a * b * g for a, g in zip(costs.per_answer, group_sizes, strict=True)]
-    cap = total if costs.foreign_cap is None else costs.foreign_cap
-    pools = [(g + min(cap, total - g) if costs.shared else g) if learns else 0
-             for g, learns in zip(group_sizes, costs.learns, strict=True)]  # fmt: skip
+    pools = [(g + costs.shared * foreign_per_prompt(group_sizes, k, budget=costs.foreign_cap,
+                                                     group_of=costs.group_of)) * learns
+             for k, (g, learns) in enumerate(zip(group_sizes, costs.learns, strict=True))]  # fmt: skip
     update = [r * b * p for r, p in zip(costs.per_row, pools, strict=True)]
     s, u = max(sampling), max(update)
     step = s + costs.scoring * b * total + u
@@ -138,8 +143,15 @@ def measure(config: TrainConfig) -> Costs:
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], concurrent=concurrent,
         measured={"time/step": record["time/step"], "time/idle_frac": record["time/idle_frac"]},
-        foreign_cap=config.sharing.budget_per_prompt,
+        **sharing_terms(config),
     )  # fmt: skip
+
+
+def sharing_terms(config: TrainConfig) -> dict:
+    """What of `sharing` bounds a learner's foreign answers (`Costs.foreign_cap`, `Costs.group_of`)."""
+    sharing, names = config.sharing, [a.name for a in config.agents]
+    group_of = {m: g for g, members in enumerate(sharing.groups) for m in members} if sharing.groups else None
+    return {"foreign_cap": sharing.budget_per_prompt, "group_of": [group_of[n] for n in names] if group_of else None}
 
 
 def _measuring_copy(config: TrainConfig, directory: str) -> TrainConfig:

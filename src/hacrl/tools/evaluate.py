@@ -121,12 +121,12 @@ def _saved_agent(index: int, by_name, model_dir, rollout) -> Agent:
 
     base = by_name.get(model_dir.name, AgentConfig(name=model_dir.name, model=str(model_dir)))
     base_model = adapter_base(model_dir)
-    if base_model is None:
-        return Agent(index, replace(base, model=str(model_dir), tokenizer=None, frozen=True, lora=None), rollout)
-    cfg = replace(base, model=base_model, tokenizer=None, frozen=False, lora=base.lora or LoraConfig())
-    agent = Agent(index, cfg, rollout, weights_from=model_dir)
-    agent.model.eval().requires_grad_(False)
-    agent.optimizer = None
+    if base_model is None:  # the directory is the model
+        cfg, weights_from = replace(base, model=str(model_dir), tokenizer=None, lora=None), None
+    else:  # the adapters on the base they name
+        cfg, weights_from = replace(base, model=base_model, tokenizer=None, lora=base.lora or LoraConfig()), model_dir
+    agent = Agent(index, cfg, rollout, weights_from=weights_from, role="sampler")  # it samples, steps nothing
+    agent.model.eval()
     return agent
 
 

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from hacrl.config import TrainConfig
-from hacrl.tools.budgets import Costs, Prediction, predict, propose
+from hacrl.tools.budgets import Costs, Prediction, predict, propose, sharing_terms
 
 DECODE_BYTES_PER_S = 1.65e12
 """Bytes a decode step reads per second: benchmarks/results/gpu-h100-paper-step.md, the Qwen3-4B shape on an H100
@@ -97,7 +97,7 @@ def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float
         group_sizes=[AgentSettings.resolve(a, config.rollout).group_size for a in config.agents],
         shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
         learns=[not a.frozen for a in config.agents], prompts=config.trainer.prompts_per_step,
-        mini_batch_size=config.trainer.mini_batch_size, concurrent=True, foreign_cap=config.sharing.budget_per_prompt,
+        mini_batch_size=config.trainer.mini_batch_size, concurrent=True, **sharing_terms(config),
     )  # fmt: skip
 
 

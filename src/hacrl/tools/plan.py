@@ -37,13 +37,13 @@ memory comes from CUDA when present, else `--device-memory GIB`; without either 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from hacrl.config import TrainConfig, require_model_dir
-from hacrl.config.settings import AgentSettings, Precision
+from hacrl.config.settings import AgentSettings, Placement, Precision, Role
 from hacrl.errors import ModelError
 
 GIB = 2**30
@@ -243,11 +243,9 @@ def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | 
 def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[AgentPlan]:
     """Every agent's memory plan (see the module docstring); `device_memory` in GiB where CUDA cannot say."""
     plans = [_plan_agent(config, i, agent, device_memory) for i, agent in enumerate(config.agents)]
-    for i, agent in enumerate(config.agents):  # a sampler of its own: the agent frozen, on its sampler's device
+    for i, agent in enumerate(config.agents):  # a sampler of its own: its role's precision, on its own device
         if agent.sampler_devices:
-            copy = replace(agent, frozen=True, device=agent.sampler_devices[0], sampler_devices=None, offload="none",
-                           devices=None)  # fmt: skip
-            p, margin = _plan_agent(config, i, copy, device_memory)
+            p, margin = _plan_agent(config, i, agent, device_memory, role="sampler")
             p.name = f"{agent.name} (sampler)"
             plans.append((p, margin))
     _share_devices([p for p, _ in plans])
@@ -258,26 +256,29 @@ def plan(config: TrainConfig, *, device_memory: float | None = None) -> list[Age
     return [p for p, _ in plans]
 
 
-def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None):
-    """Agent i's plan, alone on its devices; with `rollout.batch_size: auto` on a GPU also (the memory left for
-    the KV pool, its bytes per row) for `_suggest_margin`, else None."""
+def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None, role: Role = "learner"):
+    """Agent i's plan in `role` (its learner, or a sampler of its own), alone on its devices; with
+    `rollout.batch_size: auto` on a GPU also (the memory left for the KV pool, its bytes per row) for
+    `_suggest_margin`, else None."""
     from hacrl.agent.model import DTYPES
     from hacrl.agent.samplers.base import next_power_of_two
     from hacrl.agent.samplers.static import row_bytes
 
-    precision = Precision.resolve(agent, f"agents.{i}")
-    lora = agent.lora if precision.trains == "adapters" else None
+    precision = Precision.resolve(agent, f"agents.{i}", role)
+    placement = Placement.resolve(agent)
+    devices = list(placement.devices) if role == "learner" else [placement.sampler_device]
+    lora = agent.lora if precision.mode == "lora" else None
     source = require_model_dir(agent.model, f"agents.{i}.model", convert=False)  # only its config.json or metadata
     shape = model_shape(source, DTYPES[precision.compute], lora)
     settings = AgentSettings.resolve(agent, config.rollout)
     tokens = settings.max_tokens
-    p = AgentPlan(agent.name, agent.device, shape, checkpointing=agent.gradient_checkpointing,
-                  devices=list(agent.devices or [agent.device]), precision=precision.describe())  # fmt: skip
+    p = AgentPlan(agent.name, devices[0], shape, checkpointing=agent.gradient_checkpointing, devices=devices,
+                  precision=precision.describe())  # fmt: skip
     learns = precision.trains != "nothing"  # a frozen agent keeps no reference, gradients or optimizer state
-    _trained_parts(p, precision, agent, with_reference=config.algorithm.kl_coef > 0 and learns)
+    _trained_parts(p, precision, with_reference=config.algorithm.kl_coef > 0 and learns)
     p.device_total = _device_total(p.devices[0], device_memory)
     per_row = row_bytes(shape.kv_bytes_per_token, tokens, shape.vocab)
-    budget = _rows_per_call(p, settings, agent, per_row)
+    budget = _rows_per_call(p, settings, per_row)
     pool_rows = next_power_of_two(p.rows) if settings.sampler == "static" else p.rows
     p.parts["KV cache (sampling)"] = pool_rows * shape.kv_bytes_per_token * tokens
     p.parts["sampling step floats"] = p.rows * shape.vocab * 16
@@ -297,7 +298,7 @@ def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None)
     return p, None if budget is None else (budget, per_row)
 
 
-def _trained_parts(p: AgentPlan, precision: Precision, agent, *, with_reference: bool) -> None:
+def _trained_parts(p: AgentPlan, precision: Precision, *, with_reference: bool) -> None:
     """The weights, the reference, and what training keeps (masters, gradients, AdamW state; on the device or the
     host), as the agent's precision says, per rank."""
     shape, learns = p.shape, precision.trains != "nothing"
@@ -305,12 +306,12 @@ def _trained_parts(p: AgentPlan, precision: Precision, agent, *, with_reference:
     p.parts["weights"] = weights
     p.parts["reference model (KL)"] = weights if with_reference else 0
     trained_bytes = precision.trained_bytes or shape.dtype_bytes  # float32 adapters, masters, master shards
-    if precision.trains == "adapters":
-        p.parts["weights"] = weights + shape.trainable * trained_bytes  # the adapters beside the base
-    ranks = agent.num_ranks
+    if precision.mode == "lora":  # the adapters beside the base (a sampler holds them too, never stepped)
+        p.parts["weights"] = weights + shape.trainable * (precision.trained_bytes or 4)
+    ranks = len(p.devices)
     if precision.mode == "sharded":
         p.precision += f", FSDP2 x{ranks}"
-        p.device = f"{agent.devices[0]} x{ranks}"
+        p.device = f"{p.devices[0]} x{ranks}"
     master_bytes = shape.trainable * 4 * precision.float32_masters // ranks
     state_bytes = 2 * shape.trainable * trained_bytes * learns // ranks
     gradient_bytes = shape.trainable * trained_bytes * learns // ranks
@@ -324,7 +325,7 @@ def _trained_parts(p: AgentPlan, precision: Precision, agent, *, with_reference:
                   "gradients (the step's copy)": shape.trainable * 4 // ranks}  # fmt: skip
 
 
-def _rows_per_call(p: AgentPlan, settings: AgentSettings, agent, per_row: int) -> int | None:
+def _rows_per_call(p: AgentPlan, settings: AgentSettings, per_row: int) -> int | None:
     """`p.rows`: the configured rows per call, or `auto` resolved as the static sampler resolves it on the device
     (64 where memory is not measured). Returns the memory left for the KV pool where `auto` sized it, else None."""
     from hacrl.agent.samplers.static import MIN_ROWS, auto_rows
@@ -333,7 +334,7 @@ def _rows_per_call(p: AgentPlan, settings: AgentSettings, agent, per_row: int) -
     if rows != "auto":
         p.rows = int(rows)
         return None
-    if total is None or not agent.device.startswith("cuda"):
+    if total is None or not p.devices[0].startswith("cuda"):
         p.rows = 64
         return None
     free = total - p.parts["weights"] - p.parts["reference model (KL)"] - p.parts["master weights (float32)"]
@@ -504,6 +505,8 @@ def pool_summary(config: TrainConfig) -> str:
     """The step's pool (answers and bytes of text the driver holds) and each learner's update rows under the sharing
     policy and budget: exact where they do not depend on rewards (`all`, a budget, groups), else an upper bound."""
     from hacrl.core import get_algorithm
+    from hacrl.core.sharing import foreign_per_prompt
+    from hacrl.tools.budgets import sharing_terms
 
     t, n = config.trainer, len(config.agents)
     settings = [AgentSettings.resolve(a, config.rollout) for a in config.agents]
@@ -514,22 +517,15 @@ def pool_summary(config: TrainConfig) -> str:
              f"{total / 2**20:,.1f} MiB in the driver (answers at max_new_tokens, ~{BYTES_PER_TOKEN} bytes per token; "
              f"held for one step{f', and {t.lag} more in flight' if t.lag else ''})"]  # fmt: skip
     shares = get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and n > 1
-    sharing, names = config.sharing, [a.name for a in config.agents]
-    group_of = {m: g for g, members in enumerate(sharing.groups or [names]) for m in members}
+    sharing, sizes, terms = config.sharing, [s.group_size for s in settings], sharing_terms(config)
     exact = sharing.policy == "all"
     rows = []
     for k, agent in enumerate(config.agents):
         if agent.frozen:
             rows.append(f"{agent.name} 0 (frozen)")
             continue
-        inside = sum(answers[j] for j in range(n) if j != k and group_of[names[j]] == group_of[agent.name])
-        across = sum(answers[j] for j in range(n) if group_of[names[j]] != group_of[agent.name])
-        budget = sharing.budget_per_prompt
-        if sharing.groups:
-            across = min(across, (budget or 0) * t.prompts_per_step)
-        elif budget is not None:
-            inside = min(inside, budget * t.prompts_per_step)
-        foreign = inside + across if shares else 0
+        per_prompt = foreign_per_prompt(sizes, k, budget=terms["foreign_cap"], group_of=terms["group_of"])
+        foreign = per_prompt * t.prompts_per_step if shares else 0
         bound = "" if exact or not foreign else "at most "
         rows.append(f"{agent.name} {bound}{answers[k] + foreign:,} (own {answers[k]:,} + foreign {bound}{foreign:,})")
     policy = f"sharing.policy={sharing.policy}" + (f", budget_per_prompt={sharing.budget_per_prompt}"

@@ -3,7 +3,8 @@
     hf      transformers' `generate` with a dynamic KV cache (the CPU default; what hacrl always did)
     static  a preallocated KV cache and a fixed-shape decode step: sampling on the device without a host sync per
             token, finished rows dropped from the batch in power-of-two buckets, the whole batch stopping when every
-            row has finished; `rollout.cuda_graphs` captures its decode step as a CUDA graph (GPU)
+            row has finished; `rollout.cuda_graphs` captures its decode step as a CUDA graph (GPU); its decode
+            attention over the filled part of the pool is `attention`
 
 Every sampler keeps one contract (`Sampler.sample` -> `hacrl.agent.samplers.base.Sample`): a response runs up to
 and including its first stop token (the agent's EOS and the model's other EOS ids), `finished` says whether it

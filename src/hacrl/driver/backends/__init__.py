@@ -99,12 +99,12 @@ class WorkerGroup:
         self._map("load", [(directory,)] * len(self.names), "loading its checkpoint part")
 
 
-def start_workers(runtime, specs: list, resources: list[dict[str, float]]) -> Workers:
-    """Start one worker per spec on `runtime.backend`; `resources[i]`: {"num_cpus", "num_gpus"} of agent i."""
+def start_workers(runtime, specs: list) -> Workers:
+    """Start one worker per spec on `runtime.backend`, placed as each spec's `placement` says."""
     target = BACKENDS.get(runtime.backend)
     if target is None:
         from hacrl.errors import ConfigError
 
         raise ConfigError(f"runtime.backend={runtime.backend!r} is not one of {sorted(BACKENDS)}")
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)(runtime, specs, resources)
+    return getattr(importlib.import_module(module), name)(runtime, specs)

@@ -16,7 +16,7 @@ from hacrl.messages import LearnCall, Learned, SampleCall, Sampled, WorkerSpec
 
 
 class LocalWorkers(WorkerGroup):
-    def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
+    def __init__(self, runtime, specs: list[WorkerSpec]) -> None:
         self.workers: list[Any] = []
         self.samplers: list[LocalRanks | None] = []
         self.names = [spec.agent.name for spec in specs]
@@ -26,7 +26,8 @@ class LocalWorkers(WorkerGroup):
             for spec in specs:
                 worker = LocalRanks(spec, deadlines=deadlines) if spec.agent.devices else AgentWorker(spec)
                 self.workers.append(worker)
-                channel = worker.open_weight_channel(*_channel_kind(spec)) if spec.agent.sampler_devices else None
+                sampled_apart = spec.placement.sampler_device is not None
+                channel = worker.open_weight_channel(*_channel_kind(spec)) if sampled_apart else None
                 sampler = LocalRanks(spec, channel=channel, deadlines=deadlines) if channel is not None else None
                 self.samplers.append(sampler)
         except BaseException:
@@ -61,8 +62,8 @@ class LocalWorkers(WorkerGroup):
         """Each broadcast channel's transfer of the weights after this step's update (`BroadcastWeights`): the
         sampler receives while its learner sends, both idle now."""
         for j, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
-            agent = self.specs[j].agent
-            if sampler is None or agent.frozen or not agent.broadcasts_weights:
+            spec = self.specs[j]
+            if sampler is None or spec.agent.frozen or not spec.placement.broadcasts:
                 continue
             what = f"handing over the weights after update {call.step}"
             sampler.submit("recv_weights", (call.step,), what)
@@ -136,9 +137,10 @@ def _channel_kind(spec: WorkerSpec) -> tuple[type, dict | None]:
     from hacrl.agent.weightsync import BroadcastWeights, WeightChannel
     from hacrl.driver.backends.ranks import free_port
 
-    if not spec.agent.broadcasts_weights:
+    placement = spec.placement
+    if not placement.broadcasts:
         return WeightChannel, None
-    return BroadcastWeights, {"init": f"tcp://127.0.0.1:{free_port()}", "backend": spec.agent.broadcast_backend}
+    return BroadcastWeights, {"init": f"tcp://127.0.0.1:{free_port()}", "backend": placement.link_backend}
 
 
 class _Reply:

@@ -28,7 +28,7 @@ from multiprocessing.connection import wait
 from typing import Any, NoReturn
 
 from hacrl.driver.backends import PEER_GRACE_S
-from hacrl.driver.supervision import Deadlines, is_stopped, kind_of, process_state, silent
+from hacrl.driver.supervision import Deadlines, die_with_parent, is_stopped, kind_of, process_state, silent
 from hacrl.errors import INTACT, WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
 
@@ -75,7 +75,7 @@ def _sampler_main(spec: WorkerSpec, channel, conn) -> None:
     def build():
         from hacrl.agent.sampler_worker import SamplerWorker
 
-        return SamplerWorker(spec, channel, spec.agent.sampler_devices[0])
+        return SamplerWorker(spec, channel)
 
     _serve(build, f"the sampler of agent {spec.agent.name!r}", conn)
 
@@ -123,14 +123,7 @@ def _follow_the_driver(name: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)  # blocked by the driver while it started us
     _no_process_locks_for_progress_bars()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]))  # PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux: the closed pipe ends the rank at its next call
-        pass
+    die_with_parent(name=name)
 
 
 _STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -185,7 +178,7 @@ class LocalRanks:
         """The calls sent and not yet answered, in order: (kind, when it was sent)."""
         self._answered = time.monotonic()
         """When the last answer came (a call sent before it waited in the pipe until then)."""
-        devices = list(spec.agent.sampler_devices if self.sampler else spec.agent.devices or [])
+        devices = [spec.placement.sampler_device] if self.sampler else list(spec.agent.devices or [])
         context = multiprocessing.get_context("spawn")
         init = f"tcp://127.0.0.1:{free_port()}"
         self.processes: list[Any] = []

@@ -28,6 +28,8 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from hacrl.agent.worker import AgentWorker
+from hacrl.config.settings import Placement
+from hacrl.core.sharing import foreign_of, in_pool_order
 from hacrl.driver.backends import PEER_GRACE_S, WorkerGroup
 from hacrl.driver.supervision import Deadlines, is_stopped, kind_of, process_state, silent
 from hacrl.errors import INTACT, ConfigError, WorkerError
@@ -54,7 +56,7 @@ class _Actor:
 
             name = spec.agent.name
             channel = BroadcastWeights(None, name, **broadcast) if broadcast else HandedWeights(None, name)
-            self.worker = SamplerWorker(spec, channel, spec.agent.sampler_devices[0])
+            self.worker = SamplerWorker(spec, channel)
         elif info is None:
             self.worker = AgentWorker(spec)
         else:
@@ -87,10 +89,9 @@ class _Actor:
 
     def learn(self, call: LearnCall, pool: list[Trajectory] | None) -> Any:
         """`learn` with the step's pool sent once for every learner (`RayWorkers._submit_learns`): this learner's
-        foreign answers are every other agent's, sources in config order (as `foreign_trajectories` gives them)."""
+        foreign answers are every other agent's, in pool order (`foreign_of`, as the driver gives them)."""
         if pool is not None:
-            index = self.worker.index
-            call = replace(call, foreign=sorted((t for t in pool if t.source != index), key=lambda t: t.source))
+            call = replace(call, foreign=foreign_of(pool, self.worker.index))
         if call.proximal is not None:  # a reference to what its sampler computes: fetched when the update needs it
             import ray
 
@@ -113,10 +114,15 @@ def _import_ray():
     return ray
 
 
+def _learner_role(spec: WorkerSpec) -> str:
+    """An actor's role in `_Actor.setup`: "learner" when the agent has a sampler of its own, else "worker"."""
+    return "learner" if spec.placement.sampler_device is not None else "worker"
+
+
 class RayWorkers(WorkerGroup):
     concurrent = True
 
-    def __init__(self, runtime, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> None:
+    def __init__(self, runtime, specs: list[WorkerSpec]) -> None:
         ray = self._ray = _import_ray()
         self.names = [s.agent.name for s in specs]
         self.specs = specs
@@ -132,11 +138,11 @@ class RayWorkers(WorkerGroup):
         self.deadlines = Deadlines(runtime.deadline)
         self._placed: dict[tuple, tuple[Any, int, str]] = {}
         """(agent, rank / None / "sampler") -> (its actor, its pid, its node id), for a silent actor's kill."""
-        ranks = [s.agent.num_ranks + bool(s.agent.sampler_devices) for s in specs]  # actors per agent
+        placements = [s.placement for s in specs]
         if not ray.is_initialized():
             address = runtime.ray.address
             if address is None:  # room for every actor: a worker group's ranks and a sampler each ask their agent's
-                asked = sum(r["num_cpus"] * k for r, k in zip(resources, ranks, strict=True))
+                asked = sum(p.num_cpus * p.processes for p in placements)
                 cpus = max(os.cpu_count() or 1, math.ceil(asked))
                 # address="local": always a new instance, never whatever a stale /tmp/ray file points at
                 ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
@@ -150,25 +156,23 @@ class RayWorkers(WorkerGroup):
                         "`ray start --head` or leave runtime.ray.address unset to start one for this run"
                     ) from None
         try:
-            self._check_capacity(
-                [{k: v * k_ranks for k, v in r.items()} for r, k_ranks in zip(resources, ranks, strict=True)]
-            )
+            self._check_capacity(placements)
             self.groups: list[list[Any]] = []  # each agent's actors, rank order
             self.owners: list[tuple[int, int | None]] = []  # (agent, rank) of each actor in self.actors
             setups = []
-            for i, (spec, res) in enumerate(zip(specs, resources, strict=True)):
+            for i, spec in enumerate(specs):
                 if not spec.agent.devices:
-                    actor = self._actor(res)
+                    actor = self._actor(spec.placement)
                     self.groups.append([actor])
                     self.actors.append(actor)
                     self.owners.append((i, None))
-                    setups.append(actor.setup.remote(spec, None, "learner" if spec.agent.sampler_devices else "worker"))
+                    setups.append(actor.setup.remote(spec, None, _learner_role(spec)))
                 else:
-                    setups.extend(self._start_group(i, spec, res, runtime))
+                    setups.extend(self._start_group(i, spec, runtime))
             infos = self._gather(setups, "starting")
             self.info = [infos[j] for j, (_, rank) in enumerate(self.owners) if not rank]
             self._note_placed(self.owners, self.actors, infos)
-            infos += self._start_samplers(specs, resources)
+            infos += self._start_samplers(specs)
             placed = ", ".join(
                 f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in infos
             )
@@ -177,12 +181,12 @@ class RayWorkers(WorkerGroup):
             self.close()
             raise
 
-    def _start_samplers(self, specs: list[WorkerSpec], resources: list[dict[str, float]]) -> list:
+    def _start_samplers(self, specs: list[WorkerSpec]) -> list:
         """The samplers of their own (`agents.<i>.sampler_devices`), each an actor with its agent's resources."""
         setups, owners = [], []
-        for i, (spec, res) in enumerate(zip(specs, resources, strict=True)):
-            if spec.agent.sampler_devices:
-                self.samplers[i] = actor = self._actor(res)
+        for i, spec in enumerate(specs):
+            if spec.placement.sampler_device is not None:
+                self.samplers[i] = actor = self._actor(spec.placement)
                 self.actors.append(actor)
                 setups.append(actor.setup.remote(spec, None, "sampler", self._broadcast_channel(i, spec)))
                 owners.append((i, "sampler"))
@@ -200,29 +204,31 @@ class RayWorkers(WorkerGroup):
     def _broadcast_channel(self, i: int, spec: WorkerSpec) -> dict | None:
         """Where agent i's learner (rank 0) and sampler meet for its weight broadcast (`agents.<i>.weight_sync`),
         with the learner's channel opened; None: the weights go through the object store."""
-        if not spec.agent.broadcasts_weights:
+        placement = spec.placement
+        if not placement.broadcasts:
             return None
         from hacrl.agent.weightsync import BroadcastWeights
 
         learner = self.groups[i][0]
-        options = {"init": self._ray.get(learner.rendezvous.remote()), "backend": spec.agent.broadcast_backend}
+        options = {"init": self._ray.get(learner.rendezvous.remote()), "backend": placement.link_backend}
         owner = [(i, 0 if len(self.groups[i]) > 1 else None)]
         self._gather([learner.call.remote("open_weight_channel", BroadcastWeights, options)], "starting", owner)
         return options
 
-    def _actor(self, res: dict[str, float], **options: Any):
-        options = {"num_cpus": res["num_cpus"], "num_gpus": res["num_gpus"], "max_restarts": 0, **options}
+    def _actor(self, placement: Placement, **options: Any):
+        options = {**placement.resources(), "max_restarts": 0, **options}
         return self._ray.remote(_Actor).options(**options).remote()
 
-    def _start_group(self, i: int, spec: WorkerSpec, res: dict[str, float], runtime) -> list:
+    def _start_group(self, i: int, spec: WorkerSpec, runtime) -> list:
         """Agent i's K rank actors in a placement group; their setup calls (which meet at rank 0's node)."""
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from hacrl.agent.distributed import RankInfo
 
-        k = spec.agent.num_ranks
-        bundle = {"CPU": res["num_cpus"], **({"GPU": res["num_gpus"]} if res["num_gpus"] else {})}
+        placement = spec.placement
+        k = placement.ranks
+        bundle = {"CPU": placement.num_cpus, **({"GPU": placement.num_gpus} if placement.num_gpus else {})}
         group = placement_group([bundle] * k, strategy=runtime.ray.group_strategy)
         self._placement_groups.append(group)
         ready, _ = self._ray.wait([group.ready()], timeout=120)
@@ -234,22 +240,21 @@ class RayWorkers(WorkerGroup):
             )
         actors = [
             self._actor(
-                res, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
+                placement, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
             )
             for r in range(k)
         ]
         init = self._ray.get(actors[0].rendezvous.remote())
-        device = "cuda" if res["num_gpus"] > 0 else "cpu"
+        device = "cuda" if placement.num_gpus > 0 else "cpu"
         self.groups.append(actors)
         self.actors.extend(actors)
         self.owners.extend((i, r) for r in range(k))
-        role = "learner" if spec.agent.sampler_devices else "worker"
-        return [a.setup.remote(spec, RankInfo(r, k, init, device), role) for r, a in enumerate(actors)]
+        return [a.setup.remote(spec, RankInfo(r, k, init, device), _learner_role(spec)) for r, a in enumerate(actors)]
 
-    def _check_capacity(self, resources: list[dict[str, float]]) -> None:
+    def _check_capacity(self, placements: list[Placement]) -> None:
         total = self._ray.cluster_resources()
-        need_cpu = sum(r["num_cpus"] for r in resources)
-        need_gpu = sum(r["num_gpus"] for r in resources)
+        need_cpu = sum(p.num_cpus * p.processes for p in placements)
+        need_gpu = sum(p.num_gpus * p.processes for p in placements)
         have_cpu, have_gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
         if need_cpu > have_cpu + 1e-9 or need_gpu > have_gpu + 1e-9:
             raise ConfigError(
@@ -293,7 +298,7 @@ class RayWorkers(WorkerGroup):
             union.update((id(t), t) for t in call.foreign)
         if not union:
             return self._submit("learn", [(c,) for c in calls])
-        pool = self._ray.put(sorted(union.values(), key=lambda t: t.source))
+        pool = self._ray.put(in_pool_order(union.values()))
         refs, first = [], []
         for actors, call in zip(self.groups, calls, strict=True):
             first.append(len(refs))
@@ -345,7 +350,7 @@ class RayWorkers(WorkerGroup):
         sample_refs, owners, first = self._submit_samples(samples, learns)
         learn_refs, learn_first = self._submit_learns(learns)
         for i, sampler in enumerate(self.samplers):
-            if sampler is not None and not self.specs[i].agent.broadcasts_weights:
+            if sampler is not None and not self.specs[i].placement.broadcasts:
                 self._handed[i] = self.groups[i][0].hand_over.remote()
         results = self._gather(sample_refs, f"sampling at step {samples[0].step}", owners)
         sampled = [results[j] for j in first]
@@ -359,8 +364,8 @@ class RayWorkers(WorkerGroup):
         sampler's actor receives while its learner's rank 0 sends, both idle now."""
         refs, owners = [], []
         for i, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
-            agent = self.specs[i].agent
-            if sampler is None or agent.frozen or not agent.broadcasts_weights:
+            spec = self.specs[i]
+            if sampler is None or spec.agent.frozen or not spec.placement.broadcasts:
                 continue
             learner = self.groups[i][0]
             refs += [sampler.call.remote("recv_weights", call.step), learner.call.remote("send_weights", call.step)]
