@@ -76,7 +76,7 @@ def proposal(config: Path) -> tuple[list[str], str]:
     if done.returncode != 0:
         raise SystemExit(f"hacrl plan --measure failed:\n{done.stderr[-3000:]}")
     line = next((x for x in done.stdout.splitlines() if x.startswith("set: ")), "")
-    return re.findall(r"agents\.\d+\.group_size=\d+", line), done.stdout
+    return re.findall(r"(?:agents\.\d+\.group_size|sharing\.budget_per_prompt)=\d+", line), done.stdout
 
 
 def run_once(config: Path, overrides: list[str], out: Path) -> list[dict]:
@@ -228,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         config = write_config(scratch / f"{algorithm}.yaml", algorithm, args.steps)
         settings, plan_output = proposal(config)
         sizes = {"a": [g, g], "b": [g, g]}
-        for s in settings:
-            index, value = re.fullmatch(r"agents\.(\d+)\.group_size=(\d+)", s).groups()
-            sizes["b"][int(index)] = int(value)
+        for s in settings:  # the group sizes (a sharing budget proposed beside them goes into the run as it is)
+            found = re.fullmatch(r"agents\.(\d+)\.group_size=(\d+)", s)
+            if found:
+                sizes["b"][int(found[1])] = int(found[2])
         variants = {"a": [], "b": settings}
         runs = {"a": [], "b": []}
         for round_ in range(args.rounds):

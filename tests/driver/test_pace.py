@@ -4,9 +4,11 @@ metrics from real runs on both backends."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from hacrl.driver.pace import filling_budget, pace_metrics, pace_summary, phase_waits
+from hacrl.driver.pace import Costs, advise, pace_metrics, pace_summary, phase_waits, propose, step_costs
 
 
 def test_a_phase_lasts_its_wall_time_when_agents_run_concurrently_and_its_slowest_agent_otherwise():
@@ -29,38 +31,62 @@ def test_pace_metrics_by_hand():
     assert concurrent["time/idle_frac"] == 0.3
 
 
-def _records(steps, fast=(1.0, 3.0, 1.0, 1.0), slow=(4.0, 0.0, 2.0, 0.0)):
+def _records(steps, fast=(1.0, 3.0, 1.0, 1.0), slow=(4.0, 0.0, 2.0, 0.0), rows=128):
     keys = ("time/busy_sampling", "time/wait_sampling", "time/busy_update", "time/wait_update")
     values = {"a": fast, "b": slow}
-    return [{"step": s, **{f"{a}/{k}": v for a in values for k, v in zip(keys, values[a], strict=True)}}
+    return [{"step": s, "time/scoring": 0.0, **{f"{a}/trained_sequences": rows for a in values},
+             **{f"{a}/{k}": v for a in values for k, v in zip(keys, values[a], strict=True)}}
             for s in range(1, steps + 1)]  # fmt: skip
 
 
+def _shape(shared=False, learns=(True, True), concurrent=True) -> Costs:
+    return Costs(names=["a", "b"], group_sizes=[8, 8], per_answer=[0.0, 0.0], per_row=[0.0, 0.0], scoring=0.0,
+                 shared=shared, learns=list(learns), prompts=16, mini_batch_size=64, concurrent=concurrent)  # fmt: skip
+
+
 def test_the_summary_names_each_agents_wait_and_the_setting_that_would_use_it():
-    """Agent a samples in 1 s of a 4 s phase (3 s waited) and learns in 1 of 2 s: it waited 4 of 6 s. At its
-    measured seconds per answer G = 8 could become 32 in the phase's 4 s (16 x 32 = 512 rows, whole mini-batches
-    of 64); its update waits on b, which only more devices shorten."""
-    text = pace_summary(_records(3), ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64, concurrent=True)
+    """B = 16, G = 8 each, mini-batches of 64. Agent a samples in 1 s of a 4 s phase and learns its 128 rows in 1 of
+    2 s: it waited 4 of 6 s. The time model (`hacrl plan --measure`'s, fed with the run's steps): without sharing
+    a's update grows with its own answers (1/128 s a row), so G = 20 (S 2.5 s, U 2.5 s: a 6.5 s step, within 10 %
+    of 6 s; 24 would take 7 s); idle (3 + 1) / (2 x 6) = 33 % -> (1.5 + 0.5) / (2 x 6.5) = 15 %, answers per second
+    16 x 16 / 6 = 42.7 -> 16 x 28 / 6.5 = 68.9. Its update waits on b, which only more devices shorten."""
+    text = pace_summary(_records(3), _shape())
     lines = text.splitlines()
     assert lines[0] == "pace: the agents ran concurrently:"
     assert lines[1].startswith("  a: waited 67 % of its sampling and update time (sampling 50 %, update 17 %)")
-    assert "agents.0.group_size=32 would fill its sampling wait" in lines[1]
+    assert ("agents.0.group_size=20 would use its sampling wait (predicted from this run's steps: idle 33 % -> 15 %, "
+            "answers per second 42.7 -> 68.9)") in lines[1]  # fmt: skip
     assert "its update waits on b: give it more devices (agents.1.devices)" in lines[1]
     assert lines[2] == "  b: waited 0 % of its sampling and update time (sampling 0 %, update 0 %)"
-    frozen = pace_summary(_records(3), ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64, concurrent=True,
-                          frozen=[True, False])  # fmt: skip
-    assert "group_size=32" in frozen and "its update waits" not in frozen  # a frozen agent's update wait: no fix
-    local = pace_summary(_records(1), ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64, concurrent=False)
+    frozen = pace_summary(_records(3), _shape(learns=(False, True)))
+    assert "group_size=" in frozen and "its update waits" not in frozen  # a frozen agent's update wait: no fix
+    local = pace_summary(_records(1), _shape(concurrent=False))
     assert "one after another (runtime.backend=local); these are the waits of the critical path" in local
-    assert pace_summary([{"step": 1}], ["a", "b"], [8, 8], prompts_per_step=16, mini_batch_size=64,
-                        concurrent=True) is None  # fmt: skip
+    assert pace_summary([{"step": 1}], _shape()) is None
 
 
-def test_a_budget_only_grows_to_whole_mini_batches_within_the_phase():
-    assert filling_budget(8, 1.0, 4.0, 16, 64) == 32
-    assert filling_budget(8, 1.0, 1.9, 16, 64) == 12  # 15 would fit; 12 is the largest whole number of batches
-    assert filling_budget(8, 1.0, 1.2, 16, 64) is None
-    assert filling_budget(4, 2.0, 9.0, 3, 3) == 18
+def test_under_sharing_the_summary_proposes_a_sharing_budget_with_the_group_size():
+    """HACPO without a sharing budget: each learner trains on 256 rows (1/256 s a row for a, 2/256 for b), so each
+    answer a adds also lengthens b's update: G 12 at most (b's update 2.5 s). With sharing.budget_per_prompt=8
+    (what each learner takes of the other today) b's update stays 2 s and a grows to 32 (S 4 s, U 2.5 s: 6.5 s),
+    16 x 40 / 6.5 = 98.5 answers per second against 49.2: proposed with the budget; idle 33 % -> 4 %."""
+    text = pace_summary(_records(3, rows=256), _shape(shared=True))
+    assert ("agents.0.group_size=32 with sharing.budget_per_prompt=8 would use its sampling wait (predicted from "
+            "this run's steps: idle 33 % -> 4 %, answers per second 42.7 -> 98.5)") in text  # fmt: skip
+    now, proposed = propose(step_costs(_records(1, rows=256)[0], _shape(shared=True)))
+    assert proposed.group_sizes == [32, 8] and proposed.foreign_cap == 8 and proposed.step == pytest.approx(6.5)
+    unbudgeted = propose(replace(step_costs(_records(1, rows=256)[0], _shape(shared=True)), foreign_cap=16))[1]
+    assert unbudgeted.group_sizes == [12, 8]  # a budget as large as the pool bounds nothing: G 12, as without one
+
+
+def test_the_advice_says_how_much_the_steps_vary():
+    """Three steps whose a sampled in 0.9, 1.0 and 1.1 s: the median's proposal, each step's own, and the spread of
+    a's seconds per answer ((1.1 - 0.9) / 1.0 = 20 %)."""
+    records = [{**r, "a/time/busy_sampling": x} for r, x in zip(_records(3), (0.9, 1.0, 1.1), strict=True)]
+    advice = advise([step_costs(r, _shape()) for r in records])
+    assert advice.proposed.group_sizes == [20, 8] and advice.steps == 3
+    assert advice.per_answer_spread[0] == pytest.approx(0.2) and advice.per_answer_spread[1] == 0.0
+    assert advice.group_sizes[0][0] <= 20 <= advice.group_sizes[0][1]
 
 
 @pytest.mark.slow
@@ -85,3 +111,10 @@ def test_a_local_run_logs_the_waits_of_its_critical_path(tiny_agents, tmp_path, 
             total += 2 * lengths.pop()
         assert r["time/idle_frac"] == pytest.approx(idle / total)
         assert r["time/critical_path"] <= r["time/step"]
+
+
+def test_costs_that_measured_nothing_propose_nothing_and_a_free_agent_stops_at_the_largest_budget():
+    zero = _shape()
+    assert propose(zero)[1].group_sizes == [8, 8]
+    free = replace(_shape(), per_answer=[0.0, 0.01], per_row=[0.0, 0.0])  # a's answers cost nothing measurable
+    assert propose(free)[1].group_sizes[0] == 4096

@@ -35,11 +35,18 @@ def test_without_sharing_the_fast_agent_gets_four_times_the_answers_and_nothing_
 
 def test_with_sharing_every_added_answer_lengthens_the_slowest_update_so_the_slack_decides():
     """Each answer per prompt b adds lengthens a's update by 0.01 x 4 = 0.04 s; 10 % of 3.84 s allows 9 of them
-    (b's sampling, 0.1 s per answer per prompt, stays under a's 3.2 s up to G = 32)."""
-    now, proposed = propose(_costs(shared=True))
-    assert proposed.group_sizes == [8, 17] and proposed.step <= 1.1 * now.step
-    assert propose(_costs(shared=True), slack=0.0)[1].group_sizes == [8, 8]
-    assert propose(_costs(shared=True), slack=1.0)[1].group_sizes == [8, 32]  # sampling ends with a's
+    (b's sampling, 0.1 s per answer per prompt, stays under a's 3.2 s up to G = 32). Without a sharing budget the
+    proposal also tries one: with sharing.budget_per_prompt=8 (what each learner takes of the other today) a's
+    update stays 0.64 s, b grows to 32 within today's step (4 x 40 / 3.84 = 41.7 answers per second against
+    4 x 25 / 4.2 = 23.8): proposed with the budget."""
+    pool_sized = _costs(shared=True, foreign_cap=1000)  # a budget larger than any pool: it bounds nothing
+    now, proposed = propose(pool_sized)
+    assert proposed.group_sizes == [8, 17] and proposed.step <= 1.1 * now.step and proposed.foreign_cap == 1000
+    assert propose(pool_sized, slack=0.0)[1].group_sizes == [8, 8]
+    assert propose(pool_sized, slack=1.0)[1].group_sizes == [8, 32]  # sampling ends with a's
+    now, budgeted = propose(_costs(shared=True))
+    assert (budgeted.group_sizes, budgeted.foreign_cap) == ([8, 32], 8) and budgeted.step == pytest.approx(now.step)
+    assert budgeted.answers_per_second == pytest.approx(4 * 40 / 3.84)
 
 
 def test_budgets_grow_by_whole_mini_batches():
@@ -57,7 +64,8 @@ def test_plan_measure_times_the_real_config_and_prints_the_settings(tiny_agents,
     cfg = pair_config(tiny_agents, tmp_path, algorithm={"name": "gspo"})
     assert main(["plan", str(cfg), "--measure"]) == 0
     out = capsys.readouterr().out
-    assert "measured (step 2 of 2 on this machine; B = 2 prompts per step)" in out
+    assert "measured (steps 2-4 of 4 on this machine, medians; B = 2 prompts per step)" in out
+    assert "varies" in out and "predicted from one step's costs alone" in out
     assert "answers per second" in out and ("set: agents." in out or "no budget change" in out)
     assert not (tmp_path / "run").exists()  # measured in a temporary directory
     fails_cleanly(capsys, ["plan", str(cfg), "--measure", "--slack", "-1"], "--slack -1.0")

@@ -39,7 +39,7 @@ from hacrl.core.sharing import foreign_of
 from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
-from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace
+from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace, run_shape
 from hacrl.driver.pipeline import Pending, read_pending, write_pending
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
@@ -146,10 +146,7 @@ class Trainer(RunLoop):
         records = self._run_records()
         parts = [self.sharing_summary(records) if self.config.sharing.policy != "all" else None]
         if len(self.names) > 1:
-            t, concurrent = self.config.trainer, self.workers.concurrent
-            parts.append(pace_summary(records, self.names, self.group_sizes, prompts_per_step=t.prompts_per_step,
-                                      mini_batch_size=t.mini_batch_size, concurrent=concurrent,
-                                      frozen=self.frozen))  # fmt: skip
+            parts.append(pace_summary(records, run_shape(self.config, concurrent=self.workers.concurrent)))
         return "\n".join(p for p in parts if p) or None
 
     def _run_records(self) -> list[dict[str, Any]]:

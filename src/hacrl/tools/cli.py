@@ -112,8 +112,8 @@ def _add_plan(sub) -> None:
     plan.add_argument(
         "--measure",
         action="store_true",
-        help="instead: time 2 steps of the config on this machine and propose a rollout budget per agent "
-        "(agents.<i>.group_size) under which the agents' phases end together",
+        help="instead: time 4 steps of the config on this machine and propose a rollout budget per agent "
+        "(agents.<i>.group_size, and a sharing budget where that pays) under which the agents' phases end together",
     )
     plan.add_argument(
         "--devices",
@@ -460,15 +460,15 @@ def _measure(config, slack: float) -> int:
     import math
 
     from hacrl.errors import ConfigError
-    from hacrl.tools.budgets import measure, propose, render
+    from hacrl.tools.budgets import MEASURED_STEPS, advise, measure, render
 
     if not (math.isfinite(slack) and slack >= 0):
         raise ConfigError(f"--slack {slack}: give a fraction >= 0 by which the step may grow (0.1: 10 %)")
     if len(config.agents) < 2:
         raise ConfigError("--measure balances several agents' budgets; this config has one agent")
-    print(f"measuring: 2 steps of {config.trainer.prompts_per_step} prompts on this machine ...", flush=True)
-    costs = measure(config)
-    print(render(costs, *propose(costs, slack=slack)))
+    steps = MEASURED_STEPS + 1
+    print(f"measuring: {steps} steps of {config.trainer.prompts_per_step} prompts on this machine ...", flush=True)
+    print(render(advise(measure(config), slack=slack)))
     return 0
 
 

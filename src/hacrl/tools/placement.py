@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hacrl.config import TrainConfig
-from hacrl.tools.budgets import Costs, Prediction, predict, propose, sharing_terms
+from hacrl.driver.pace import Costs, Prediction, predict, propose, run_shape
 
 DECODE_BYTES_PER_S = 1.65e12
 """Bytes a decode step reads per second: benchmarks/results/gpu-h100-paper-step.md, the Qwen3-4B shape on an H100
@@ -81,24 +81,14 @@ def modelled_costs(config: TrainConfig, devices: list[int], device_memory: float
                    cache: dict | None = None) -> Costs | None:  # fmt: skip
     """The time model's costs with agent j on `devices[j]` GPUs; None when an agent does not fit there. `cache`
     keeps each (agent, devices)'s `agent_costs` across calls."""
-    from hacrl.config.settings import AgentSettings
-    from hacrl.core import get_algorithm
-
     cache = {} if cache is None else cache
     for key in enumerate(devices):
         if key not in cache:
             cache[key] = agent_costs(config, *key, device_memory)
     if any(cache[key] is None for key in enumerate(devices)):
         return None
-    names = [a.name for a in config.agents]
-    return Costs(
-        names=names, per_answer=[cache[key][0] for key in enumerate(devices)],
-        per_row=[cache[key][1] for key in enumerate(devices)], scoring=SCORING_S_PER_ANSWER,
-        group_sizes=[AgentSettings.resolve(a, config.rollout).group_size for a in config.agents],
-        shared=get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(names) > 1,
-        learns=[not a.frozen for a in config.agents], prompts=config.trainer.prompts_per_step,
-        mini_batch_size=config.trainer.mini_batch_size, concurrent=True, **sharing_terms(config),
-    )  # fmt: skip
+    return replace(run_shape(config, concurrent=True), per_answer=[cache[key][0] for key in enumerate(devices)],
+                   per_row=[cache[key][1] for key in enumerate(devices)], scoring=SCORING_S_PER_ANSWER)  # fmt: skip
 
 
 def _splits(num_devices: int, most: list[int]):

@@ -506,7 +506,7 @@ def pool_summary(config: TrainConfig) -> str:
     policy and budget: exact where they do not depend on rewards (`all`, a budget, groups), else an upper bound."""
     from hacrl.core import get_algorithm
     from hacrl.core.sharing import foreign_per_prompt
-    from hacrl.tools.budgets import sharing_terms
+    from hacrl.driver.pace import sharing_terms
 
     t, n = config.trainer, len(config.agents)
     settings = [AgentSettings.resolve(a, config.rollout) for a in config.agents]

@@ -1,0 +1,171 @@
+"""Numbers unchanged by a refactor (issue 70, part 7): the same runs at a base commit and at the working tree, every
+logged value (but times) and every checkpoint file compared.
+
+    python benchmarks/same_numbers.py                 # against e50bccb (before the house issue)
+    python benchmarks/same_numbers.py --base HEAD~3 --cases hacpo-lag1-samplers
+
+The base is checked out into a temporary git worktree and run with the same interpreter, its `src` first on
+PYTHONPATH (so its scoring processes, rank processes and Ray actors import it too). Each case is a 3-step run of the
+tests' two tiny agents (Llama on characters, Qwen2 on a BPE; built once, seeded), checkpointed every step:
+
+    hacpo, gspo                 lag 0, local backend
+    hacpo-lag1-samplers         lag 1, each agent with a sampler process of its own
+    hacpo-group                 qwen a worker group of two gloo ranks (FSDP2)
+    hacpo-ray, ...-ray          the same on Ray
+
+Compared: metrics.jsonl record by record without the keys that measure time; every file of every checkpoint byte
+for byte, except state.json (it holds the others' digests, so a file that differs shows there first) where the
+step, the capability history and the data position are compared instead. Prints a table and writes
+benchmarks/results/same_numbers.json (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+CASES = {
+    "hacpo": {},
+    "gspo": {"algorithm": {"name": "gspo"}},
+    "hacpo-lag1-samplers": {"trainer": {"lag": 1}, "samplers": True},
+    "hacpo-group": {"group": True},
+    "hacpo-ray": {"runtime": {"backend": "ray", "torch_threads": 1}},
+    "hacpo-lag1-samplers-ray": {"trainer": {"lag": 1}, "samplers": True, "runtime": {"backend": "ray",
+                                                                                   "torch_threads": 1}},
+}  # fmt: skip
+
+
+def build_agents(work: Path) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import ALPHABET, sum_corpus
+
+    from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
+
+    agents = work / "agents"
+    char, bpe = char_tokenizer(ALPHABET), bpe_tokenizer(sum_corpus(), 80)
+    save_agent(tiny_model("llama", char, hidden=32, layers=2, heads=2, kv_heads=1, seed=1), char, agents / "llama")
+    save_agent(tiny_model("qwen2", bpe, hidden=48, layers=2, heads=4, kv_heads=2, seed=2), bpe, agents / "qwen")
+    return agents
+
+
+def config(case: str, agents: Path, run: Path) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import TASK
+
+    spec = CASES[case]
+    llama = {"name": "llama", "model": str(agents / "llama"), "lr": 3e-3}
+    qwen = {"name": "qwen", "model": str(agents / "qwen"), "lr": 3e-3}
+    if spec.get("samplers"):
+        llama["sampler_devices"] = qwen["sampler_devices"] = ["cpu"]
+    if spec.get("group"):
+        qwen["devices"] = ["cpu", "cpu"]
+    return {
+        "agents": [llama, qwen],
+        "algorithm": {"name": "hacpo", **spec.get("algorithm", {})},
+        "rollout": {"group_size": 4, "max_new_tokens": 6, "max_prompt_tokens": 96},
+        "data": {**TASK, "train_size": 64, "eval_size": 8, "heldout_size": 8},
+        "scoring": {"function": "tests.reward_fixtures:digits"},
+        "trainer": {"steps": 3, "prompts_per_step": 2, "mini_batch_size": 4, "micro_batch_size": 2,
+                    "output_dir": str(run), **spec.get("trainer", {})},
+        "eval": {"at_start": False, "every": 0},
+        "logging": {"console": False, "tensorboard": False},
+        "checkpoint": {"every": 1, "keep_last": 3},
+        "runtime": {"torch_threads": 1, **spec.get("runtime", {})},
+    }  # fmt: skip
+
+
+def run(case: str, source: Path, agents: Path, out: Path) -> tuple[int, str]:
+    """`hacrl train` of `case` with `source`'s hacrl (its `src` first on PYTHONPATH); (exit status, stderr tail)."""
+    import yaml
+
+    path = out.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(config(case, agents, out)))
+    env = {**os.environ, "PYTHONPATH": f"{source / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
+    code = f"import sys; sys.path.insert(0, {str(source / 'src')!r}); from hacrl.tools.cli import main; " \
+           f"sys.exit(main(['train', {str(path)!r}]))"  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    return done.returncode, done.stderr[-2000:]
+
+
+def records(run_dir: Path) -> list[dict]:
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import without_timings
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [without_timings(json.loads(line)) for line in lines if line.strip()]
+
+
+def files(run_dir: Path) -> dict[str, str]:
+    """Every checkpoint file (but state.json) -> its SHA-256; state.json's run state as one entry."""
+    out = {}
+    for path in sorted((run_dir / "checkpoints").rglob("*")):
+        if not path.is_file():
+            continue
+        name = str(path.relative_to(run_dir))
+        if path.name == "state.json":
+            state = json.loads(path.read_text())
+            out[name] = json.dumps({k: state.get(k) for k in ("step", "capability", "data", "agents")}, sort_keys=True)
+        else:
+            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def compare(base: Path, head: Path) -> dict:
+    a, b = records(base), records(head)
+    differing_records = [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
+    fa, fb = files(base), files(head)
+    differing_files = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+    return {"records": len(b), "records_equal": a == b, "differing_steps": differing_records,
+            "files": len(fb), "files_equal": not differing_files, "differing_files": differing_files[:10]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="e50bccb")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "same_numbers.json")
+    args = parser.parse_args(argv)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True)
+    label = head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="hacrl-same-") as tmp:
+        work = Path(tmp)
+        base = work / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            agents = build_agents(work)
+            for case in args.cases:
+                outcome = {}
+                for side, source in (("base", base), ("head", ROOT)):
+                    code, err = run(case, source, agents, work / f"{case}-{side}")
+                    if code:
+                        outcome[f"{side}_error"] = err
+                results[case] = outcome if outcome else compare(work / f"{case}-base", work / f"{case}-head")
+                print(f"{case}: {json.dumps(results[case])}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    same = all(r.get("records_equal") and r.get("files_equal") for r in results.values())
+    report = {"base": args.base, "head": label, "cases": results, "all_equal": same}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print("\n| case | records equal | checkpoint files equal |\n|---|---|---|")
+    for case, r in results.items():
+        print(f"| {case} | {r.get('records_equal', 'error')} ({r.get('records', '-')}) | "
+              f"{r.get('files_equal', 'error')} ({r.get('files', '-')}) |")  # fmt: skip
+    print(f"\n{args.base} -> {label}: {'every number and checkpoint byte equal' if same else 'DIFFERENT'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
