@@ -15,8 +15,10 @@ tests' two tiny agents (Llama on characters, Qwen2 on a BPE; built once, seeded)
 
 Compared: metrics.jsonl record by record without the keys that measure time; every file of every checkpoint byte
 for byte, except state.json (it holds the others' digests, so a file that differs shows there first) where the
-step, the capability history and the data position are compared instead. Prints a table and writes
-benchmarks/results/same_numbers.json (`--out`).
+step, the capability history and the data position are compared instead. A file whose bytes differ is then read:
+a torch file's tensors and numbers, a sharded optimizer's tensor records (its `.metadata` holds the run's own
+storage id), a config without the run's directory (keys added since the base are listed); the verdict asks for
+equal records and equal values. Prints a table and writes benchmarks/results/same_numbers.json and .md (`--out`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -119,13 +122,84 @@ def files(run_dir: Path) -> dict[str, str]:
     return out
 
 
+def same_values(a: Path, b: Path) -> str | None:
+    """Why two files whose bytes differ hold the same values (None: they do not, or it cannot tell): a torch file's
+    tensors and numbers (`weights_only`), a sharded optimizer's `.metadata` tensor records (its storage id and path
+    are the run's own), a config without the run's directory and with only the keys both sides know."""
+    import torch
+
+    if a.suffix == ".pt":
+        x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+        if a.name == "pending.pt":  # each batch's sampling times are the run's own (`hacrl.inflight`)
+            for data in (x, y):
+                for batch in data["batches"]:
+                    for agent in batch["agents"]:
+                        agent.pop("times", None)
+            return "same values but the sampling times" if _equal(x, y) else None
+        return "same values, other bytes" if _equal(x, y) else None
+    if a.name == ".metadata":
+        sys.path.insert(0, str(ROOT / "src"))
+        from hacrl.checkpoint import read_sharded_metadata
+
+        x, y = read_sharded_metadata(a.parent), read_sharded_metadata(b.parent)
+        return "same tensor records (the storage id is the run's)" if _equal(
+            x.state_dict_metadata, y.state_dict_metadata) else None  # fmt: skip
+    if a.name == "config.yaml":
+        import yaml
+
+        x, y = yaml.safe_load(a.read_text()), yaml.safe_load(b.read_text())
+        for c in (x, y):
+            c["trainer"].pop("output_dir", None)
+        added = sorted(_keys(y) - _keys(x))
+        if _common(x, y):
+            return "same values" + (f"; keys added since: {', '.join(added)}" if added else "")
+    return None
+
+
+def _equal(x, y) -> bool:
+    import torch
+
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y, strict=True))
+    if hasattr(x, "__dict__") and type(x) is type(y):
+        return _equal(vars(x), vars(y))
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True  # a reward not yet known is NaN on both sides
+    return x == y
+
+
+def _keys(tree, prefix="") -> set[str]:
+    if not isinstance(tree, dict):
+        return {prefix}
+    return {k for key, value in tree.items() for k in _keys(value, f"{prefix}.{key}" if prefix else key)}
+
+
+def _common(x, y) -> bool:
+    """Every key both trees have holds the same value."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return all(_common(x[k], y[k]) for k in x.keys() & y.keys())
+    return x == y
+
+
 def compare(base: Path, head: Path) -> dict:
     a, b = records(base), records(head)
     differing_records = [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
     fa, fb = files(base), files(head)
-    differing_files = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
-    return {"records": len(b), "records_equal": a == b, "differing_steps": differing_records,
-            "files": len(fb), "files_equal": not differing_files, "differing_files": differing_files[:10]}  # fmt: skip
+    differing = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+    explained, unexplained = {}, []
+    for name in differing:
+        why = same_values(base / name, head / name) if name in fa and name in fb else None
+        if why is None:
+            unexplained.append(name)
+        else:
+            explained.setdefault(why, []).append(name)
+    return {"records": len(b), "records_equal": a == b, "differing_steps": differing_records, "files": len(fb),
+            "files_equal": not differing, "values_equal": not unexplained, "differing_files": unexplained[:10],
+            "same_values_other_bytes": {why: len(names) for why, names in explained.items()}}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,15 +229,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case}: {json.dumps(results[case])}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
-    same = all(r.get("records_equal") and r.get("files_equal") for r in results.values())
+    same = all(r.get("records_equal") and r.get("values_equal") for r in results.values())
     report = {"base": args.base, "head": label, "cases": results, "all_equal": same}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print("\n| case | records equal | checkpoint files equal |\n|---|---|---|")
+    lines = [f"# Numbers unchanged: {args.base} -> {label}", "",
+             "| case | records equal | checkpoint files: bytes equal | values equal | bytes differ, values equal |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for case, r in results.items():
-        print(f"| {case} | {r.get('records_equal', 'error')} ({r.get('records', '-')}) | "
-              f"{r.get('files_equal', 'error')} ({r.get('files', '-')}) |")  # fmt: skip
-    print(f"\n{args.base} -> {label}: {'every number and checkpoint byte equal' if same else 'DIFFERENT'}")
+        why = "; ".join(f"{n}: {w}" for w, n in r.get("same_values_other_bytes", {}).items()) or "-"
+        lines.append(f"| {case} | {r.get('records_equal', 'error')} ({r.get('records', '-')}) | "
+                     f"{r.get('files_equal', 'error')} ({r.get('files', '-')}) | {r.get('values_equal', 'error')} | "
+                     f"{why} |")  # fmt: skip
+    verdict = "every logged number and checkpoint value equal" if same else "DIFFERENT"
+    lines += ["", f"{args.base} -> {label}: {verdict}.", "",
+              f"Reproduce: `python benchmarks/same_numbers.py --base {args.base}`", ""]  # fmt: skip
+    text = "\n".join(lines)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
     return 0 if same else 1
 
 
