@@ -149,7 +149,6 @@ def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
         report_to=[], logging_steps=1, save_strategy="no", seed=0, disable_tqdm=True,
     )  # fmt: skip
     out: dict = {"seconds": [], "work": []}
-    sampling: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -168,15 +167,10 @@ def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=args, train_dataset=dataset,
                           processing_class=tokenizer)  # fmt: skip
-    generate = trainer._generate_and_score_completions
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput import time_sampling
 
-    def timed(*a, **k):
-        t = time.perf_counter()
-        result = generate(*a, **k)
-        sampling.append(time.perf_counter() - t)
-        return result
-
-    trainer._generate_and_score_completions = timed
+    sampling = time_sampling(trainer)
     trainer.add_callback(Clock())
     trainer.train()
     out["phases"] = [{"sampling": s, "update": total - s} for s, total in zip(sampling[warmup:], out["seconds"],

@@ -170,6 +170,21 @@ def hacrl_settings(trainer, cfg) -> dict:
     }
 
 
+def time_sampling(trainer) -> list[float]:
+    """The seconds of each of TRL's generation calls (`_generate_and_score_completions`), appended to the list
+    returned as the trainer runs."""
+    generate, sampling = trainer._generate_and_score_completions, []
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        out = generate(*a, **k)
+        sampling.append(time.perf_counter() - t)
+        return out
+
+    trainer._generate_and_score_completions = timed
+    return sampling
+
+
 def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> dict:
     import torch
     from datasets import Dataset
@@ -238,16 +253,7 @@ def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> di
     trainer = GRPOTrainer(
         model=model, reward_funcs=contains_answer, args=args, train_dataset=dataset, processing_class=tokenizer
     )
-    generate = trainer._generate_and_score_completions
-    sampling: list[float] = []
-
-    def timed(*a, **k):
-        t = time.perf_counter()
-        out = generate(*a, **k)
-        sampling.append(time.perf_counter() - t)
-        return out
-
-    trainer._generate_and_score_completions = timed
+    sampling = time_sampling(trainer)
     trainer.add_callback(Clock())
     trainer.train()
     record["settings"] = {k: getattr(trainer.args, k, None) for k in TRL_SETTINGS}

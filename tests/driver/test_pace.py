@@ -118,3 +118,12 @@ def test_costs_that_measured_nothing_propose_nothing_and_a_free_agent_stops_at_t
     assert propose(zero)[1].group_sizes == [8, 8]
     free = replace(_shape(), per_answer=[0.0, 0.01], per_row=[0.0, 0.0])  # a's answers cost nothing measurable
     assert propose(free)[1].group_sizes[0] == 4096
+
+
+def test_without_sharing_a_budget_that_cannot_grow_names_the_slack():
+    """Slack 0: the step (4 s sampling + 2 s update) may not grow. a's update grows with its answers (1/128 s a
+    row): G 16 gives U 2 s (fits), 20 gives 2.5 s (does not). With a's rows twice as slow (2/128 s), already G 12
+    gives U 3 s: nothing fits, and the line names the slack it was held to."""
+    assert "agents.0.group_size=16" in pace_summary(_records(3), _shape(), slack=0.0)
+    slow = _records(3, fast=(1.0, 3.0, 2.0, 0.0))
+    assert "no larger group_size keeps the step within 0 % of today's" in pace_summary(slow, _shape(), slack=0.0)

@@ -118,7 +118,7 @@ def pace_summary(records: list[dict[str, Any]], shape: Costs, *, slack: float = 
                 f"(sampling {share['sampling']}, update {share['update']})")  # fmt: skip
         advice_lines = []
         if wait["sampling"] >= SUMMARY_THRESHOLD * spent and busy["sampling"] > 0:
-            advice_lines.append(_budget_advice(advice, i))
+            advice_lines.append(_budget_advice(advice, i, slack))
         if wait["update"] >= SUMMARY_THRESHOLD * spent and name != slowest_update and shape.learns[i]:
             j = list(names).index(slowest_update)
             advice_lines.append(f"its update waits on {slowest_update}: give it more devices (agents.{j}.devices)")
@@ -126,7 +126,7 @@ def pace_summary(records: list[dict[str, Any]], shape: Costs, *, slack: float = 
     return "\n".join(lines)
 
 
-def _budget_advice(advice: Advice, i: int) -> str:
+def _budget_advice(advice: Advice, i: int, slack: float) -> str:
     """What would use agent i's sampling wait, by the time model (`advise`)."""
     now, proposed = advice.now, advice.proposed
     g, lo, hi = proposed.group_sizes[i], *advice.group_sizes[i]
@@ -134,7 +134,7 @@ def _budget_advice(advice: Advice, i: int) -> str:
         if advice.costs.shared:
             return ("no larger group_size pays: every learner trains on its answers, so each added one lengthens the "
                     "slowest update (hacrl plan --measure says what would)")  # fmt: skip
-        return "no larger group_size keeps the step within 10 % of today's"
+        return f"no larger group_size keeps the step within {100 * slack:.0f} % of today's"
     cap = proposed.foreign_cap
     budget = f" with sharing.budget_per_prompt={cap}" if cap is not None and cap != advice.costs.foreign_cap else ""
     by_step = f"; {lo}-{hi} from single steps" if lo != hi else ""
