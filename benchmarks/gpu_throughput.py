@@ -636,7 +636,7 @@ def _paper_run(cfg, out: dict, predicted, device: str) -> dict:
     if cfg.agents[0].devices:  # a worker group: its rank samples and learns in its own process
         return _group_step(trainer, out, predicted)
     try:
-        worker = trainer.workers.workers[0]
+        worker = trainer.schedule.transport.learners[0]
         sampler = worker.agent.sampler
         out["warm_up_s"] = sampler.warm_up()
         samples = []
@@ -724,7 +724,7 @@ def _group_step(trainer, out: dict, predicted) -> dict:
     """`paper_step` for an agent run as a worker group: one step, its phases' seconds, and the peak device memory
     its rank 0 reports (`AgentWorker.memory`); the sampler is not warmed apart, so its compilation is in the step."""
     try:
-        group = trainer.workers.workers[0]
+        group = trainer.schedule.transport.learners[0]
         group.call("memory", (), "resetting the peak")
         metrics = trainer.train_step()
         memory = group.call("memory", (), "reading the peak")

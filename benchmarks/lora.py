@@ -62,7 +62,7 @@ def run_mode(model: str, lora: str, device: str, steps: int) -> dict:
     if lora != "null":
         overrides.append(f"agents.0.lora={lora}")
     trainer = Trainer(load_config(None, overrides))
-    agent = trainer.workers.workers[0].agent
+    agent = trainer.schedule.transport.learners[0].agent
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     times, updates = [], []

@@ -20,7 +20,7 @@ on, medians. Writes benchmarks/results/many_agents.md and many_agents.json.
 `--driver-pool N ANSWERS TOKENS` measures what the driver holds for one step's pool at a size no CPU run reaches
 (issue 64, part 4: N = 16 agents x 1,024 answers of 4,096 tokens): N agents' `Sampled` answers of random text at
 ~4 bytes per token, then the driver's real code on them: `Trainer._learn_calls` (the scored pool and every
-learner's call, as the local backend sends them) and `RayWorkers._submit_learns` (the pool put once into an object
+learner's call, as the driver computes them) and `Schedule._submit_learns` (the pool put once into an object
 store, each learner's call with a reference), with the driver's Python heap measured by tracemalloc and each Ray
 call's arguments by their pickled size. Writes benchmarks/results/driver_pool.md and driver_pool.json.
 
@@ -124,26 +124,25 @@ def exponent(values: dict[int, float], low: int, high: int) -> float | None:
     return math.log(values[high] / values[low]) / math.log(high / low)
 
 
-class _Store:
-    """The object store as `_submit_learns` uses it: `put` keeps the value and counts its pickled bytes."""
+class _Transport:
+    """Ray's transport as the schedule uses it for the learns: `share` (its object store's `put`) counts the pickled
+    bytes of the pool, `submit` those of each call's arguments (what Ray ships)."""
 
-    def __init__(self) -> None:
-        self.bytes = 0
+    concurrent, across_machines = True, True
 
-    def put(self, value):
+    def __init__(self, n: int) -> None:
+        self.names, self.bytes, self.sent = [f"agent{j}" for j in range(n)], 0, []
+
+    def share(self, value):
         import pickle
 
         self.bytes += len(pickle.dumps(value, protocol=5))
         return "pool-ref"
 
-
-class _Actor:
-    """A learner actor whose `learn.remote(*args)` counts the pickled bytes of its arguments (what Ray ships)."""
-
-    def __init__(self, sent: list[int]) -> None:
+    def submit(self, agent, role, method, args, what):
         import pickle
 
-        self.learn = type("Method", (), {"remote": lambda _, *a: sent.append(len(pickle.dumps(a, protocol=5)))})()
+        self.sent.append(len(pickle.dumps(args, protocol=5)))
 
 
 def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> dict:
@@ -154,8 +153,8 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
 
     from hacrl.core import get_algorithm
     from hacrl.core.capability import CapabilityTracker
-    from hacrl.driver.backends.ray import RayWorkers
     from hacrl.driver.pipeline import Pending
+    from hacrl.driver.schedule import Schedule
     from hacrl.driver.scoring import ScoreResult
     from hacrl.driver.trainer import Trainer
     from hacrl.messages import Sampled, Trajectory
@@ -176,11 +175,10 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
                               frozen=[False] * n)  # fmt: skip
     pool, _, calls = Trainer._learn_calls(trainer, Pending(1, sampled, scored))
     after_calls, peak_calls = tracemalloc.get_traced_memory()
-    sent: list[int] = []
-    store = _Store()
-    workers = RayWorkers.__new__(RayWorkers)
-    workers._ray, workers.groups = store, [[_Actor(sent)] for _ in range(n)]
-    workers._submit_learns(calls)
+    store = _Transport(n)
+    specs = [SimpleNamespace(placement=SimpleNamespace(sampler_device=None)) for _ in range(n)]
+    Schedule(store, specs)._submit_learns(calls)
+    sent = store.sent
     _, peak_ray = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     text = sum(len(t.text.encode()) for s in sampled for t in s.trajectories)
@@ -202,7 +200,7 @@ def render_driver_pool(r: dict, argv: list[str]) -> str:
         "# The driver's memory for one step's pool", "",
         f"`python benchmarks/many_agents.py {' '.join(argv)}`: {n} agents x {r['answers_per_agent']:,} answers of "
         f"{r['tokens']:,} tokens (random ASCII text, 4 bytes per token), through the driver's own code "
-        "(`Trainer._learn_calls`, `RayWorkers._submit_learns`); Python heap by tracemalloc, Ray arguments by their "
+        "(`Trainer._learn_calls`, `Schedule._submit_learns`); Python heap by tracemalloc, Ray arguments by their "
         "pickled size.", "",
         "| what | MiB |", "|---|---|",
         f"| the answers' text | {r['text_mib']:,.1f} |",

@@ -105,7 +105,7 @@ def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
             out["phases"].append({"sampling": metrics["time/sampling"], "update": metrics["time/update"]})
             generated = round(metrics["smollm2/response_length_mean"] * rows)
             out["work"].append({"completions": rows, "tokens": generated})
-        live = trainer.workers.workers[0].agent
+        live = trainer.schedule.transport.learners[0].agent
         out["settings"] = {"gradient checkpointing": live.model.is_gradient_checkpointing,
                            "rows per generate call": live.settings.rows_per_call, "micro_batch_size": MICRO,
                            "log-prob chunks": trainer.config.trainer.logprob_chunk_size}  # fmt: skip

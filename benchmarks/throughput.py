@@ -150,7 +150,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int, condition: str =
 def hacrl_settings(trainer, cfg) -> dict:
     """What hacrl ran with, in the terms of TRL_SETTINGS (read from the resolved config and the live model)."""
     agent, a = cfg.agents[0], cfg.algorithm
-    live = trainer.workers.workers[0].agent
+    live = trainer.schedule.transport.learners[0].agent
     model = live.model
     return {
         "gradient_checkpointing": agent.gradient_checkpointing,

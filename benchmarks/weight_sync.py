@@ -6,9 +6,9 @@ sampler through each path hacrl has, on the paper's model shape.
     python benchmarks/weight_sync.py --tiny                             # the CPU dry run (tests)
 
 Paths (`hacrl/agent/weightsync.py`), each `--repeats` times, the median:
-    shared    WeightChannel.publish (the learner's parameters into host shared memory) + take (into the sampler's
+    shared    SharedMemoryLink.send (the learner's parameters into host shared memory) + receive (into the sampler's
               model on the same device): the local backend's path
-    handed    HandedWeights.publish (a host copy) + take: Ray's path, less the object store's transfer
+    handed    HandedLink.send (a host copy) + receive: Ray's path, less the object store's transfer
     device    a same-device copy of every parameter (what CUDA IPC or a device-to-device broadcast would cost at
               best): the floor the host paths are measured against
 Writes weight-sync.md / weight-sync.json into --out (default benchmarks/results; the dry run: weight-sync-cpu.*).
@@ -56,7 +56,7 @@ def timed(fn, repeats: int, device: str) -> float:
 
 
 def measure(shape_name: str, shape: dict, device: str, dtype: torch.dtype, repeats: int) -> dict:
-    from hacrl.agent.weightsync import HandedWeights, WeightChannel
+    from hacrl.agent.weightsync import HandedLink, SharedMemoryLink
 
     learner, sampler = build(shape, dtype, device), build(shape, dtype, device)
     params = sum(p.numel() for p in learner.parameters())
@@ -64,22 +64,21 @@ def measure(shape_name: str, shape: dict, device: str, dtype: torch.dtype, repea
     out = {"shape": shape_name, "device": device, "dtype": str(dtype).removeprefix("torch."), "parameters": params,
            "bytes": nbytes}  # fmt: skip
     try:
-        channel = WeightChannel(learner, "learner")
+        channel = SharedMemoryLink(learner, "learner")
         version = iter(range(1, 10**6))
 
         def shared() -> None:
             v = next(version)
-            channel.publish(learner, v)
-            channel.take(sampler, v)
+            channel.send(learner, v)
+            channel.receive(sampler, v)
 
         out["shared_s"] = timed(shared, repeats, device)
     except (RuntimeError, OSError) as e:  # /dev/shm too small for two slots of the weights
         out["shared_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    handed = HandedWeights(learner, "learner")
+    handed = HandedLink(learner, "learner")
 
     def hand() -> None:
-        handed.publish(learner, 1)
-        handed.take(sampler, 1)
+        handed.receive(sampler, 1, handed.send(learner, 1))
 
     out["handed_s"] = timed(hand, repeats, device)
     pairs = list(zip(learner.parameters(), sampler.parameters(), strict=True))

@@ -61,9 +61,9 @@ def _specs(model: Path, out: Path, args):
 
 def _rank(rank, spec, rollout, call, init, repeats, out):
     from hacrl.agent.distributed import RankInfo, full_state_dict
-    from hacrl.agent.sharded import ShardedWorker
+    from hacrl.agent.worker import AgentWorker
 
-    worker = ShardedWorker(spec, RankInfo(rank, 2, init, "cpu"))
+    worker = AgentWorker(spec, rank=RankInfo(rank, 2, init, "cpu"))
     seconds = _timed_updates(worker, rollout, call, repeats)
     state = full_state_dict(worker.agent.model, worker.agent.sampling_model, worker.agent.device, keep=rank == 0)
     if rank == 0:
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
 
+    from hacrl.agent.distributed import free_port
     from hacrl.agent.worker import AgentWorker
-    from hacrl.driver.backends.ranks import free_port
     from hacrl.messages import LearnCall, SampleCall
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -99,6 +99,20 @@ def test_no_class_inside_an_agent_is_longer_than_400_lines():
     assert long == []
 
 
+def test_an_agents_roles_are_composed_and_no_private_name_crosses_a_module():
+    """Issue 70, part 1: the sampling and learning roles are parts a worker holds, not subclasses of it (a sampler
+    that refused `learn`, a rank that overrode 12 of 27 methods); and no module imports another's private name (the
+    rollout record every worker kind reached into)."""
+    subclasses, private = [], []
+    for path in sorted((ROOT / "src/hacrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "AgentWorker" for b in node.bases):
+                subclasses.append(f"{path.relative_to(ROOT)}:{node.name}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hacrl"):
+                private += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert subclasses == [] and private == []
+
+
 def test_every_test_a_document_names_exists():
     """docs/reliability.md maps each promise to its test (`<file>::<test>` under tests/): each must exist."""
     named = set()

@@ -8,21 +8,29 @@ import (it imports nothing of hacrl but the config's dataclasses).
               rollout)
     GenerateCall(prompts, num_samples, greedy, seed)    list[Completion]
     save(directory) / load(directory)                   nothing
+    an agent with a sampler of its own (`hacrl.agent.sampling`), between its two roles:
+    proximal(step, rollout, first)  (sampler)           list[list[float]]
+    send_weights(step)  (learner)                       what its weight link sends: receive_weights(step, sent)
 
-Nothing a worker has comes back to it. After `sample` it keeps its responses' token ids, old log-probs and its own
-trajectories; `LearnCall` brings only what is new to it: the rewards of its own responses (in the order it sampled
-them) and, when the algorithm shares, the other agents' scored trajectories. No tensor crosses: only text, numbers
-and paths, so the same calls work in the driver's process and in a Ray actor (`hacrl.driver.backends`).
+After `sample` a worker keeps its responses' token ids, old log-probs and its own trajectories; at lag 0 its
+`LearnCall` brings only what is new to it: the rewards of its own responses (in the order it sampled them) and,
+when the algorithm shares, the other agents' scored trajectories (`foreign`, or the step's whole pool sent once for
+every learner: `AgentWorker.learn(call, pool)`). No tensor crosses: text, numbers (float lists) and paths, so the same
+calls work in the driver's process, in a rank's process and in a Ray actor (`hacrl.driver.backends`). The one
+exception is a weight link's transfer from an agent's learner to its sampler (`hacrl.agent.weightsync`), which the
+driver passes on unread (a reference on Ray).
 
 With `trainer.lag` > 0 a batch is trained k steps after it was sampled: the worker hands its own rollout over
 (`Sampled.rollout`: token ids and the sampling weights' log-probs, as lists) and the driver gives it back with the
-batch's `LearnCall`; in between it lives in the driver, and in every checkpoint.
+batch's `LearnCall` (the one thing that comes back to the worker that made it); in between it lives in the driver,
+and in every checkpoint (`pending.pt`). With a sampler of its own a learner's call may also carry a `Deferred`: the
+reply of its sampler's proximal pass, which the learner takes during its update.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, SharingConfig, TrainerConfig
 from hacrl.config.settings import Placement
@@ -143,6 +151,13 @@ class Sampled:
     """Seconds a sampler of its own spent taking the learner's new weights before sampling (`sampler_devices`)."""
 
 
+class Deferred(Protocol):
+    """A reply another role sends later (a transport's handle: `hacrl.driver.backends.Handle`): `value()` waits for
+    it, once; it is asked for inside the call that carries it."""
+
+    def value(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class LearnCall:
     """Update on this step's pool: the worker's own responses, now scored, then the foreign ones (spec 2, step 5)."""
@@ -157,10 +172,11 @@ class LearnCall:
     """P_hat of every agent after this step's update (spec 3.1)."""
     rollout: OwnRollout | None = None
     """With `trainer.lag` > 0: the learner's own rollout of this batch (`Sampled.rollout`); None: the one it kept."""
-    proximal: Any = None
-    """With `trainer.lag` > 0 and a sampler of its own: called (no argument), the proximal log-probs of the own rows
-    after the first mini-batch, which the sampler computes while the first mini-batch trains (its weights are the
-    ones this update starts from; `SamplerWorker.proximal`); None: the learner computes them."""
+    proximal: Deferred | None = None
+    """With `trainer.lag` > 0 and a sampler of its own: the reply of its sampler's proximal pass (`value()`: the
+    proximal log-probs of the own rows after the first mini-batch, which the sampler computes while the first
+    mini-batch trains: its weights are the ones this update starts from; `SamplingRole.proximal`); None: the learner
+    computes them."""
 
 
 @dataclass(frozen=True)

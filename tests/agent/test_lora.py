@@ -49,7 +49,7 @@ def test_the_base_weights_of_a_lora_agent_never_change(tiny_agents, tmp_path):
                   scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
     trainer = Trainer(load_config(cfg))
     try:
-        model = trainer.workers.workers[0].agent.model
+        model = trainer.schedule.transport.learners[0].agent.model
         base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
         lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
         trainer.train_step()

@@ -18,16 +18,16 @@ from tests.conftest import records, write_config
 
 
 def _count_pass_rows(monkeypatch) -> list[int]:
-    import hacrl.agent.worker
+    from hacrl.agent.sampling import SamplingRole
 
     counted: list[int] = []
-    real = hacrl.agent.worker.AgentWorker._old_logprobs
+    real = SamplingRole.old_logprobs
 
     def counting(self, samples):
         counted.append(len(samples))
         return real(self, samples)
 
-    monkeypatch.setattr(hacrl.agent.worker.AgentWorker, "_old_logprobs", counting)
+    monkeypatch.setattr(SamplingRole, "old_logprobs", counting)
     return counted
 
 
@@ -61,6 +61,7 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
     not with its weights after it."""
     import hacrl.agent.worker
     from hacrl.config import load_config
+    from hacrl.core.sharing import foreign_of
     from hacrl.driver.trainer import Trainer
 
     cfg = write_config(
@@ -70,9 +71,9 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
     received, sampled = {}, {}
     real_learn, real_sample = hacrl.agent.worker.AgentWorker.learn, hacrl.agent.worker.AgentWorker.sample
 
-    def recording_learn(self, call):
-        received[self.index] = call.foreign
-        return real_learn(self, call)
+    def recording_learn(self, call, pool=None):
+        received[self.index] = call.foreign if pool is None else foreign_of(pool, self.index)
+        return real_learn(self, call, pool)
 
     def recording_sample(self, *args):
         out = real_sample(self, *args)
@@ -83,7 +84,7 @@ def test_shared_log_prob_sums_come_from_the_pre_update_policy(tiny_agents, tmp_p
     monkeypatch.setattr(hacrl.agent.worker.AgentWorker, "sample", recording_sample)
     trainer = Trainer(load_config(cfg))
     try:
-        llama = trainer.workers.workers[0]
+        llama = trainer.schedule.transport.learners[0]
         before = {k: v.clone() for k, v in llama.agent.model.state_dict().items()}
         trainer.train_step()
         samples = sampled[0]

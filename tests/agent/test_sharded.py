@@ -31,9 +31,9 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
     """One rank of a `world`-rank group: adopt the one-device rollout (what `sample`'s exchange would give every rank),
     learn, and (rank 0) save the gathered float32 weights, the compute copy and the metrics."""
     from hacrl.agent.distributed import RankInfo, full_state_dict
-    from hacrl.agent.sharded import ShardedWorker
+    from hacrl.agent.worker import AgentWorker
 
-    worker = ShardedWorker(spec, RankInfo(rank, world, init, "cpu"))
+    worker = AgentWorker(spec, rank=RankInfo(rank, world, init, "cpu"))
     worker._rollout = rollout
     learned = worker.learn(call)
     state = full_state_dict(worker.agent.model, worker.agent.sampling_model, worker.agent.device, keep=rank == 0)
@@ -63,8 +63,8 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype,
     relative (measured: cosine 0.9998, norm ratio 0.99996, largest weight difference 4 lr, metrics within 5e-4)."""
     from dataclasses import replace
 
+    from hacrl.agent.distributed import free_port
     from hacrl.agent.worker import AgentWorker
-    from hacrl.driver.backends.ranks import free_port
     from hacrl.messages import LearnCall, SampleCall
 
     llama_spec, qwen_spec = _specs(tiny_agents, tmp_path, sharing={"policy": policy, "k": 2})

@@ -112,7 +112,7 @@ def test_a_worker_that_dies_stops_the_driver_naming_agent_and_step(tiny_agents, 
     def save_then_kill_qwen(trainer):
         path = real_save(trainer)
         if trainer.step == 1:
-            pid = trainer.workers.pids()[1]
+            pid = trainer.schedule.pids()[1]
             os.kill(pid, signal.SIGKILL)
             killed_at.append(time.monotonic())
         return path
@@ -166,7 +166,7 @@ def test_a_stopped_actor_is_named_and_killed_at_the_calls_deadline(tiny_agents, 
     def save_then_stop_qwen(trainer):
         path = real_save(trainer)
         if trainer.step == 1:
-            pid = trainer.workers.pids()[1]
+            pid = trainer.schedule.pids()[1]
             born = open(f"/proc/{pid}/stat").read().split(") ")[1].split()[19]
             os.kill(pid, signal.SIGSTOP)
             stopped.append((pid, born, time.monotonic()))
@@ -235,7 +235,8 @@ def test_the_local_backend_and_the_core_never_import_ray(tmp_path):
 def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     """Both actors are inside `sample` at once: each reports when it entered and left, and the spans overlap."""
     from hacrl.config import load_config
-    from hacrl.driver.backends import start_workers
+    from hacrl.driver.backends import start_transport
+    from hacrl.driver.schedule import Schedule
     from hacrl.messages import SampleCall, WorkerSpec
 
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run"))
@@ -243,12 +244,12 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
         WorkerSpec(i, a, cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1) for i, a in enumerate(cfg.agents)
     ]
     cfg.runtime.backend = "ray"
-    workers = start_workers(cfg.runtime, specs)
+    schedule = Schedule(start_transport(cfg.runtime, specs), specs)
     try:
         prompts = [[{"role": "user", "content": "1 + 2 ="}]] * 64
-        results = workers.sample([SampleCall(1, prompts, 8)] * 2)
+        results = schedule.sample([SampleCall(1, prompts, 8)] * 2)
     finally:
-        workers.close()
+        schedule.close()
     (start_a, end_a), (start_b, end_b) = (r.span for r in results)
     assert max(start_a, start_b) < min(end_a, end_b), "the two agents sampled one after the other"
     assert [len(r.trajectories) for r in results] == [512, 512]
@@ -269,7 +270,7 @@ def test_ray_places_a_two_rank_agent_beside_a_one_device_agent(tiny_agents, tmp_
     def save_then_kill_rank_1(trainer):
         path = real_save(trainer)
         if trainer.step == 1:
-            os.kill(trainer.workers.pids()[2], signal.SIGKILL)  # llama, qwen rank 0, qwen rank 1
+            os.kill(trainer.schedule.pids()[2], signal.SIGKILL)  # llama, qwen rank 0, qwen rank 1
         return path
 
     for backend in ("local", "ray"):

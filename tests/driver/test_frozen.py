@@ -53,7 +53,7 @@ def test_a_frozen_peer_allocates_nothing_to_learn_and_its_weights_stay_bit_ident
     cfg = _three(tiny_agents, tmp_path, tmp_path / "run", trainer={"steps": 1})
     trainer = Trainer(load_config(cfg))
     try:
-        frozen = trainer.workers.workers[2].agent
+        frozen = trainer.schedule.transport.learners[2].agent
         assert frozen.optimizer is None and frozen.ref_model is None
         assert not any(p.requires_grad for p in frozen.model.parameters())
         before = {k: v.clone() for k, v in frozen.model.state_dict().items()}

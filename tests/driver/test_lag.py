@@ -122,22 +122,58 @@ def _with_samplers(cfg, agents: list[int]) -> None:
     cfg.write_text(yaml.safe_dump(data))
 
 
-def test_weight_channel_hands_over_whole_weights_and_refuses_half_written_ones():
-    from hacrl.agent.weightsync import WeightChannel
+def test_the_shared_memory_link_hands_over_whole_weights_and_refuses_half_written_ones():
+    from hacrl.agent.weightsync import SharedMemoryLink
     from hacrl.errors import WorkerError
 
     learner, sampler = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
-    channel = WeightChannel(learner, "qwen")
+    link = SharedMemoryLink(learner, "qwen")
     with pytest.raises(WorkerError, match="needs the weights after update 1, and it holds no complete"):
-        channel.take(sampler, 1)
-    channel.publish(learner, 1)
-    channel.take(sampler, 1)
+        link.receive(sampler, 1)
+    link.send(learner, 1)
+    link.receive(sampler, 1)
     assert all(torch.equal(a, b) for a, b in zip(learner.parameters(), sampler.parameters(), strict=True))
     with pytest.raises(WorkerError, match="it holds those after update 1"):
-        channel.take(sampler, 3)  # slot 1 holds update 1, not 3
-    channel.stamps[0] = -1  # a publish of update 2 that died after clearing its stamp
+        link.receive(sampler, 3)  # slot 1 holds update 1, not 3
+    link.stamps[0] = -1  # a send of update 2 that died after clearing its stamp
     with pytest.raises(WorkerError, match="no complete weights .* does not sample with them"):
-        channel.take(sampler, 2)
+        link.receive(sampler, 2)
+
+
+def test_a_sampler_refuses_to_sample_with_other_weights_than_its_batch_needs():
+    """Over a link whose ends meet at the step's end (Ray's handed copy, a broadcast), a sampler holds the weights
+    the last complete transfer brought: a batch that needs others (a transfer that failed halfway, or never came) is
+    refused, never sampled with the wrong weights."""
+    from types import SimpleNamespace
+
+    from hacrl.agent.sampling import SamplingRole
+    from hacrl.agent.weightsync import HandedLink
+    from hacrl.errors import WorkerError
+
+    class Agent:
+        def __init__(self) -> None:
+            self.module = torch.nn.Linear(3, 2)
+
+        def handed_over(self):
+            return self.module
+
+        def weights_changed(self) -> None:
+            pass
+
+    learner, sampler = Agent(), SamplingRole.__new__(SamplingRole)
+    sampler.agent, sampler.name, sampler.version, sampler._sync_s = Agent(), "qwen", 0, 0.0
+    sampler.spec = SimpleNamespace(agent=SimpleNamespace(frozen=False))
+    sampler.attach(HandedLink(None, "qwen"))
+    sampler.take(0)  # the starting weights: held
+    with pytest.raises(WorkerError, match="needs the weights after update 1, and it holds those after update 0"):
+        sampler.take(1)
+    sampler.receive(1, HandedLink(None, "qwen").send(learner.module, 1))
+    sampler.take(1)
+    assert torch.equal(sampler.agent.module.weight, learner.module.weight)
+    with pytest.raises(RuntimeError, match="the weights after update 2 were not sent"):
+        sampler.receive(2, (1, dict(learner.module.named_parameters())))
+    with pytest.raises(WorkerError, match="needs the weights after update 2, and it holds no complete weights"):
+        sampler.take(2)
 
 
 @pytest.mark.slow
@@ -167,11 +203,11 @@ def test_the_sampler_computes_its_learners_proximal_pass_and_its_death_there_is_
     """With a sampler of its own, the learner runs no log-prob pass at all (its sampler computes the proximal
     log-probs of the rows after its first mini-batch while it trains that mini-batch): the numbers and weights of
     the run without a sampler. A sampler killed in that pass stops the run naming it; --resume ends the same."""
-    from hacrl.agent.worker import AgentWorker
+    from hacrl.agent.sampling import SamplingRole
 
     passes = []
-    real = AgentWorker._old_logprobs
-    monkeypatch.setattr(AgentWorker, "_old_logprobs", lambda self, s: passes.append(self.name) or real(self, s))
+    real = SamplingRole.old_logprobs
+    monkeypatch.setattr(SamplingRole, "old_logprobs", lambda self, s: passes.append(self.name) or real(self, s))
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
     _with_samplers(cfg, [0, 1])
@@ -242,7 +278,7 @@ def test_bad_sampler_settings_are_refused(tiny_agents, tmp_path, capsys, overrid
 
 
 def test_a_machine_without_shared_memory_for_the_weights_is_told_what_to_do(monkeypatch):
-    from hacrl.agent.weightsync import WeightChannel
+    from hacrl.agent.weightsync import SharedMemoryLink
     from hacrl.errors import ConfigError
 
     def refuse(self):
@@ -250,7 +286,7 @@ def test_a_machine_without_shared_memory_for_the_weights_is_told_what_to_do(monk
 
     monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
     with pytest.raises(ConfigError, match=r"needs 0.00 GiB of shared memory .* --shm-size"):
-        WeightChannel(torch.nn.Linear(3, 2), "qwen")
+        SharedMemoryLink(torch.nn.Linear(3, 2), "qwen")
 
 
 @pytest.mark.slow
@@ -510,8 +546,7 @@ def test_an_agent_with_its_optimizer_offloaded_may_have_a_sampler_of_its_own(tin
     agent frozen (the sampler's copy of the agent kept the offload, which needs an optimizer)."""
     from dataclasses import replace
 
-    from hacrl.agent.sampler_worker import SamplerWorker
-    from hacrl.agent.weightsync import WeightChannel
+    from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
     from hacrl.messages import WorkerSpec
 
@@ -521,6 +556,6 @@ def test_an_agent_with_its_optimizer_offloaded_may_have_a_sampler_of_its_own(tin
     agent = config.agents[1]
     spec = WorkerSpec(index=1, agent=agent, rollout=config.rollout, trainer=config.trainer,
                       algorithm=config.algorithm, num_agents=2, sharing=config.sharing)  # fmt: skip
-    sampler = SamplerWorker(spec, WeightChannel(torch.nn.Linear(2, 2), "qwen"))
+    sampler = AgentWorker(spec, role="sampler")
     assert sampler.agent.frozen and sampler.agent.optimizer is None
     assert replace(agent).offload == "optimizer"  # the config itself is the user's, unchanged

@@ -40,7 +40,7 @@ def test_weights_holding_nan_are_refused_at_load(tiny_agents, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_finite(tiny_agents, tmp_path, monkeypatch):
-    from hacrl.agent.worker import AgentWorker as Worker
+    from hacrl.agent.learning import LearningRole as Worker
 
     real = Worker._micro_batch_loss
 
@@ -65,7 +65,7 @@ def test_an_injected_nan_loss_skips_the_optimizer_step_and_the_checkpoint_is_fin
 def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, monkeypatch, capsys):
     """An update that leaves NaN in the weights (here injected after step 2's optimizer steps): the run stops at
     the checkpoint with one message; the newest checkpoint is step 1's, finite, and the run resumes from it."""
-    from hacrl.agent.worker import AgentWorker as Worker
+    from hacrl.agent.learning import LearningRole as Worker
 
     real = Worker._update
 
@@ -92,12 +92,12 @@ def test_weights_that_turn_nan_are_never_checkpointed(tiny_agents, tmp_path, mon
 @pytest.mark.parametrize(
     ("target", "phase", "knob", "host"),
     [
-        ("hacrl.agent.worker.generate", "sampling", "rollout.batch_size", False),
-        ("hacrl.agent.worker.AgentWorker._old_logprobs", "old log-probs", "trainer.logprob_batch_size", False),
-        ("hacrl.agent.worker.AgentWorker._update", "the update",
+        ("hacrl.agent.sampling.generate", "sampling", "rollout.batch_size", False),
+        ("hacrl.agent.sampling.SamplingRole.old_logprobs", "old log-probs", "trainer.logprob_batch_size", False),
+        ("hacrl.agent.learning.LearningRole._update", "the update",
          "trainer.micro_batch_size, agents.1.gradient_checkpointing", False),
-        ("hacrl.agent.worker.generate_completions", "evaluation", "eval.batch_size", False),
-        ("hacrl.agent.worker.AgentWorker._update", "the update", "trainer.micro_batch_size", True),
+        ("hacrl.agent.sampling.generate_completions", "evaluation", "eval.batch_size", False),
+        ("hacrl.agent.learning.LearningRole._update", "the update", "trainer.micro_batch_size", True),
     ],
 )  # fmt: skip
 def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
@@ -110,9 +110,11 @@ def test_out_of_memory_in_any_phase_is_a_clear_stop_and_resumes_smaller(
     import importlib
 
     module_name, _, attr = target.rpartition(".")
-    owner = importlib.import_module(module_name) if module_name == "hacrl.agent.worker" else None
-    if owner is None:
-        owner = getattr(importlib.import_module("hacrl.agent.worker"), module_name.rsplit(".", 1)[1])
+    try:
+        owner = importlib.import_module(module_name)
+    except ModuleNotFoundError:  # a class's method
+        module_name, _, cls = module_name.rpartition(".")
+        owner = getattr(importlib.import_module(module_name), cls)
     real = getattr(owner, attr)
     calls = {"n": 0}
 

@@ -42,6 +42,7 @@ def _local_group(*targets) -> ranks.LocalRanks:
     group.name, group.processes, group.pipes, group.sampler = "qwen", [], [], False
     group.deadlines, group._answered = Deadlines(), 0.0
     group._calls = deque([("sampling at step #", time.monotonic())])  # the call the test collects
+    group._waiting = deque()
     for target in targets:
         ours, theirs = context.Pipe()
         process = context.Process(target=target, args=(theirs,), daemon=True)
@@ -96,9 +97,9 @@ class _FakeRay:
 
 
 def _ray_workers(fake):
-    from hacrl.driver.backends.ray import RayWorkers
+    from hacrl.driver.backends.ray import RayTransport
 
-    workers = RayWorkers.__new__(RayWorkers)
+    workers = RayTransport.__new__(RayTransport)
     workers._ray, workers.names, workers.deadlines, workers._placed = fake, ["llama", "qwen"], Deadlines(), {}
     workers.owners = [(0, None), (1, 0), (1, 1)]  # llama; qwen rank 0, qwen rank 1
     return workers

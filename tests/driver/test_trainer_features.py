@@ -39,7 +39,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
         checkpoint={"every": 0},
     )
     trainer = Trainer(load_config(cfg))
-    llama = trainer.workers.workers[0].agent  # the local backend keeps its workers in this process
+    llama = trainer.schedule.transport.learners[0].agent  # the local backend keeps its workers in this process
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
     llama.model.get_input_embeddings().weight.register_hook(lambda g: g * float("inf"))
     metrics = trainer.train_step()
@@ -47,7 +47,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_logged(tiny_agents, tmp_pat
     assert metrics["qwen/optimizer_steps"] == 4
     assert all(torch.equal(before[k], v) for k, v in llama.model.state_dict().items())
     assert metrics["qwen/skipped_steps"] == 0
-    qwen = trainer.workers.workers[1].agent  # it took its steps: its gradients are freed, not held through sampling
+    qwen = trainer.schedule.transport.learners[1].agent  # it took its steps: gradients freed, not held through sampling
     assert all(p.grad is None for p in qwen.model.parameters())
     assert qwen.optimizer.state  # (the AdamW moments stay)
 

@@ -1,8 +1,10 @@
-"""What runs inside an agent's worker (in the driver's process, or in a Ray actor): the agent's model, tokenizer and
-optimizer (`model`, `precision`), its samplers and generation (`samplers`, `rollout`), teacher-forced log-probs
-(`logprobs`), a learner's rows in its own tokens (`exchange`), which of the others' rows it trains on (`sharing`), the
-worker that answers the driver's calls (`worker`), a sampler of its own in its own process (`sampler_worker`) and the
-weights its learner hands it (`weightsync`), one rank of an agent on K devices (`sharded`, FSDP2 mechanics in
-`distributed`), and the one-message stops for out-of-memory and non-finite values (`guards`). Nothing here imports
-the driver: the two sides meet only in `hacrl.messages`.
+"""What runs inside an agent's processes (in the driver's process, a rank's, or a Ray actor): the agent's model,
+tokenizer and optimizer (`model`, `precision`), its samplers and generation (`samplers`, `rollout`), teacher-forced
+log-probs (`logprobs`), a learner's rows in its own tokens (`exchange`), which of the others' rows it trains on
+(`sharing`); the worker that answers the driver's calls (`worker`) and the two roles it holds by composition: sampling
+(`sampling`: answers, behaviour log-probs, the proximal pass, the random stream) and learning (`learning`: the update,
+the optimizer's checkpoint part), each given the share of a batch its process handles (`share`: one worker, a
+worker group's rank, a sampler of its own); the weights a learner hands its sampler (`weightsync`), FSDP2 mechanics
+for an agent on K devices (`distributed`), and the one-message stops for out-of-memory and non-finite values
+(`guards`). Nothing here imports the driver: the two sides meet only in `hacrl.messages`.
 """

@@ -34,6 +34,15 @@ from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.errors import CheckpointError, first_line
 
 
+def free_port() -> int:
+    """A TCP port that was free on this machine a moment ago (the rendezvous of a new process group)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """Where one rank of a worker group runs and how it finds the others."""

@@ -103,3 +103,11 @@ def _plain_output_layer(model) -> bool:
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1.0):
         return False
     return hasattr(model, "base_model") and model.get_output_embeddings() is not None
+
+
+@torch.no_grad()
+def rows_logprobs(agent, rows, *, chunk_size: int | str | None) -> tuple[Tensor, TokenBatch]:
+    """Per-token log-probs of `rows` (anything with `prompt_ids` and `response_ids`) under `agent`'s current
+    weights (its log-prob module: the merged copy of a LoRA agent), and their batch."""
+    tb = TokenBatch.build([r.prompt_ids for r in rows], [r.response_ids for r in rows], agent.pad_id, agent.device)
+    return token_logprobs(agent.logprob_model, tb, agent.settings.temperature, chunk_size=chunk_size), tb

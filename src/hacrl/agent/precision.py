@@ -57,7 +57,7 @@ class ParameterStep(torch.optim.AdamW):
 
 
 class ShardedStep(ParameterStep):
-    """AdamW on FSDP2's float32 shards (`hacrl.agent.sharded`); the gradient norm of the whole model (a float32
+    """AdamW on FSDP2's float32 shards (`hacrl.agent.learning`); the gradient norm of the whole model (a float32
     reduction across ranks)."""
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

@@ -1,25 +1,30 @@
-"""The weights a learner hands to its sampler process (`agents.<i>.sampler_devices`, `trainer.lag` >= 1).
+"""The weights a learner hands to its sampler of its own after each update (`agents.<i>.sampler_devices`,
+`trainer.lag` >= 1): one protocol, `WeightLink`, with one pair of verbs, `send` on the learner and `receive` on the
+sampler, and three kinds (`Placement.weight_link` and where the roles run pick one,
+`WeightsPublisher.open_weight_link`):
 
-One machine (`runtime.backend: local`): two slots of host shared memory, each with every parameter of the agent's
-sampling module in its compute dtype and a version stamp. After update t the learner writes slot t % 2 (`publish`);
-the sampler, before sampling a batch that the schedule assigns to the weights after update v, reads slot v % 2
-(`take`). A LoRA agent hands over its adapters only (`Agent.handed_over`). The pipeline's schedule keeps the two
-apart: in step t the learner writes version t while the sampler reads version t - 1 (or none).
+    SharedMemoryLink   one machine (`runtime.backend: local`, `weight_sync: host`): two slots of host shared memory,
+                       each every parameter of the agent's sampling module in its compute dtype with a version stamp.
+                       The learner sends inside its update (slot t % 2 after update t); the sampler receives the
+                       version a batch needs just before it samples it.
+    HandedLink         Ray (`weight_sync: host`): at the step's end the learner's `send` returns a host copy, which
+                       Ray moves (across nodes too) to the sampler's `receive`, never through the driver.
+    BroadcastLink      `weight_sync: broadcast`: a torch.distributed broadcast from the learner to its sampler in a
+                       group of their own (NCCL between GPUs, gloo otherwise), both ends at the step's end.
 
-Ray (`HandedWeights`): the learner keeps a host copy of its weights after each update; the driver passes its object
-reference to the sampler's actor (Ray moves it, across nodes too), which holds it until the batch that needs it.
-
-A sampler never samples with half-written weights: `publish` clears the slot's stamp before it writes and stamps it
-after the last tensor; `take` refuses a slot whose stamp is not the version it needs, and checks the stamp again
-after reading (a writer that came in meanwhile would have cleared it). A learner that dies mid-sync stops the run;
-the sampler of the resumed run loads the checkpoint's weights.
+A link whose ends `meet` is run by the schedule (`hacrl.driver.schedule`) at the end of each step, once the learner's
+update and the sampler's batch are done; the other kind works inside the two roles' own calls. A LoRA agent hands
+over its adapters only (`Agent.handed_over`). A sampler never samples with half-written weights: the shared slots are
+stamped after the last tensor and checked before and after the read, and a sampler whose last transfer failed holds
+no version and refuses to sample (`refuse`). A learner that dies mid-transfer stops the run; the sampler of the
+resumed run loads the checkpoint's weights.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -36,9 +41,25 @@ def _named(weights: Weights) -> Mapping[str, torch.Tensor]:
     return dict(weights.named_parameters()) if isinstance(weights, torch.nn.Module) else weights
 
 
-class WeightChannel:
+class WeightLink(Protocol):
+    """The learner's weights after update `version` to its sampler: `send` at the learner's end (what it returns is
+    carried to `receive` as `sent`: Ray's host copy; None for the others), `receive` at the sampler's, into its
+    model. `meets`: both ends run together at the step's end (the schedule calls them), else each inside its own
+    role's calls (the learner's update, the sampler's batch). Picklable: the learner opens it, the sampler gets it."""
+
+    name: str
+    meets: ClassVar[bool]
+
+    def send(self, weights: Weights, version: int) -> Any: ...
+
+    def receive(self, weights: Weights, version: int, sent: Any = None) -> None: ...
+
+
+class SharedMemoryLink:
     """Shared-memory slots for one agent's sampling weights (picklable to a spawned process: the tensors are shared,
     not copied)."""
+
+    meets = False
 
     def __init__(self, model: Weights, name: str) -> None:
         self.name = name
@@ -57,86 +78,72 @@ class WeightChannel:
             ) from None
         self.stamps = torch.full((SLOTS,), -1, dtype=torch.int64).share_memory_()
 
-    def publish(self, model: Weights, version: int) -> float:
-        """Write `model`'s parameters as the weights after update `version`; the seconds it took."""
-        start, slot = time.perf_counter(), version % SLOTS
+    def send(self, weights: Weights, version: int) -> None:
+        """Write `weights` as those after update `version` (slot version % 2, stamped after the last tensor)."""
+        slot = version % SLOTS
         self.stamps[slot] = -1
         with torch.no_grad():
-            for i, (n, p) in enumerate(_named(model).items()):
+            for i, (n, p) in enumerate(_named(weights).items()):
                 self.slots[slot][n].copy_(p.detach())
                 if i == 0:
                     faults.hit("weight_sync")  # a learner killed here leaves the slot unstamped
         self.stamps[slot] = version
-        return time.perf_counter() - start
 
-    def take(self, model: Weights, version: int) -> float:
-        """Load the weights after update `version` into `model`; the seconds it took. A WorkerError when the slot
-        does not hold them whole (never sample with half-updated weights)."""
-        start, slot = time.perf_counter(), version % SLOTS
+    def receive(self, weights: Weights, version: int, sent: None = None) -> None:
+        """Load the weights after update `version` into `weights`; a WorkerError when the slot does not hold them
+        whole (never sample with half-updated weights)."""
+        slot = version % SLOTS
         self._check(slot, version)
         with torch.no_grad():
-            for n, p in _named(model).items():
+            for n, p in _named(weights).items():
                 p.copy_(self.slots[slot][n])
         self._check(slot, version)
-        return time.perf_counter() - start
 
     def _check(self, slot: int, version: int) -> None:
         stamp = int(self.stamps[slot])
         if stamp != version:
-            _refuse(self.name, version, "no complete weights" if stamp < 0 else f"those after update {stamp}")
+            refuse(self.name, version, None if stamp < 0 else stamp)
 
 
-class HandedWeights:
-    """The same two ends for Ray: `publish` keeps a host copy (the learner's actor hands it over, `hand_over`);
-    the sampler's actor `receive`s it and `take` loads it into the model when the batch that needs it comes."""
+class HandedLink:
+    """Ray's: `send` returns a host copy of the weights (the learner's actor answers with it, Ray keeps it in its
+    object store), which the sampler's actor `receive`s."""
+
+    meets = True
 
     def __init__(self, model: Weights | None, name: str) -> None:
         self.name = name
-        self.held: tuple[int, dict[str, torch.Tensor]] | None = None
 
-    def publish(self, model: Weights, version: int) -> float:
-        start = time.perf_counter()
+    def send(self, weights: Weights, version: int) -> tuple[int, dict[str, torch.Tensor]]:
         with torch.no_grad():
-            state = {n: p.detach().to("cpu", copy=True) for n, p in _named(model).items()}
+            state = {n: p.detach().to("cpu", copy=True) for n, p in _named(weights).items()}
         faults.hit("weight_sync")
-        self.held = (version, state)
-        return time.perf_counter() - start
+        return version, state
 
-    def hand_over(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        held, self.held = self.held, None
-        return held
-
-    def receive(self, held: tuple[int, dict[str, torch.Tensor]] | None) -> None:
-        if held is not None:
-            self.held = held
-
-    def take(self, model: Weights, version: int) -> float:
-        start = time.perf_counter()
-        if self.held is None or self.held[0] != version:
-            _refuse(self.name, version, "nothing" if self.held is None else f"those after update {self.held[0]}")
+    def receive(self, weights: Weights, version: int, sent: tuple[int, dict[str, torch.Tensor]] | None = None) -> None:
+        if sent is None or sent[0] != version:
+            raise RuntimeError(f"agent {self.name!r}: the weights after update {version} were not sent")
         with torch.no_grad():
-            for n, p in _named(model).items():
-                p.copy_(self.held[1][n])
-        return time.perf_counter() - start
+            for n, p in _named(weights).items():
+                p.copy_(sent[1][n])
 
 
-class BroadcastWeights:
+class BroadcastLink:
     """A torch.distributed broadcast from the learner (rank 0) to its sampler (rank 1) in a group of their own (NCCL
-    between GPUs, gloo otherwise; `agents.<i>.weight_sync: broadcast`). A broadcast needs both ends at once, so it
-    is not sent from inside the update: `publish` only notes the version, and the backend runs `send` on the learner
-    and `recv` on the sampler together at the end of the step, when both are idle (one step later than the
-    sampler needs it at the soonest, so nothing waits). The group is joined at the first transfer, in each process.
+    between GPUs, gloo otherwise; `agents.<i>.weight_sync: broadcast`). A broadcast needs both ends at once: the
+    schedule runs `send` and `receive` together at the end of the step, when both are idle (one step before the
+    sampler needs the weights, so nothing waits). The group's rendezvous is a free port of the learner's machine,
+    chosen where the learner opens the link; each process joins at its first transfer."""
 
-    A transfer that fails halfway leaves the sampler's version unset: it refuses to sample until a later transfer
-    completes (a run stops at the failure anyway, and the sampler of the resumed run loads the checkpoint)."""
+    meets = True
 
-    def __init__(self, model: Weights | None, name: str, *, init: str, backend: str, timeout_s: float = 300.0) -> None:
-        self.init, self.name, self.backend, self.timeout_s = init, name, backend, timeout_s
+    def __init__(self, model: Weights | None, name: str, *, backend: str, init: str | None = None,
+                 timeout_s: float = 300.0) -> None:  # fmt: skip
+        from hacrl.agent.distributed import free_port
+
+        self.init = init or f"tcp://{_this_host()}:{free_port()}"
+        self.name, self.backend, self.timeout_s = name, backend, timeout_s
         self.group = None
-        self.pending: int | None = None
-        """Learner: the version `publish` noted, sent at the next `send`."""
-        self.received: int | None = None
-        """Sampler: the version its weights hold after the last complete `recv` (None: mid-transfer)."""
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "group": None}  # each process joins the group itself
@@ -164,71 +171,72 @@ class BroadcastWeights:
             if i == 0:
                 faults.hit("weight_sync")
 
-    def publish(self, model: Weights, version: int) -> float:
-        self.pending = version
-        return 0.0
-
-    def send(self, model: Weights, version: int) -> float:
-        """Learner: the weights after update `version` to the sampler (which runs `recv` meanwhile)."""
-        if self.pending != version:
-            raise RuntimeError(f"agent {self.name!r}: no weights after update {version} to send ({self.pending} noted)")
-        start = time.perf_counter()
+    def send(self, weights: Weights, version: int) -> None:
+        """Learner: the weights after update `version` to the sampler (which runs `receive` meanwhile)."""
         self._join(0)
         with torch.no_grad():
-            self._broadcast([p.detach() for p in _named(model).values()])
-        self.pending = None
-        return time.perf_counter() - start
+            self._broadcast([p.detach() for p in _named(weights).values()])
 
-    def recv(self, model: Weights, version: int) -> float:
-        """Sampler: the weights after update `version` into `model`, straight from the learner."""
-        start, self.received = time.perf_counter(), None
+    def receive(self, weights: Weights, version: int, sent: None = None) -> None:
+        """Sampler: the weights after update `version` into `weights`, straight from the learner."""
         self._join(1)
         with torch.no_grad():
-            self._broadcast([p.data for p in _named(model).values()])
-        self.received = version
-        return time.perf_counter() - start
+            self._broadcast([p.data for p in _named(weights).values()])
 
-    def take(self, model: Weights, version: int) -> float:
-        """Sampler, before a batch: its weights are those after update `version` (received), or it refuses."""
-        if self.received != version:
-            _refuse(self.name, version, "nothing whole" if self.received is None else f"those after update "
-                    f"{self.received}")  # fmt: skip
-        return 0.0
 
-    def hand_over(self) -> None:
-        """Nothing travels through Ray's object store (see `send`)."""
+def _this_host() -> str:
+    """This process's address for a rendezvous: its Ray node's in a Ray worker, else the loopback."""
+    import sys
 
-    def receive(self, held: None) -> None:
-        """Nothing comes that way either (`HandedWeights.receive`'s place on Ray)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return "127.0.0.1"
 
 
 class WeightsPublisher:
-    """A learner's side of the link to its sampler of its own (`AgentWorker` is one): `self.channel` set by
-    `open_weight_channel`, written after each update (`publish_weights`), sent by a broadcast (`send_weights`)."""
+    """A learner's end of the link to its sampler of its own (`AgentWorker` is one): `self.link`, opened by
+    `open_weight_link`; sent inside each update (`publish_weights`) or when the schedule asks (`send_weights`)."""
 
-    channel = None
+    link: WeightLink | None = None
     agent: Any
     name: str
+    spec: Any
 
-    def open_weight_channel(self, kind: type = WeightChannel, options: dict | None = None):
-        """The channel through which a sampler of its own gets its weights after each update: shared memory on one
-        machine (`WeightChannel`), handed over on Ray (`HandedWeights`), or a broadcast (`BroadcastWeights`)."""
-        self.channel = kind(self.agent.handed_over(), self.name, **(options or {}))
-        return self.channel
+    def open_weight_link(self, across_machines: bool) -> WeightLink:
+        """The link through which a sampler of its own gets its weights after each update (the sampler is given
+        it: `AgentWorker.attach_weight_link`), of the kind its placement names (`Placement.weight_link`):
+        "broadcast" -> `BroadcastLink`; "host" -> `SharedMemoryLink` on one machine, `HandedLink` where its sampler
+        may be on another (`across_machines`: Ray)."""
+        placement = self.spec.placement
+        if placement.weight_link == "broadcast":
+            self.link = BroadcastLink(None, self.name, backend=placement.link_backend)
+        else:
+            self.link = (HandedLink if across_machines else SharedMemoryLink)(self.agent.handed_over(), self.name)
+        return self.link
 
     def publish_weights(self, step: int) -> dict[str, float]:
-        """After update `step`: its weights to its sampler of its own (if any); the seconds as a metric."""
-        channel = self.channel
-        return {} if channel is None else {"time/weight_sync": channel.publish(self.agent.handed_over(), step)}
+        """After update `step`, inside it: its weights to its sampler of its own over a link whose ends work alone;
+        the seconds as a metric (0 for a link the schedule runs at the step's end)."""
+        link = self.link
+        if link is None:
+            return {}
+        start = time.perf_counter()
+        if not link.meets:
+            link.send(self.agent.handed_over(), step)
+        return {"time/weight_sync": time.perf_counter() - start}
 
-    def send_weights(self, step: int) -> float:
-        """A broadcast channel's transfer of the weights after update `step` (its sampler receives meanwhile)."""
-        return self.channel.send(self.agent.handed_over(), step) if self.channel is not None else 0.0
+    def send_weights(self, step: int) -> Any:
+        """The learner's end of a meeting link's transfer of the weights after update `step`."""
+        return self.link.send(self.agent.handed_over(), step) if self.link is not None else None
 
 
-def _refuse(name: str, version: int, held: str) -> None:
+def refuse(name: str, version: int, held: int | None) -> None:
+    """A sampler's refusal to sample with weights other than those after update `version` (`held`: the update whose
+    weights it holds; None: nothing whole, a transfer failed halfway)."""
+    what = "no complete weights" if held is None else f"those after update {held}"
     raise WorkerError(
-        f"the sampler of agent {name!r} needs the weights after update {version}, and it holds {held} (a weight sync "
+        f"the sampler of agent {name!r} needs the weights after update {version}, and it holds {what} (a weight sync "
         "that failed halfway?): it does not sample with them. The latest checkpoint is intact: continue with "
         "`hacrl train <config> --resume`."
     )

@@ -29,7 +29,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                     raise ConfigError(f"agents.{i}.{key} is required: set it in the YAML file or as agents.{i}.{key}=")
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e)) from None
+        raise ConfigError(omegaconf_message(e)) from None
     except (ValueError, TypeError) as e:  # __post_init__ of AlgorithmParams and friends
         if isinstance(e, ConfigError):
             raise
@@ -195,7 +195,7 @@ def _yaml_problem(e: Exception) -> str:
     return where + what
 
 
-def _omegaconf_message(e: Exception) -> str:
+def omegaconf_message(e: Exception) -> str:
     lines = str(e).splitlines()
     full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), None)
     head = lines[0] if lines else type(e).__name__

@@ -96,7 +96,7 @@ class Precision:
     """The dtype the trained module loads in: float32 where it becomes masters or master shards."""
     trains: Literal["nothing", "parameters", "adapters", "masters", "shards"]
     """What AdamW steps: nothing (frozen), the model's parameters, LoRA adapters, float32 masters of the compute
-    weights (`hacrl.agent.precision.MasterStep`), or FSDP2's float32 shards (`hacrl.agent.sharded`)."""
+    weights (`hacrl.agent.precision.MasterStep`), or FSDP2's float32 shards (`hacrl.agent.learning`)."""
     steps_on: Literal["none", "device", "host"]
     """Where AdamW's state lives and its step runs (`host`: `offload: optimizer`)."""
     on_host: tuple[str, ...]
@@ -210,6 +210,8 @@ class Placement:
 
     devices: tuple[str, ...]
     """The learner's devices: one worker's, or a worker group's ranks in rank order (`agents.<i>.devices`)."""
+    group: bool
+    """Whether the learner is a worker group of rank processes (`agents.<i>.devices` set, even to one device)."""
     sampler_device: str | None
     """The device of its sampler of its own (`agents.<i>.sampler_devices`); None: the learner samples."""
     weight_link: Literal["none", "host", "broadcast"]
@@ -258,6 +260,7 @@ class Placement:
             link = "broadcast" if on_cuda else "host"
         return cls(
             devices=devices,
+            group=agent.devices is not None,
             sampler_device=sampler,
             weight_link=link,
             link_backend="nccl" if on_cuda else "gloo",

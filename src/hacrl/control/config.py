@@ -85,7 +85,7 @@ def load_control_config(path: str | Path | None = None, overrides: Sequence[str]
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from hacrl.config.loading import _omegaconf_message, merge_sources
+    from hacrl.config.loading import merge_sources, omegaconf_message
 
     try:
         cfg = merge_sources(ControlConfig, path, overrides)
@@ -94,7 +94,7 @@ def load_control_config(path: str | Path | None = None, overrides: Sequence[str]
                 raise ConfigError(f"policies.{i}.name is required")
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e)) from None
+        raise ConfigError(omegaconf_message(e)) from None
     except (ValueError, TypeError) as e:
         if isinstance(e, ConfigError):
             raise

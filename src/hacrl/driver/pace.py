@@ -9,7 +9,7 @@ its wait is the phase's length minus that:
     time/idle_frac       idle worker-seconds / worker-seconds, over both phases
     time/critical_path   the slowest agent's sampling + scoring + the slowest learner's update
 
-Where the agents run concurrently (Ray: `Workers.concurrent`), a phase's length is its wall time on the driver (so the
+Where the agents run concurrently (Ray: `Transport.concurrent`), a phase's length is its wall time on the driver (so the
 calls' dispatch counts as waiting). The local backend calls the agents one after another in one process: there a phase
 lasts the sum of the busy times, and the waits logged are those of the critical path, what each agent would wait with
 devices of its own (the phase's length is then the slowest agent's busy time).

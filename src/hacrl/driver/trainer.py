@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,13 +35,13 @@ from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.sharing import foreign_of
-from hacrl.driver.backends import Workers, start_workers
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace, run_shape
 from hacrl.driver.pipeline import Pending, read_pending, write_pending
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
+from hacrl.driver.schedule import Schedule
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
 from hacrl.messages import LearnCall, SampleCall, Sampled, Trajectory, WorkerSpec
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
@@ -55,7 +54,7 @@ class Trainer(RunLoop):
     command = "hacrl train"
 
     def __init__(self, config: TrainConfig, *, resume: str | None = None) -> None:
-        self.workers: Workers | None = None
+        self.schedule: Schedule | None = None
         super().__init__(config, resume=resume)
 
     def _setup(self, resume: str) -> None:
@@ -113,7 +112,7 @@ class Trainer(RunLoop):
             )
             for i, cfg in enumerate(config.agents)
         ]
-        self.workers = start_workers(config.runtime, specs)
+        self.schedule = Schedule.start(config.runtime, specs)
         self.scorer.wait_ready()  # its reward module imported (in the scoring processes) while the models loaded
         if plan.checkpoint is not None:
             self._restore(plan)
@@ -121,7 +120,7 @@ class Trainer(RunLoop):
     def _restore(self, plan) -> None:
         """The checkpoint's state: the workers' parts, the step, the capability history, the data position and the
         batches in flight."""
-        self.workers.load(str(plan.checkpoint))
+        self.schedule.load(str(plan.checkpoint))
         self.step = plan.step
         with restoring(plan.checkpoint, "capability history and data position"):
             self.tracker.load_state_dict(plan.state["capability"])
@@ -130,10 +129,10 @@ class Trainer(RunLoop):
     def close(self, *, force: bool = False) -> None:
         """Stop the workers and release the run directory (idempotent; the scorers are shared across trainers in
         a process, `hacrl.driver.scoring.shared_scorer`, and stop at its exit)."""
-        if self.workers is not None:
-            workers, self.workers = self.workers, None
+        if self.schedule is not None:
+            schedule, self.schedule = self.schedule, None
             try:
-                workers.close(force=force)
+                schedule.close(force=force)
             finally:
                 super().close()
             return
@@ -146,7 +145,7 @@ class Trainer(RunLoop):
         records = self._run_records()
         parts = [self.sharing_summary(records) if self.config.sharing.policy != "all" else None]
         if len(self.names) > 1:
-            parts.append(pace_summary(records, run_shape(self.config, concurrent=self.workers.concurrent)))
+            parts.append(pace_summary(records, run_shape(self.config, concurrent=self.schedule.concurrent)))
         return "\n".join(p for p in parts if p) or None
 
     def _run_records(self) -> list[dict[str, Any]]:
@@ -161,25 +160,57 @@ class Trainer(RunLoop):
     # -- one step --------------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
-        if self.config.trainer.lag:
-            return self._lagged_step()
-        step = self.step + 1
-        timer = _Timer()
-        with timer("sampling"):  # 1-2. prompts; every agent samples (and keeps its old log-probs) before any update
+        """One step at `trainer.lag` = k (`hacrl.driver.schedule`): train on batch t, sampled k steps ago, while
+        batch t + k is sampled by the weights before this update and scored on the driver meanwhile. At k = 0 batch t
+        is sampled and scored first (every agent samples before any update); at k >= 1 the run's first step first
+        samples batches 1..k by the starting weights (a resumed run has them from its checkpoint)."""
+        step, k = self.step + 1, self.config.trainer.lag
+        totals: dict[str, float] = defaultdict(float)
+        start = time.perf_counter()
+        if k == 0:  # 1-3. prompts; every agent samples (keeping its old log-probs); rewards on decoded text
             batch, sampled = self._sample(step)
-        with timer("scoring"):  # 3. rewards on decoded text, time-limited; every agent's side by side, one call
+            totals["sampling"] = (began := time.perf_counter()) - start
+            self.pending.append(Pending(step, sampled, self._score_all(batch, [s.trajectories for s in sampled])))
+            faults.hit("scoring")
+            totals["scoring"] = time.perf_counter() - began
+        while len(self.pending) < k:  # the run's start: batches step .. step + k - 1, by the starting weights
+            s = step + len(self.pending)
+            batch, sampled = self._sample(s)
+            self.pending.append(Pending(s, sampled, self._score_all(batch, [x.trajectories for x in sampled])))
+            totals["fill"] = time.perf_counter() - start
+        current = self.pending.popleft()
+        if current.step != step:
+            raise RuntimeError(f"the pipeline holds batch {current.step} where step {step} should train")
+        pool, capabilities, calls = self._learn_calls(current)  # 4. capabilities; 5. each learner's pool
+        if k == 0:
+            began = time.perf_counter()
+            learned = self.schedule.learn(calls)
+            totals["update"] = time.perf_counter() - began
+            return self._step_metrics(pool, current.sampled, current.scored, learned, capabilities, totals)
+        batch, sample_start = self.stream.next_batch(self.config.trainer.prompts_per_step), time.perf_counter()
+        prompts = [ex.messages for ex in batch]
+
+        def score(sampled: list[Sampled]) -> tuple[list[ScoreResult], float, float]:
+            began = time.perf_counter()
             scored = self._score_all(batch, [s.trajectories for s in sampled])
             faults.hit("scoring")
-        pool, capabilities, calls = self._learn_calls(Pending(step, sampled, scored))  # 4. capabilities
-        with timer("update"):  # 5. each learner: its own rewards, the others' scored responses (when it shares)
-            learned = self.workers.learn(calls)
-        return self._step_metrics(pool, sampled, scored, learned, capabilities, timer.totals)
+            return scored, began, time.perf_counter()
+
+        new, (scored, scoring_began, scoring_ended), learned = self.schedule.step(
+            [SampleCall(step + k, prompts, g) for g in self.group_sizes], calls, score
+        )
+        end = time.perf_counter()
+        self.pending.append(Pending(step + k, new, scored))
+        totals["sampling"] = scoring_began - sample_start
+        totals["update"] = end - scoring_began
+        totals["scoring_overlapped"] = scoring_ended - scoring_began
+        return self._step_metrics(pool, current.sampled, current.scored, learned, capabilities, totals, now=new)
 
     def _sample(self, step: int) -> tuple[list[Example], list[Sampled]]:
         """The next B prompts of the stream, and every agent's answers to them as batch `step`."""
         batch = self.stream.next_batch(self.config.trainer.prompts_per_step)
         prompts = [ex.messages for ex in batch]
-        return batch, self.workers.sample([SampleCall(step, prompts, g) for g in self.group_sizes])
+        return batch, self.schedule.sample([SampleCall(step, prompts, g) for g in self.group_sizes])
 
     def _learn_calls(self, batch: Pending) -> tuple[list[Trajectory], torch.Tensor, list[LearnCall]]:
         """The scored pool of `batch`, the capabilities after its rewards (the tracker takes them here, once per
@@ -208,42 +239,6 @@ class Trainer(RunLoop):
         ]
         return pool, capabilities, calls
 
-    def _lagged_step(self) -> dict[str, Any]:
-        """`trainer.lag` = k: update on batch t (sampled k steps ago) while batch t + k is sampled by the weights
-        before this update; the new batch is scored on the driver while the learners learn. The first step first
-        samples batches 1..k (the starting weights); a resumed run has them from its checkpoint."""
-        step, k = self.step + 1, self.config.trainer.lag
-        totals: dict[str, float] = defaultdict(float)
-        start = time.perf_counter()
-        if len(self.pending) < k:  # the run's start: batches step .. step + k - 1, by the starting weights
-            while len(self.pending) < k:
-                s = step + len(self.pending)
-                batch, sampled = self._sample(s)
-                self.pending.append(Pending(s, sampled, self._score_all(batch, [x.trajectories for x in sampled])))
-            totals["fill"] = time.perf_counter() - start
-        current = self.pending.popleft()
-        if current.step != step:
-            raise RuntimeError(f"the pipeline holds batch {current.step} where step {step} should train")
-        pool, capabilities, calls = self._learn_calls(current)
-        batch, sample_start = self.stream.next_batch(self.config.trainer.prompts_per_step), time.perf_counter()
-        prompts = [ex.messages for ex in batch]
-
-        def score(sampled: list[Sampled]) -> tuple[list[ScoreResult], float, float]:
-            began = time.perf_counter()
-            scored = self._score_all(batch, [s.trajectories for s in sampled])
-            faults.hit("scoring")
-            return scored, began, time.perf_counter()
-
-        new, (scored, scoring_began, scoring_ended), learned = self.workers.sample_then_learn(
-            [SampleCall(step + k, prompts, g) for g in self.group_sizes], calls, score
-        )
-        end = time.perf_counter()
-        self.pending.append(Pending(step + k, new, scored))
-        totals["sampling"] = scoring_began - sample_start
-        totals["update"] = end - scoring_began
-        totals["scoring_overlapped"] = scoring_ended - scoring_began
-        return self._step_metrics(pool, current.sampled, current.scored, learned, capabilities, totals, now=new)
-
     def _step_metrics(self, pool, sampled, scored, learned, capabilities, totals, *, now=None) -> dict[str, Any]:
         """The step's record: each agent's rollout (of the batch trained on), update, timing and pace metrics, then
         the step's own. `now`: the batch sampled in this step when it is not the one trained on (trainer.lag)."""
@@ -255,11 +250,11 @@ class Trainer(RunLoop):
             "update": [r.span[1] - r.span[0] for r in learned],
         }
         if now is None:
-            pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.workers.concurrent)
+            pace, step_pace = pace_metrics(busy, totals, totals["scoring"], concurrent=self.schedule.concurrent)
         else:
             wall = totals["sampling"] + totals["update"]
             beside = [bool(a.sampler_devices) for a in self.config.agents]
-            concurrent = self.workers.concurrent or any(beside)
+            concurrent = self.schedule.concurrent or any(beside)
             pace, step_pace = pipeline_pace(busy, wall, concurrent=concurrent, beside=beside)
         metrics: dict[str, Any] = {}
         for j, name in enumerate(self.names):
@@ -367,7 +362,7 @@ class Trainer(RunLoop):
             streams = [seeds.evaluation(cfg.trainer.seed, self.step, benchmark or "", j) for j in range(n)]
             results, greedy, rewards = evaluate_agents(
                 rows,
-                lambda calls, what=what: self.workers.generate(calls, what=what),
+                lambda calls, what=what: self.schedule.generate(calls, what=what),
                 scorer,
                 num_agents=n,
                 num_samples=cfg.eval.num_samples,
@@ -395,7 +390,7 @@ class Trainer(RunLoop):
         )
 
         def write_parts(directory: Path) -> None:
-            self.workers.save(str(directory), what=f"writing checkpoint {self.step}")
+            self.schedule.save(str(directory), what=f"writing checkpoint {self.step}")
             if self.config.trainer.lag:  # the batches in flight: steps step + 1 .. step + k
                 write_pending(directory, list(self.pending))
 
@@ -407,18 +402,3 @@ class Trainer(RunLoop):
             keep_last=self.config.checkpoint.keep_last,
             config_yaml=config_to_yaml(self.config),
         )
-
-
-class _Timer:
-    """Seconds spent in each named phase of a step: `with timer("sampling"): ...` adds to `totals["sampling"]`."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[name] += time.perf_counter() - start

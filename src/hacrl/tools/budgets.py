@@ -64,7 +64,7 @@ def measure(config: TrainConfig, steps: int = MEASURED_STEPS) -> list[Costs]:
     with tempfile.TemporaryDirectory(prefix="hacrl-measure-") as tmp:
         run = _measuring_copy(config, tmp, steps + 1)
         trainer = Trainer(run)
-        concurrent = trainer.workers.concurrent
+        concurrent = trainer.schedule.concurrent
         with contextlib.redirect_stdout(io.StringIO()):  # its step lines and summary are not this command's output
             records = trainer.train()[1:]
     shape = run_shape(config, concurrent=concurrent)

@@ -3,7 +3,7 @@ where one device is too small or too slow) and their rollout budgets, from a tim
 measurement: every constant below names the measurement it comes from; `hacrl plan --measure` times the real run.
 
 Per agent j on K_j devices (each rank holds a whole compute copy and samples its share of the rows, and FSDP2
-splits the update's rows; `hacrl.agent.sharded`), with R_j its rows per generation call per rank (the memory plan's
+splits the update's rows; `hacrl.agent.learning`), with R_j its rows per generation call per rank (the memory plan's
 `batch_size: auto` on that device), L its response limit and p the prompt length:
 
     one decode step     (weight bytes + R_j x (p + L/2) x KV bytes per token) / DECODE_BYTES_PER_S

@@ -1,8 +1,10 @@
 """An agent on K devices under `runtime.backend: local`: its worker group as K local processes, one per device.
 
-`LocalRanks` answers the calls of one `hacrl.agent.worker.AgentWorker` (`call(method, args, what)`): it sends the
-call to every rank (`hacrl.agent.sharded.ShardedWorker`, in a process started with `spawn`) and returns rank 0's
-answer. The ranks meet in a torch.distributed group whose rendezvous is a free TCP port of this machine.
+`LocalRanks` answers the calls of one `hacrl.agent.worker.AgentWorker` (`submit(method, args, what)` -> a `Reply`):
+it sends the call to every rank (`AgentWorker(spec, rank=info)`, in a process started with `spawn`) and its
+reply is rank 0's answer. The ranks meet in a torch.distributed group whose rendezvous is a free TCP port of this
+machine. An agent's sampler of its own is one more such process (`LocalRanks(spec, sampler=True)`, an
+`AgentWorker(spec, role="sampler")`).
 
 Failures: an error raised in a rank reaches the user as itself (the other ranks, perhaps waiting for it inside a
 collective, are stopped); a rank process that dies (kill -9, the kernel's OOM killer) stops the run at once with a
@@ -19,7 +21,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import socket
 import time
 import weakref
 from collections import deque
@@ -31,13 +32,6 @@ from hacrl.driver.backends import PEER_GRACE_S
 from hacrl.driver.supervision import Deadlines, die_with_parent, is_stopped, kind_of, process_state, silent
 from hacrl.errors import INTACT, WorkerError
 from hacrl.messages import WorkerInfo, WorkerSpec
-
-
-def free_port() -> int:
-    """A TCP port that was free on this machine a moment ago (the rendezvous of a new process group)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def portable(error: BaseException, where: str) -> BaseException:
@@ -60,22 +54,22 @@ def _rank_main(spec: WorkerSpec, info, conn) -> None:
 
 
 def _sharded(spec: WorkerSpec, info):
-    from hacrl.agent.sharded import ShardedWorker
+    from hacrl.agent.worker import AgentWorker
 
-    return ShardedWorker(spec, info)
+    return AgentWorker(spec, rank=info)
 
 
-def _sampler_main(spec: WorkerSpec, channel, conn) -> None:
-    """A sampler's process (`agents.<i>.sampler_devices`): as a rank's, with a `SamplerWorker`."""
+def _sampler_main(spec: WorkerSpec, conn) -> None:
+    """A sampler's process (`agents.<i>.sampler_devices`): as a rank's, with the sampling role only."""
     from hacrl import faults
 
     _follow_the_driver(f"hacrl:{spec.agent.name}:s")
     faults.set_rank("sampler")
 
     def build():
-        from hacrl.agent.sampler_worker import SamplerWorker
+        from hacrl.agent.worker import AgentWorker
 
-        return SamplerWorker(spec, channel)
+        return AgentWorker(spec, role="sampler")
 
     _serve(build, f"the sampler of agent {spec.agent.name!r}", conn)
 
@@ -162,20 +156,36 @@ def _start_ignoring_stops(process) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-class LocalRanks:
-    """The K rank processes of one agent; `call` runs a worker method on all of them and returns rank 0's answer."""
+class Reply:
+    """Rank 0's answer to one call `LocalRanks.submit` sent, taken when first asked for (`value`). The ranks answer
+    in order: asking for one takes every earlier one first."""
 
-    def __init__(self, spec: WorkerSpec, *, channel=None, deadlines=None) -> None:
-        """The ranks of `spec.agent.devices`; with `channel` (`hacrl.agent.weightsync.WeightChannel`), instead the one
-        process of its sampler on `spec.agent.sampler_devices`. `deadlines` (`runtime.deadline`): how long a call
-        may go unanswered (`hacrl.driver.supervision`)."""
-        from hacrl.agent.distributed import RankInfo
+    def __init__(self, ranks: LocalRanks, what: str) -> None:
+        self.ranks, self.what, self.taken, self.result = ranks, what, False, None
+
+    def value(self) -> Any:
+        while not self.taken:
+            self.ranks._take_oldest()
+        return self.result
+
+
+class LocalRanks:
+    """The K rank processes of one agent; `submit` runs a worker method on all of them, its `Reply` is rank 0's
+    answer."""
+
+    def __init__(self, spec: WorkerSpec, *, sampler: bool = False, deadlines=None) -> None:
+        """The ranks of `spec.agent.devices`; `sampler`: instead the one process of its sampler on
+        `spec.agent.sampler_devices`. `deadlines` (`runtime.deadline`): how long a call may go unanswered
+        (`hacrl.driver.supervision`)."""
+        from hacrl.agent.distributed import RankInfo, free_port
 
         self.name = spec.agent.name
-        self.sampler = channel is not None
+        self.sampler = sampler
         self.deadlines = Deadlines(deadlines)
         self._calls: deque[tuple[str, float]] = deque()
         """The calls sent and not yet answered, in order: (kind, when it was sent)."""
+        self._waiting: deque[Reply] = deque()
+        """Their replies, in the same order."""
         self._answered = time.monotonic()
         """When the last answer came (a call sent before it waited in the pipe until then)."""
         devices = [spec.placement.sampler_device] if self.sampler else list(spec.agent.devices or [])
@@ -190,9 +200,7 @@ class LocalRanks:
             for rank, device in enumerate(devices):
                 ours, theirs = context.Pipe()
                 info = RankInfo(rank, len(devices), init, device)
-                target, args = (
-                    (_sampler_main, (spec, channel, theirs)) if self.sampler else (_rank_main, (spec, info, theirs))
-                )
+                target, args = (_sampler_main, (spec, theirs)) if self.sampler else (_rank_main, (spec, info, theirs))
                 process = context.Process(target=target, args=args, daemon=True)
                 _start_ignoring_stops(process)
                 theirs.close()
@@ -211,12 +219,6 @@ class LocalRanks:
     def describe(self) -> WorkerInfo:
         return self.infos[0]
 
-    def open_weight_channel(self, kind: type | None = None, options: dict | None = None):
-        """Rank 0's channel to the group's sampler of its own (`ShardedWorker.open_weight_channel`; its shared
-        memory comes back through the pipe, as a sampler's process takes it at its start)."""
-        args = () if kind is None else (kind, options)
-        return self.call("open_weight_channel", args, "opening the weight channel of its sampler")
-
     def raise_if_dead(self, what: str) -> None:
         """After an error that may be this process's death seen from its peer: within a grace, the death, named."""
         ready = wait([p.sentinel for p in self.processes], timeout=PEER_GRACE_S)
@@ -228,21 +230,27 @@ class LocalRanks:
         return [p.pid for p in self.processes]
 
     def call(self, method: str, args: tuple, what: str) -> Any:
-        self.submit(method, args, what)
-        return self.collect(what)
+        return self.submit(method, args, what).value()
 
-    def submit(self, method: str, args: tuple, what: str) -> None:
-        """Send the call to every rank without waiting (`collect` takes the answer)."""
+    def submit(self, method: str, args: tuple, what: str) -> Reply:
+        """Send the call to every rank without waiting for it."""
         self._calls.append((kind_of(what), time.monotonic()))
+        reply = Reply(self, what)
+        self._waiting.append(reply)
         for rank, pipe in enumerate(self.pipes):
             try:
                 pipe.send((method, args))
             except OSError:  # BrokenPipeError: the rank died since the last call (kill -9, the OOM killer)
                 self._died(rank, what)
+        return reply
 
-    def collect(self, what: str) -> Any:
-        """Rank 0's answer to the oldest call `submit` sent."""
-        return self._replies(what)[0]
+    def _take_oldest(self) -> None:
+        """Rank 0's answer to the oldest call sent, into its reply."""
+        if not self._waiting:  # closed after an error or a death, which was raised
+            raise WorkerError(f"{self._who(0)} was stopped before it answered. {INTACT}.")
+        reply = self._waiting[0]
+        reply.result, reply.taken = self._replies(reply.what)[0], True
+        self._waiting.popleft()
 
     def _died(self, rank: int, what: str) -> NoReturn:
         process = self.processes[rank]
@@ -334,6 +342,7 @@ class LocalRanks:
             pipe.close()
         self.processes, self.pipes = [], []
         self._calls.clear()
+        self._waiting.clear()
         _LIVE.discard(self)
 
 

@@ -1,39 +1,35 @@
-"""`runtime.backend: ray`: every agent worker is a Ray actor; calls go to all of them at once.
+"""`runtime.backend: ray`: every process of every agent is a Ray actor; a call starts as it is sent.
 
-- Ray: `runtime.ray.address` unset starts a Ray instance on this machine for the run (and stops it after);
-  `auto` or `host:port` joins a running cluster (`ray start --head` ...), which the run leaves running.
-- Placement: each actor asks for `agents.<i>.num_cpus` and `agents.<i>.num_gpus` (fractions allowed, so two small
-  agents can share a GPU). A request the cluster can never meet fails before any model loads, instead of waiting.
-  On a GPU actor Ray sets CUDA_VISIBLE_DEVICES, so the agent's device is `cuda` (its first visible GPU).
-- Failures: an error raised by hacrl inside a worker (a model directory that does not load, ...) reaches the user as
-  that error; a worker process that dies stops the driver at once with a `WorkerError` naming the agent and what it
-  was doing, and the latest checkpoint stays valid (`--resume`); any other exception keeps its remote traceback.
-- An agent on K >= 2 devices (`agents.<i>.devices`) is K actors in a placement group of K bundles of its
-  `num_cpus` / `num_gpus` (`runtime.ray.group_strategy`: one node by default), each a rank
-  (`hacrl.agent.sharded.ShardedWorker`); rank 0's node and a free port of it are the process group's rendezvous.
-  Calls go to every rank; rank 0 answers. A rank that dies stops the run naming the agent and the rank.
-- The run directory must be on a file system every node of the cluster sees (workers write their checkpoint parts
-  there).
+- Ray: `runtime.ray.address` unset starts a Ray instance on this machine for the run (and stops it after); `auto` or
+  `host:port` joins a running cluster (`ray start --head` ...), which the run leaves running. The run directory must
+  be on a file system every node sees (workers write their checkpoint parts there).
+- Placement: each actor asks for its agent's `num_cpus` and `num_gpus` (fractions allowed: two small agents can share
+  a GPU); a request the cluster can never meet fails before any model loads. On a GPU actor Ray sets
+  CUDA_VISIBLE_DEVICES, so the agent's device is `cuda`. An agent on K devices (`agents.<i>.devices`) is K actors in
+  a placement group (`runtime.ray.group_strategy`: one node by default), rank 0's node the rendezvous.
+- Failures: an error raised inside a worker reaches the user as itself; a process that dies, or is silent past its
+  call's deadline, stops the driver at once with a `WorkerError` naming the agent, the rank or the sampler and what
+  it was doing; the latest checkpoint stays valid (`--resume`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from hacrl.agent.worker import AgentWorker
-from hacrl.config.settings import Placement
-from hacrl.core.sharing import foreign_of, in_pool_order
-from hacrl.driver.backends import PEER_GRACE_S, WorkerGroup
+from hacrl.config.settings import Placement, Role
+from hacrl.driver.backends import PEER_GRACE_S
 from hacrl.driver.supervision import Deadlines, is_stopped, kind_of, process_state, silent
 from hacrl.errors import INTACT, ConfigError, WorkerError
-from hacrl.messages import LearnCall, Trajectory, WorkerInfo, WorkerSpec
+from hacrl.messages import WorkerInfo, WorkerSpec
 
 
 class _Actor:
@@ -43,64 +39,42 @@ class _Actor:
     def __init__(self) -> None:
         self.worker: AgentWorker | None = None
 
-    def setup(self, spec: WorkerSpec, info=None, role: str = "worker", broadcast=None) -> tuple[WorkerInfo, str, str]:
-        """Build the worker (rank `info` of a worker group when given; `role` "sampler": the agent's sampler of its
-        own, "learner": a worker whose sampler is another actor; `broadcast`: a sampler's `BroadcastWeights` options);
+    def setup(self, spec: WorkerSpec, info=None, sampler: bool = False) -> tuple[WorkerInfo, str, str]:
+        """Build the worker (rank `info` of a worker group when given; `sampler`: the agent's sampler of its own);
         its description, the Ray node id and the node's address."""
         import ray
 
-        from hacrl.agent.weightsync import BroadcastWeights, HandedWeights
-
-        if role == "sampler":
-            from hacrl.agent.sampler_worker import SamplerWorker
-
-            name = spec.agent.name
-            channel = BroadcastWeights(None, name, **broadcast) if broadcast else HandedWeights(None, name)
-            self.worker = SamplerWorker(spec, channel)
-        elif info is None:
-            self.worker = AgentWorker(spec)
-        else:
-            from hacrl.agent.sharded import ShardedWorker
-
-            self.worker = ShardedWorker(spec, info)
-        if role == "learner":
-            self.worker.open_weight_channel(HandedWeights)
+        self.worker = AgentWorker(spec, rank=info, role="sampler" if sampler else None)
         node = ray.get_runtime_context().get_node_id()
         return self.worker.describe(), node, ray.util.get_node_ip_address()
-
-    def hand_over(self):
-        """A learner's weights after its last update (`HandedWeights`), for its sampler's actor."""
-        return self.worker.channel.hand_over()
-
-    def receive(self, held) -> None:
-        """A sampler's: the weights its learner handed over (Ray resolved the reference)."""
-        self.worker.channel.receive(held)
 
     def rendezvous(self) -> str:
         """`tcp://<this node's address>:<a free port>`: where a worker group's ranks meet (asked of rank 0)."""
         import ray
 
-        from hacrl.driver.backends.ranks import free_port
+        from hacrl.agent.distributed import free_port
 
         return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
 
-    def learn(self, call: LearnCall, pool: list[Trajectory] | None) -> Any:
-        """`learn` with the step's pool sent once for every learner (`RayWorkers._submit_learns`): this learner's
-        foreign answers are every other agent's, in pool order (`foreign_of`, as the driver gives them)."""
-        if pool is not None:
-            call = replace(call, foreign=foreign_of(pool, self.worker.index))
-        if call.proximal is not None:  # a reference to what its sampler computes: fetched when the update needs it
-            import ray
-
-            ref = call.proximal
-            call = replace(call, proximal=lambda: ray.get(ref))
-        return self.worker.learn(call)
-
     def pid(self) -> int:
         return os.getpid()
+
+
+class _Sent:
+    """One call's references (every rank's of a worker group; rank 0's answer is its value) and their owners:
+    (agent, rank, or None for one worker, or "sampler"). Inside a worker (a `Deferred` carried by a call) `value`
+    fetches rank 0's answer."""
+
+    def __init__(self, refs: list, owners: list[tuple], what: str, sent: float) -> None:
+        self.refs, self.owners, self.what, self.sent = refs, owners, what, sent
+
+    def value(self) -> Any:
+        import ray
+
+        return ray.get(self.refs[0])
 
 
 def _import_ray():
@@ -114,110 +88,84 @@ def _import_ray():
     return ray
 
 
-def _learner_role(spec: WorkerSpec) -> str:
-    """An actor's role in `_Actor.setup`: "learner" when the agent has a sampler of its own, else "worker"."""
-    return "learner" if spec.placement.sampler_device is not None else "worker"
+def _join_or_start(ray, address: str | None, placements: list[Placement]) -> bool:
+    """Join the cluster at `address`, or start one on this machine with room for every process (a worker group's
+    ranks and a sampler each ask for their agent's share); whether this run started it. Then check that the cluster
+    can ever hold them all, before any model loads."""
+    started = False
+    if not ray.is_initialized() and address is None:
+        cpus = max(os.cpu_count() or 1, math.ceil(sum(p.num_cpus * p.processes for p in placements)))
+        # address="local": always a new instance, never whatever a stale /tmp/ray file points at
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+        started = True
+    elif not ray.is_initialized():
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ConfigError(
+                f"runtime.ray.address={address!r}: cannot join that Ray cluster ({e}); start it with "
+                "`ray start --head` or leave runtime.ray.address unset to start one for this run"
+            ) from None
+    total = ray.cluster_resources()
+    need_cpu = sum(p.num_cpus * p.processes for p in placements)
+    need_gpu = sum(p.num_gpus * p.processes for p in placements)
+    have_cpu, have_gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    if need_cpu > have_cpu + 1e-9 or need_gpu > have_gpu + 1e-9:
+        if started:
+            ray.shutdown()
+        raise ConfigError(
+            f"the agents ask Ray for {need_cpu:g} CPUs and {need_gpu:g} GPUs in all, the cluster has {have_cpu:g} and "
+            f"{have_gpu:g}: lower agents.<i>.num_cpus / num_gpus (fractions are allowed) or add nodes"
+        )
+    return started
 
 
-class RayWorkers(WorkerGroup):
+class RayTransport:
     concurrent = True
+    across_machines = True
 
     def __init__(self, runtime, specs: list[WorkerSpec]) -> None:
         ray = self._ray = _import_ray()
-        self.names = [s.agent.name for s in specs]
-        self.specs = specs
-        self._started_ray = False
-        self.actors: list[Any] = []
-        self.groups = []
-        self.owners = []
+        self.names, self.specs = [s.agent.name for s in specs], specs
+        self.groups: list[list[Any]] = []
+        """Each agent's learner actors, in rank order."""
         self.samplers: list[Any] = [None] * len(specs)
         """Each agent's sampler actor (`agents.<i>.sampler_devices`), or None."""
-        self._handed: list[Any] = [None] * len(specs)
-        """Each learner's weights after its last update (an object reference), for its sampler's next batch."""
+        self.actors: list[Any] = []
+        self.owners: list[tuple] = []
+        """Each actor's (agent, rank; None for one worker; "sampler"), in the order of `actors`."""
         self._placement_groups: list[Any] = []
-        self.deadlines = Deadlines(runtime.deadline)
         self._placed: dict[tuple, tuple[Any, int, str]] = {}
-        """(agent, rank / None / "sampler") -> (its actor, its pid, its node id), for a silent actor's kill."""
-        placements = [s.placement for s in specs]
-        if not ray.is_initialized():
-            address = runtime.ray.address
-            if address is None:  # room for every actor: a worker group's ranks and a sampler each ask their agent's
-                asked = sum(p.num_cpus * p.processes for p in placements)
-                cpus = max(os.cpu_count() or 1, math.ceil(asked))
-                # address="local": always a new instance, never whatever a stale /tmp/ray file points at
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
-                self._started_ray = True
-            else:
-                try:
-                    ray.init(address=address, logging_level=logging.WARNING)
-                except (ConnectionError, RuntimeError, ValueError) as e:
-                    raise ConfigError(
-                        f"runtime.ray.address={address!r}: cannot join that Ray cluster ({e}); start it with "
-                        "`ray start --head` or leave runtime.ray.address unset to start one for this run"
-                    ) from None
+        """Each owner's (actor, pid, node id), for a silent actor's kill."""
+        self.deadlines = Deadlines(runtime.deadline)
+        self._started_ray = _join_or_start(ray, runtime.ray.address, [s.placement for s in specs])
         try:
-            self._check_capacity(placements)
-            self.groups: list[list[Any]] = []  # each agent's actors, rank order
-            self.owners: list[tuple[int, int | None]] = []  # (agent, rank) of each actor in self.actors
             setups = []
             for i, spec in enumerate(specs):
-                if not spec.agent.devices:
-                    actor = self._actor(spec.placement)
-                    self.groups.append([actor])
-                    self.actors.append(actor)
-                    self.owners.append((i, None))
-                    setups.append(actor.setup.remote(spec, None, _learner_role(spec)))
-                else:
-                    setups.extend(self._start_group(i, spec, runtime))
+                group = self._start_group(i, spec, runtime) if spec.placement.group else None
+                if group is None:
+                    self.groups.append([self._actor(spec.placement, (i, None))])
+                    setups.append(self.groups[i][0].setup.remote(spec))
+                setups.extend(group or [])
+            for i, spec in enumerate(specs):
+                if spec.placement.sampler_device is not None:
+                    self.samplers[i] = self._actor(spec.placement, (i, "sampler"))
+                    setups.append(self.samplers[i].setup.remote(spec, None, True))
             infos = self._gather(setups, "starting")
-            self.info = [infos[j] for j, (_, rank) in enumerate(self.owners) if not rank]
-            self._note_placed(self.owners, self.actors, infos)
-            infos += self._start_samplers(specs)
-            placed = ", ".join(
-                f"{w.name} on node {node[:8]} ({address}, pid {w.pid}, {w.device})" for w, node, address in infos
-            )
+            for owner, actor, (info, node, _) in zip(self.owners, self.actors, infos, strict=True):
+                self._placed[owner] = (actor, info.pid, node)
+            placed = ", ".join(f"{w.name} on node {node[:8]} ({ip}, pid {w.pid}, {w.device})" for w, node, ip in infos)
             print(f"ray: {len(infos)} workers: {placed}", flush=True)
         except BaseException:
             self.close()
             raise
 
-    def _start_samplers(self, specs: list[WorkerSpec]) -> list:
-        """The samplers of their own (`agents.<i>.sampler_devices`), each an actor with its agent's resources."""
-        setups, owners = [], []
-        for i, spec in enumerate(specs):
-            if spec.placement.sampler_device is not None:
-                self.samplers[i] = actor = self._actor(spec.placement)
-                self.actors.append(actor)
-                setups.append(actor.setup.remote(spec, None, "sampler", self._broadcast_channel(i, spec)))
-                owners.append((i, "sampler"))
-        if not setups:
-            return []
-        infos = self._gather(setups, "starting", owners)
-        self._note_placed(owners, [self.samplers[i] for i, _ in owners], infos)
-        return infos
-
-    def _note_placed(self, owners: list[tuple], actors: list, infos: list) -> None:
-        """Where each started actor runs (its pid and node), for a silent one's kill."""
-        for owner, actor, (info, node, _) in zip(owners, actors, infos, strict=True):
-            self._placed[owner] = (actor, info.pid, node)
-
-    def _broadcast_channel(self, i: int, spec: WorkerSpec) -> dict | None:
-        """Where agent i's learner (rank 0) and sampler meet for its weight broadcast (`agents.<i>.weight_sync`),
-        with the learner's channel opened; None: the weights go through the object store."""
-        placement = spec.placement
-        if not placement.broadcasts:
-            return None
-        from hacrl.agent.weightsync import BroadcastWeights
-
-        learner = self.groups[i][0]
-        options = {"init": self._ray.get(learner.rendezvous.remote()), "backend": placement.link_backend}
-        owner = [(i, 0 if len(self.groups[i]) > 1 else None)]
-        self._gather([learner.call.remote("open_weight_channel", BroadcastWeights, options)], "starting", owner)
-        return options
-
-    def _actor(self, placement: Placement, **options: Any):
+    def _actor(self, placement: Placement, owner: tuple, **options: Any):
         options = {**placement.resources(), "max_restarts": 0, **options}
-        return self._ray.remote(_Actor).options(**options).remote()
+        actor = self._ray.remote(_Actor).options(**options).remote()
+        self.actors.append(actor)
+        self.owners.append(owner)
+        return actor
 
     def _start_group(self, i: int, spec: WorkerSpec, runtime) -> list:
         """Agent i's K rank actors in a placement group; their setup calls (which meet at rank 0's node)."""
@@ -238,161 +186,41 @@ class RayWorkers(WorkerGroup):
                 f"{runtime.ray.group_strategy} (runtime.ray.group_strategy), and the cluster cannot place them: "
                 "use PACK or SPREAD to allow several nodes, or lower num_cpus / num_gpus"
             )
-        actors = [
-            self._actor(
-                placement, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
-            )
-            for r in range(k)
-        ]
+        strategy = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(k)]
+        actors = [self._actor(placement, (i, r), scheduling_strategy=strategy[r]) for r in range(k)]
         init = self._ray.get(actors[0].rendezvous.remote())
         device = "cuda" if placement.num_gpus > 0 else "cpu"
         self.groups.append(actors)
-        self.actors.extend(actors)
-        self.owners.extend((i, r) for r in range(k))
-        return [a.setup.remote(spec, RankInfo(r, k, init, device), _learner_role(spec)) for r, a in enumerate(actors)]
+        return [a.setup.remote(spec, RankInfo(r, k, init, device)) for r, a in enumerate(actors)]
 
-    def _check_capacity(self, placements: list[Placement]) -> None:
-        total = self._ray.cluster_resources()
-        need_cpu = sum(p.num_cpus * p.processes for p in placements)
-        need_gpu = sum(p.num_gpus * p.processes for p in placements)
-        have_cpu, have_gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
-        if need_cpu > have_cpu + 1e-9 or need_gpu > have_gpu + 1e-9:
-            raise ConfigError(
-                f"the agents ask Ray for {need_cpu:g} CPUs and {need_gpu:g} GPUs in all, the cluster has "
-                f"{have_cpu:g} and {have_gpu:g}: lower agents.<i>.num_cpus / num_gpus (fractions are allowed) or add "
-                "nodes"
-            )
+    def submit(self, agent: int, role: Role, method: str, args: tuple, what: str) -> _Sent:
+        if role == "sampler" and self.samplers[agent] is not None:
+            actors, owners = [self.samplers[agent]], [(agent, "sampler")]
+        else:
+            actors, group = self.groups[agent], self.specs[agent].placement.group
+            owners = [(agent, r if group else None) for r in range(len(actors))]
+        args = tuple(a.refs[0] if isinstance(a, _Sent) else a for a in args)  # Ray resolves it in the actor
+        return _Sent([actor.call.remote(method, *args) for actor in actors], owners, what, time.monotonic())
 
-    def _map(self, method: str, args: Sequence[tuple], what: str) -> list[Any]:
-        """Each agent's call on all of its actors (every rank of a group); each agent's answer is its rank 0's."""
-        refs, first = self._submit(method, args)
-        results = self._gather(refs, what)
-        return [results[j] for j in first]
+    def gather(self, handles: Sequence[_Sent], *, peers: bool = False) -> list[Any]:
+        """Each handle's rank 0 answer; every rank's reply waited for, its deadline counted from when it was sent."""
+        if not handles:
+            return []
+        refs = [ref for h in handles for ref in h.refs]
+        owners = [owner for h in handles for owner in h.owners]
+        results = self._gather(refs, handles[0].what, owners, since=min(h.sent for h in handles), peers=peers)
+        firsts = itertools.accumulate([0, *(len(h.refs) for h in handles[:-1])])
+        return [results[j] for j in firsts]
 
-    def _submit(self, method: str, args: Sequence[tuple]) -> tuple[list, list[int]]:
-        """The calls' refs, in actor order, and where each agent's rank 0 is among them."""
-        refs, first = [], []
-        for actors, a in zip(self.groups, args, strict=True):
-            first.append(len(refs))
-            refs.extend(actor.call.remote(method, *a) for actor in actors)
-        return refs, first
+    def share(self, value: Any) -> Any:
+        return self._ray.put(value)
 
-    def sample(self, calls):
-        if not any(self.samplers):
-            return super().sample(calls)
-        refs, owners, first = self._submit_samples(calls)
-        results = self._gather(refs, f"sampling at step {calls[0].step}", owners)
-        return [results[j] for j in first]
-
-    def learn(self, calls):
-        refs, first = self._submit_learns(calls)
-        results = self._gather(refs, f"learning at step {calls[0].step}")
-        return [results[j] for j in first]
-
-    def _submit_learns(self, calls) -> tuple[list, list[int]]:
-        """The learn calls, the step's pool put into the object store once: each learner's call carries a reference
-        to it instead of its own copy of every other agent's answers (N copies of the pool, one per learner, would
-        grow as N^2). A learner with no foreign answers (frozen, or no sharing) gets its call as it is."""
-        union: dict[int, Trajectory] = {}
-        for call in calls:
-            union.update((id(t), t) for t in call.foreign)
-        if not union:
-            return self._submit("learn", [(c,) for c in calls])
-        pool = self._ray.put(in_pool_order(union.values()))
-        refs, first = [], []
-        for actors, call in zip(self.groups, calls, strict=True):
-            first.append(len(refs))
-            shared = (replace(call, foreign=[]), pool) if call.foreign else (call, None)
-            refs.extend(actor.learn.remote(*shared) for actor in actors)
-        return refs, first
-
-    def _submit_samples(self, calls, learns=None) -> tuple[list, list, list[int]]:
-        """Each agent's sample call: on its sampler's actor (after the weights its learner handed over last, and
-        with `learns` its learner's proximal pass, `_proximal_ref`), or on every actor of its worker; the refs, their
-        owners and where each agent's answer is among them."""
-        refs, owners, first = [], [], []
-        for i, call in enumerate(calls):
-            first.append(len(refs))
-            sampler = self.samplers[i]
-            if sampler is None:
-                start = sum(len(g) for g in self.groups[:i])
-                refs.extend(a.call.remote("sample", call) for a in self.groups[i])
-                owners.extend(self.owners[start : start + len(self.groups[i])])
-                continue
-            if self._handed[i] is not None:
-                sampler.receive.remote(self._handed[i])  # an actor runs its calls in order: before the sample
-                self._handed[i] = None
-            if learns is not None:
-                learns[i] = self._proximal_ref(i, learns[i])
-            refs.append(sampler.call.remote("sample", call))
-            owners.append((i, "sampler"))
-        return refs, owners, first
-
-    def _proximal_ref(self, i: int, call: LearnCall) -> LearnCall:
-        """Learner i's call with a reference to the proximal log-probs its sampler computes first (the learner takes
-        them after its first optimizer step, `SamplerWorker.proximal`); as it was for a worker group, a frozen agent,
-        or an update of one mini-batch."""
-        spec, sampler = self.specs[i], self.samplers[i]
-        first = spec.trainer.mini_batch_size
-        if len(self.groups[i]) != 1 or spec.agent.frozen or call.rollout is None:
-            return call
-        if len(call.rollout.response_ids) <= first:
-            return call
-        return replace(call, proximal=sampler.call.remote("proximal", call.step, call.rollout, first))
-
-    def sample_then_learn(self, samples, learns, between):
-        """Every actor gets both calls at once (an actor runs its calls in order): an agent learns as soon as it has
-        sampled, whatever the others do; `between` runs on the driver once every sample is in. An agent with a
-        sampler actor samples there while its learner learns; the learner's new weights (an object reference) go
-        to the sampler before its next batch."""
-        learns = list(learns)
-        since = time.monotonic()
-        sample_refs, owners, first = self._submit_samples(samples, learns)
-        learn_refs, learn_first = self._submit_learns(learns)
-        for i, sampler in enumerate(self.samplers):
-            if sampler is not None and not self.specs[i].placement.broadcasts:
-                self._handed[i] = self.groups[i][0].hand_over.remote()
-        results = self._gather(sample_refs, f"sampling at step {samples[0].step}", owners)
-        sampled = [results[j] for j in first]
-        extra = between(sampled)
-        results = self._gather(learn_refs, f"learning at step {learns[0].step}", since=since)
-        self._broadcast_weights(learns)
-        return sampled, extra, [results[j] for j in learn_first]
-
-    def _broadcast_weights(self, learns) -> None:
-        """Each broadcast channel's transfer of the weights after this step's update (`BroadcastWeights`): the
-        sampler's actor receives while its learner's rank 0 sends, both idle now."""
-        refs, owners = [], []
-        for i, (sampler, call) in enumerate(zip(self.samplers, learns, strict=True)):
-            spec = self.specs[i]
-            if sampler is None or spec.agent.frozen or not spec.placement.broadcasts:
-                continue
-            learner = self.groups[i][0]
-            refs += [sampler.call.remote("recv_weights", call.step), learner.call.remote("send_weights", call.step)]
-            owners += [(i, "sampler"), (i, 0 if len(self.groups[i]) > 1 else None)]
-        if refs:
-            self._gather(refs, f"handing over the weights after update {learns[0].step}", owners)
-
-    def save(self, directory: str, *, what: str) -> None:
-        """A sampler's stream goes into its learner's part (as the agent's) before the save."""
-        for i, sampler in enumerate(self.samplers):
-            if sampler is not None:
-                stream = self._gather([sampler.call.remote("stream")], what, [(i, "sampler")])[0]
-                ranks = self.groups[i]  # a worker group's ranks each take their own (`ShardedWorker.adopt_stream`)
-                owners = [(i, r if len(ranks) > 1 else None) for r in range(len(ranks))]
-                self._gather([a.call.remote("adopt_stream", stream) for a in ranks], what, owners)
-        super().save(directory, what=what)
-
-    def load(self, directory: str) -> None:
-        super().load(directory)
-        refs = [(i, s.call.remote("load", directory)) for i, s in enumerate(self.samplers) if s is not None]
-        if refs:
-            self._gather([r for _, r in refs], "loading its checkpoint part", [(i, "sampler") for i, _ in refs])
-
-    def _gather(self, refs: list, what: str, owners: list | None = None, *, since: float | None = None) -> list[Any]:
+    def _gather(self, refs: list, what: str, owners: list | None = None, *, since: float | None = None,
+                peers: bool = False) -> list[Any]:  # fmt: skip
         """Results in actor order (`owners`: each ref's (agent, rank or "sampler"); default: every actor's, in
         order); the first failure, whichever actor it is, stops the wait at once, and so does an actor silent past
-        its call's deadline (`runtime.deadline`, counted from `since`, when the calls were sent: now by default)."""
+        its call's deadline (`runtime.deadline`, counted from `since`, when the calls were sent: now by default).
+        An error of a worker group's rank, or with `peers` of any role, may be its peer's death (`Transport.gather`)."""
         ray, owners = self._ray, owners if owners is not None else self.owners
         start = time.monotonic() if since is None else since
         keys = [(owner, kind_of(what)) for owner in owners]
@@ -413,7 +241,7 @@ class RayWorkers(WorkerGroup):
                     results[i] = ray.get(ref)
                     self.deadlines.observe(keys[i], time.monotonic() - start)
                 except ray.exceptions.RayTaskError as e:  # an exception inside the worker: raise it as itself
-                    self._raise_if_a_peer_died(i, refs, what, owners)
+                    self._raise_if_a_peer_died(i, refs, what, owners, peers)
                     cause = getattr(e, "cause", None)
                     if cause is not None:
                         raise cause from None
@@ -429,15 +257,11 @@ class RayWorkers(WorkerGroup):
         state = process_state(pid) if self._here(node) else ""
         rule = self.deadlines.rule((owner, kind))
         if pid is not None and self._here(node):
-            try:
-                os.kill(pid, signal.SIGKILL)  # Ray's own kill asks the process, which a stopped one never hears
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # Ray's own kill asks the process, which a stopped one never hears
+                os.kill(pid, signal.SIGKILL)
         if actor is not None:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self._ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         raise silent(self._who(owner), pid, what, waited, rule, state=state)
 
     def _here(self, node: str | None) -> bool:
@@ -454,13 +278,15 @@ class RayWorkers(WorkerGroup):
         who = self._who(owner)
         raise WorkerError(f"{who} died while {what} ({reason}). {INTACT}.") from None
 
-    def _raise_if_a_peer_died(self, i: int, refs: list, what: str, owners: list) -> None:
+    def _raise_if_a_peer_died(self, i: int, refs: list, what: str, owners: list, any_role: bool) -> None:
         """A rank's error may be its peer's death seen through the collective (gloo: 'Connection reset by peer',
-        NCCL: a timeout): give the other ranks of its group a grace to answer, and report a death as the cause."""
+        NCCL: a timeout): give the other ranks of its group (`any_role`: its agent's other processes) a grace to
+        answer, and report a death as the cause."""
         agent, rank = owners[i]
-        if not isinstance(rank, int):
+        if not (any_role or isinstance(rank, int)):
             return
-        peers = [r for j, r in enumerate(refs) if j != i and owners[j][0] == agent and isinstance(owners[j][1], int)]
+        peers = [r for j, r in enumerate(refs)
+                 if j != i and owners[j][0] == agent and (any_role or isinstance(owners[j][1], int))]  # fmt: skip
         ready, _ = self._ray.wait(peers, num_returns=len(peers), timeout=PEER_GRACE_S)
         for ref in ready:
             try:
@@ -478,17 +304,12 @@ class RayWorkers(WorkerGroup):
         """Kill every actor (Ray's kill does not wait for a call in progress, so `force` changes nothing here)."""
         ray = self._ray
         for actor in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self.actors = []
         for group in self._placement_groups:
-            try:
+            with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(group)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self._placement_groups = []
+        self.actors, self._placement_groups = [], []
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

@@ -576,7 +576,10 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
 
         _log(f"removing the previous demo run in {run_dir}")
         shutil.rmtree(run_dir)
-    sizes = sorted({a.group_size or config.rollout.group_size for a in config.agents})
+    from hacrl.config.settings import AgentSettings
+
+    group_size = {a.name: AgentSettings.resolve(a, config.rollout).group_size for a in config.agents}
+    sizes = sorted(set(group_size.values()))
     _log(
         f"training {len(config.agents)} agents with {config.algorithm.name} for {config.trainer.steps} steps "
         f"({config.trainer.prompts_per_step} prompts x {'/'.join(map(str, sizes))} samples per agent and step)"
@@ -602,9 +605,7 @@ def run_demo(config_path: str | Path, overrides: list[str] = (), recipe: Bootstr
                 "before": before,
                 "after": after,
                 "change_se": se,
-                "rollouts": len(history)
-                * config.trainer.prompts_per_step
-                * (agent.group_size or config.rollout.group_size),
+                "rollouts": len(history) * config.trainer.prompts_per_step * group_size[agent.name],
                 "seconds": train_seconds,
             }
         )
