@@ -150,9 +150,9 @@ def test_scorer_processes_have_a_memory_limit():
     scorer = Scorer(f"{FIX}:digits", ScoringConfig(memory_mb=512), builtin=False).start()
     try:
         scorer.score(["p"], ["1"], {})
-        from hacrl.driver.scoring import _descendants
+        from hacrl.driver.supervision import descendants
 
-        (pid,) = _descendants(scorer._workers[0].process.pid)  # the scoring process, below its keeper
+        (pid,) = descendants(scorer._workers[0].process.pid)  # the scoring process, below its keeper
         limits = open(f"/proc/{pid}/limits").read()
         line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
         assert str(512 * 1024 * 1024) in line
@@ -265,13 +265,13 @@ def test_a_scoring_process_killed_under_its_keeper_is_replaced_without_a_traceba
     handler for SIGKILL to do so, which raised EINVAL: a traceback on the run's stderr (found by the chaos soak)."""
     import signal
 
-    from hacrl.driver.scoring import _descendants
+    from hacrl.driver.supervision import descendants
 
     scorer = _user("digits").start()
     try:
         assert scorer.score(["p"], ["12"], {}).rewards == [0.5]
         keeper = scorer._workers[0].process
-        (child,) = _descendants(keeper.pid)
+        (child,) = descendants(keeper.pid)
         os.kill(child, signal.SIGKILL)
         assert keeper.wait(timeout=10) == -signal.SIGKILL
         assert scorer.score(["p"], ["1234"], {}).rewards == [1.0]
@@ -461,12 +461,12 @@ def test_a_scoring_process_and_its_keeper_ignore_sigint_and_sigterm():
     (or its keeper) does not break the step: the call returns every reward."""
     import signal
 
-    from hacrl.driver.scoring import _descendants
+    from hacrl.driver.supervision import descendants
 
     scorer = _user("digits").wait_ready()
     try:
         keeper = scorer._workers[0].process.pid
-        for pid in (keeper, *_descendants(keeper)):
+        for pid in (keeper, *descendants(keeper)):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 os.kill(pid, sig)
         time.sleep(0.2)

@@ -24,8 +24,8 @@ never in the training process. The trainer sends a step's completions, waits, an
   (sys.exit, os._exit) at import stops the run naming the module.
 - Each scoring process has an address-space limit (`scoring.memory_mb`, or a lower one it inherited: `ulimit -v`),
   ignores SIGINT / SIGTERM (the trainer decides when it ends; its reward function's subprocesses do not inherit
-  that) and runs below a keeper process (`_keep`) in a process group of its own that is killed whole. The keeper
-  is the subreaper of whatever the reward function starts, also what leaves the group (setsid, a double fork);
+  that) and runs below a keeper process (`supervision.keep`) in a process group of its own that is killed whole. The
+  keeper is the subreaper of whatever the reward function starts, also what leaves the group (setsid, a double fork);
   when the trainer dies, even by `kill -9`, the keeper kills everything below it within 0.1 s, and the kernel
   kills the scoring process with its keeper. A process that died while idle is replaced before the next job is
   sent to it.
@@ -51,10 +51,18 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, NoReturn
+from typing import Any
 
 from hacrl.config import ScoringConfig
-from hacrl.driver.supervision import die_with_parent
+from hacrl.driver.supervision import (
+    become_subreaper,
+    descendants,
+    die_with_parent,
+    ignore,
+    keep,
+    kill_quietly,
+    signal_group,
+)
 from hacrl.errors import RewardError, clip, warn
 from hacrl.tasks.rewards import (
     RewardFn,
@@ -78,6 +86,66 @@ class ScoreResult:
     """Indexes of completions whose scoring ran past `reward_timeout` (they got `reward_on_timeout`)."""
     errors: list[int] = field(default_factory=list)
     """Indexes where a built-in scorer raised or its process died (they got 0)."""
+
+
+# -- the messages between the trainer and a scoring process (pickled over its socket) -----------------------------
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Trainer -> a new scoring process, first: its reward function (("path", "pkg.mod:fn") or ("pickle", bytes)),
+    its address-space limit and the trainer's pid (the keeper watches it)."""
+
+    function: tuple[str, Any]
+    memory_mb: int | None
+    trainer_pid: int
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Trainer -> scoring process: completions to score, `batch` in one call of the function, `each` one call a
+    completion (one reply each)."""
+
+    mode: str
+    prompts: list[Any]
+    completions: list[str]
+    columns: dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """Its reward function is imported: it takes slices now."""
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """Its reward function could not be imported (why)."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The function's output: a batch's rewards, or one completion's (`_portable`)."""
+
+    values: Any
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """The function raised (its error, where)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class _Died:
+    """Not sent: the trainer's note for a process whose socket closed (how it ended)."""
+
+    how: str
+
+
+Reply = _Ready | _Failed | _Scored | _Raised | _Died
 
 
 class Scorer:
@@ -126,14 +194,11 @@ class Scorer:
             while waiting:
                 ready = wait([w.conn for w in waiting], timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise RewardError(self._start_problem("timeout", ""))
+                    raise RewardError(self._start_problem(None))
                 for worker in [w for w in waiting if w.conn in ready]:
-                    try:
-                        message = worker.conn.recv()
-                    except (EOFError, OSError):
-                        message = ("died", worker.exit_description())
-                    if message[0] != "ready":
-                        raise RewardError(self._start_problem(*message))
+                    message = worker.receive()
+                    if not isinstance(message, _Ready):
+                        raise RewardError(self._start_problem(message))
                     worker.ready = True
                     waiting.remove(worker)
         except BaseException:
@@ -141,14 +206,15 @@ class Scorer:
             raise
         return self
 
-    def _start_problem(self, kind: str, detail: str) -> str:
-        if kind == "failed":
-            return f"the scoring process could not load reward function {self.name}: {detail}" + address_space_note(
-                self.settings.memory_mb
+    def _start_problem(self, message: Reply | None) -> str:
+        """Why a scoring process did not start: `message` instead of `_Ready`, None for a timeout."""
+        if isinstance(message, _Failed):
+            return f"the scoring process could not load reward function {self.name}: {message.detail}" + (
+                address_space_note(self.settings.memory_mb)
             )
-        if kind == "died":
+        if isinstance(message, _Died):
             return (
-                f"the scoring process exited while importing reward function {self.name} ({detail}): its module "
+                f"the scoring process exited while importing reward function {self.name} ({message.how}): its module "
                 "ends the process at import (os._exit, a crash in native code, the memory limit)"
                 + address_space_note(self.settings.memory_mb)
             )
@@ -227,16 +293,12 @@ class Scorer:
             for w in list(jobs):
                 worker, job = self._workers[w], jobs[w]
                 if worker.conn in ready:
-                    try:
-                        message = worker.conn.recv()
-                    except (EOFError, OSError):
-                        message = ("died", worker.exit_description())
-                    done = self._handle(w, job, message, prompts, completions, columns, result)
+                    done = self._handle(w, job, worker.receive(), prompts, completions, columns, result)
                     if done:
                         del jobs[w]
                 elif time.monotonic() >= self._deadline(w, job):
                     if job.phase == "starting":
-                        raise RewardError(self._start_problem("timeout", ""))
+                        raise RewardError(self._start_problem(None))
                     if job.mode == "batch":  # find the completions that hang, one at a time
                         self._restart(w)
                         job.mode, job.retried = "each", True
@@ -272,7 +334,7 @@ class Scorer:
         todo = job.indexes[job.next :]
         job.phase = "scoring" if worker.ready else "starting"
         job.since = time.monotonic()
-        job.pending = (
+        job.pending = _Slice(
             job.mode,
             [prompts[i] for i in todo],
             [completions[i] for i in todo],
@@ -285,44 +347,43 @@ class Scorer:
                 self._restart(w)
                 job.phase = "starting"
 
-    def _handle(self, w, job, message, prompts, completions, columns, result) -> bool:
+    def _handle(self, w, job, message: Reply, prompts, completions, columns, result) -> bool:
         """Process one message of worker `w`; True when its job is complete."""
-        kind = message[0]
         worker = self._workers[w]
-        if kind == "ready":
+        if isinstance(message, _Ready):
             worker.ready = True
             job.phase, job.since = "scoring", time.monotonic()
             worker.conn.send(job.pending)
             return False
-        if kind == "failed":  # the reward function could not be loaded in the scoring process
-            raise RewardError(self._start_problem(*message))
-        if kind == "died" and job.phase == "starting":
+        if isinstance(message, _Failed):  # the reward function could not be loaded in the scoring process
+            raise RewardError(self._start_problem(message))
+        if isinstance(message, _Died) and job.phase == "starting":
             job.start_failures += 1
             if job.start_failures == 1:  # killed from outside before its first job (OOM killer, a stray kill): again
                 self._restart(w)
                 self._send(w, job, prompts, completions, columns)
                 return False
             raise RewardError(
-                f"the scoring process for reward function {self.name} exited while starting, twice ({message[1]})"
+                f"the scoring process for reward function {self.name} exited while starting, twice ({message.how})"
                 + address_space_note(self.settings.memory_mb)
             )
         if job.mode == "batch":
             self._handle_batch(job, message, completions, result)
             return True
         index = job.indexes[job.next]
-        if kind == "item":
-            result.rewards[index] = self._checked(message[1], [completions[index]], index)[0]
-        elif kind == "raised" and self.builtin:
+        if isinstance(message, _Scored):
+            result.rewards[index] = self._checked(message.values, [completions[index]], index)[0]
+        elif isinstance(message, _Raised) and self.builtin:
             result.errors.append(index)
-        elif kind == "raised":
+        elif isinstance(message, _Raised):
             raise RewardError(
-                f"reward function {self.name} raised {message[1]} (while scoring sample {index}: "
+                f"reward function {self.name} raised {message.error} (while scoring sample {index}: "
                 f"{clip(completions[index], 77)!r})"
             )
-        elif kind == "died":
+        elif isinstance(message, _Died):
             if not self.builtin:
                 raise RewardError(
-                    f"the scoring process of reward function {self.name} died ({message[1]}) while scoring sample "
+                    f"the scoring process of reward function {self.name} died ({message.how}) while scoring sample "
                     f"{index}: {clip(completions[index], 77)!r}" + address_space_note(self.settings.memory_mb)
                 )
             result.errors.append(index)  # model output crashed a built-in scorer: that completion scores 0
@@ -336,18 +397,18 @@ class Scorer:
         job.since = time.monotonic()
         return job.next == len(job.indexes)
 
-    def _handle_batch(self, job, message, completions, result) -> None:
+    def _handle_batch(self, job, message: Reply, completions, result) -> None:
         """A batch job's answer: every reward of its rows, or the error that stops the run."""
-        kind, todo = message[0], job.indexes[job.next :]
+        todo = job.indexes[job.next :]
         where = f"samples {todo[0]}-{todo[-1]}, the first: {clip(completions[todo[0]], 77)!r}"
-        if kind == "raised":
-            raise RewardError(f"reward function {self.name} raised {message[1]} (while scoring {where})")
-        if kind == "died":
+        if isinstance(message, _Raised):
+            raise RewardError(f"reward function {self.name} raised {message.error} (while scoring {where})")
+        if isinstance(message, _Died):
             raise RewardError(
-                f"the scoring process of reward function {self.name} died ({message[1]}) while scoring {where}"
+                f"the scoring process of reward function {self.name} died ({message.how}) while scoring {where}"
                 + address_space_note(self.settings.memory_mb)
             )
-        values = self._checked(message[1], [completions[i] for i in todo], todo[0])
+        values = self._checked(message.values, [completions[i] for i in todo], todo[0])
         for i, value in zip(todo, values, strict=True):
             result.rewards[i] = value
 
@@ -413,7 +474,7 @@ class _Job:
     next: int = 0
     phase: str = "starting"
     since: float = 0.0
-    pending: tuple | None = None
+    pending: _Slice | None = None
     retried: bool = False
     """One completion at a time after the slice's call ran past its limit."""
     scored: int = 0
@@ -439,9 +500,16 @@ class _Worker:
         )
         child.close()
         self.conn = Connection(parent.detach())
-        self.conn.send((payload, memory_mb, os.getpid()))
+        self.conn.send(_Start(payload, memory_mb, os.getpid()))
         self.ready = False
         _LIVE.add(self)
+
+    def receive(self) -> Reply:
+        """Its next message; `_Died` when its socket closed."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            return _Died(self.exit_description())
 
     def exit_description(self) -> str:
         try:
@@ -455,11 +523,11 @@ class _Worker:
     def stop(self) -> None:
         _LIVE.discard(self)
         if self.process.returncode is None:  # not reaped yet: its pid cannot belong to anyone else
-            _signal_group(self.process.pid, signal.SIGSTOP)  # freeze the group: nothing new starts while we look
+            signal_group(self.process.pid, signal.SIGSTOP)  # freeze the group: nothing new starts while we look
             for _ in range(2):  # the function's own processes, also those that left the group (setsid, double fork)
-                for pid in _descendants(self.process.pid):
-                    _kill(pid)
-        _signal_group(self.process.pid, signal.SIGKILL)  # the group: the function's own children too
+                for pid in descendants(self.process.pid):
+                    kill_quietly(pid)
+        signal_group(self.process.pid, signal.SIGKILL)  # the group: the function's own children too
         if self.process.poll() is None:
             self.process.kill()
         try:
@@ -467,48 +535,6 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process below `root` (Linux /proc; elsewhere none). A scoring process is a child subreaper, so the
-    processes its reward function starts stay below it even when they detach (setsid and a double fork)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 _LIVE: set[_Worker] = set()
@@ -525,17 +551,18 @@ def _stop_all() -> None:
 
 def _worker_main(fd: int) -> None:
     conn = Connection(fd)
-    payload, memory_mb, parent_pid = conn.recv()
+    start: _Start = conn.recv()
+    payload, memory_mb, parent_pid = start.function, start.memory_mb, start.trainer_pid
     # the trainer decides when scoring ends, not Ctrl-C or a TERM: a handler that does nothing, not SIG_IGN, which
     # the reward function's own subprocesses would inherit (and then ignore a TERM from anyone)
-    signal.signal(signal.SIGINT, _ignore)
-    signal.signal(signal.SIGTERM, _ignore)
-    _become_subreaper()
+    signal.signal(signal.SIGINT, ignore)
+    signal.signal(signal.SIGTERM, ignore)
+    become_subreaper()
     keeper = os.getpid()
     scoring = os.fork()
     if scoring:
         conn.close()  # the scoring process below holds the connection; here only its keeper stays
-        _keep(scoring, parent_pid)
+        keep(scoring, parent_pid)
     die_with_parent(keeper)
     if memory_mb:
         import resource
@@ -553,31 +580,29 @@ def _worker_main(fd: int) -> None:
             warnings.simplefilter("ignore", SyntaxWarning)
             fn = import_reward_function(value) if kind == "path" else pickle.loads(value)
     except SystemExit as e:  # sys.exit at import: a message, not a silent end of the process
-        conn.send(("failed", f"its module called sys.exit({e.code!r}) while being imported"))
+        conn.send(_Failed(f"its module called sys.exit({e.code!r}) while being imported"))
         return
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which stops with this message
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        conn.send(_Failed(f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ready",))
+    conn.send(_Ready())
     while True:
         try:
-            job = conn.recv()
+            job: _Slice = conn.recv()
         except (EOFError, OSError):
             return
-        mode, prompts, completions, columns = job
-        if mode == "batch":
+        if job.mode == "batch":
             try:
-                out = fn(prompts=prompts, completions=completions, **columns)
-                conn.send(("batch", _portable(out)))
+                conn.send(_Scored(_portable(fn(prompts=job.prompts, completions=job.completions, **job.columns))))
             except Exception as e:  # noqa: BLE001 - the trainer names the function and sample
-                conn.send(("raised", _describe(e)))
+                conn.send(_Raised(_describe(e)))
             continue
-        for i in range(len(completions)):
+        for i in range(len(job.completions)):
             try:
-                out = fn(prompts=[prompts[i]], completions=[completions[i]], **_pick(columns, i))
-                conn.send(("item", _portable(out)))
+                out = fn(prompts=[job.prompts[i]], completions=[job.completions[i]], **_pick(job.columns, i))
+                conn.send(_Scored(_portable(out)))
             except Exception as e:  # noqa: BLE001 - as above
-                conn.send(("raised", _describe(e)))
+                conn.send(_Raised(_describe(e)))
 
 
 MIB = 1024 * 1024
@@ -604,67 +629,6 @@ def address_space_note(memory_mb: int | None) -> str:
         f"started it (`ulimit -v`), below {asked}, and its scoring processes cannot raise it: run `ulimit -v "
         "unlimited` (or a larger value) before hacrl, or lower scoring.memory_mb"
     )
-
-
-def _ignore(signum, frame) -> None:
-    pass
-
-
-def _keep(scoring: int, trainer: int) -> NoReturn:
-    """The keeper of one scoring process (the process `_Worker` starts; the scoring process is its child): the
-    subreaper of everything the reward function starts, so those stay below it even when they detach. When the
-    scoring process ends, the keeper kills whatever it left and ends the same way (the trainer reads that exit
-    status); when the trainer dies (even by `kill -9`, which no handler sees), the keeper kills everything below it
-    within 0.1 s and exits. The kernel kills the scoring process when its keeper dies (PR_SET_PDEATHSIG)."""
-    me = os.getpid()
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:  # nothing below any more
-            os._exit(1)
-        if pid == scoring:
-            break
-        if pid:
-            continue  # an orphan it adopted, reaped: look again at once
-        if os.getppid() != trainer:  # the trainer is gone: so is everything it started
-            _kill_below(me)
-            os._exit(1)
-        time.sleep(0.1)
-    _kill_below(me)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default: no handler may be set
-            signal.signal(sig, signal.SIG_DFL)  # (setting one raised EINVAL: a traceback per killed scorer)
-        os.kill(me, sig)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
-def _kill_below(root: int) -> None:
-    """Kill every process below `root` (stopped first, so none starts another meanwhile) and reap them."""
-    for sig in (signal.SIGSTOP, signal.SIGSTOP, signal.SIGKILL, signal.SIGKILL):
-        for pid in _descendants(root):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                time.sleep(0.01)
-        except ChildProcessError:
-            return
-
-
-def _become_subreaper() -> None:
-    """Linux: processes started below this one that detach (setsid, a double fork) are re-parented to it instead of
-    to init, so `_Worker.stop` finds and kills them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
 
 
 def _portable(out: Any) -> Any:

@@ -10,7 +10,8 @@ so a small agent's deadlines follow its own times and a benchmark's evaluation i
 
 The processes it starts (ranks, samplers, scoring processes) die with their parent, even when it is killed
 (`die_with_parent`: the kernel's PR_SET_PDEATHSIG on Linux, a watchdog thread elsewhere), and carry names that say
-whose they are.
+whose they are. A process that runs untrusted code (a scoring process) runs below a keeper (`keep`), the subreaper
+of everything it starts, which kills the whole tree (`kill_below`) when it ends or the trainer dies.
 
 Why a process is silent is told where the operating system says it: stopped (SIGSTOP, a debugger), in
 uninterruptible sleep (a hung device or file system call), or running (a livelock or a very slow call).
@@ -24,6 +25,7 @@ import signal
 import time
 from collections.abc import Hashable
 from pathlib import Path
+from typing import NoReturn
 
 from hacrl.errors import INTACT, WorkerError
 
@@ -129,3 +131,109 @@ def die_with_parent(parent_pid: int | None = None, name: str | None = None) -> N
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+# -- a process tree that dies whole (the scoring processes and whatever a reward function starts) ---------------
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc; elsewhere none). A scoring process is a child subreaper, so the
+    processes its reward function starts stay below it even when they detach (setsid and a double fork)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def ignore(signum, frame) -> None:
+    """A handler that does nothing: the signal is not acted on, and (unlike SIG_IGN) a child does not inherit it."""
+
+
+def keep(scoring: int, trainer: int) -> NoReturn:
+    """The keeper of one scoring process (the process `hacrl.driver.scoring` starts; the scoring process is its
+    child): the subreaper of everything the reward function starts, so those stay below it even when they detach.
+    When the scoring process ends, the keeper kills whatever it left and ends the same way (the trainer reads that
+    exit status); when the trainer dies (even by `kill -9`, which no handler sees), the keeper kills everything below
+    it within 0.1 s and exits. The kernel kills the scoring process when its keeper dies (PR_SET_PDEATHSIG)."""
+    me = os.getpid()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # nothing below any more
+            os._exit(1)
+        if pid == scoring:
+            break
+        if pid:
+            continue  # an orphan it adopted, reaped: look again at once
+        if os.getppid() != trainer:  # the trainer is gone: so is everything it started
+            kill_below(me)
+            os._exit(1)
+        time.sleep(0.1)
+    kill_below(me)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default: no handler may be set
+            signal.signal(sig, signal.SIG_DFL)  # (setting one raised EINVAL: a traceback per killed scorer)
+        os.kill(me, sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def kill_below(root: int) -> None:
+    """Kill every process below `root` (stopped first, so none starts another meanwhile) and reap them."""
+    for sig in (signal.SIGSTOP, signal.SIGSTOP, signal.SIGKILL, signal.SIGKILL):
+        for pid in descendants(root):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+        except ChildProcessError:
+            return
+
+
+def become_subreaper() -> None:
+    """Linux: processes started below this one that detach (setsid, a double fork) are re-parented to it instead of
+    to init, so their keeper finds and kills them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
