@@ -80,16 +80,16 @@ def same_weights(run_a: Path, run_b: Path, step: int, names=("llama", "qwen")) -
 
 def record_pool_sources(monkeypatch) -> dict[int, list[int]]:
     """{learner index: the source of each row of its pool, in pool order}, filled as learners build their rows."""
-    import hacrl.agent.worker
+    import hacrl.agent.learning
 
     seen: dict[int, list[int]] = {}
-    real_select = hacrl.agent.worker.select_pool
+    real_select = hacrl.agent.learning.select_pool
 
     def recording_select(learner, own_rows, foreign, *args, **kwargs):
         seen[learner.index] = [r.source for r in own_rows] + [t.source for t in foreign]
         return real_select(learner, own_rows, foreign, *args, **kwargs)
 
-    monkeypatch.setattr(hacrl.agent.worker, "select_pool", recording_select)
+    monkeypatch.setattr(hacrl.agent.learning, "select_pool", recording_select)
     return seen
 
 

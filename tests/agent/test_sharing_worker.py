@@ -105,11 +105,11 @@ def test_top_k_relevance_is_each_foreign_rows_weight_in_hacpos_gradient(tiny_age
     rows = learner_rows(qwen.agent, own, foreign, rollout.prompt_ids, [s.response_ids for s in rollout.samples],
                         rollout.behaviour_logp)  # fmt: skip
     caps = torch.tensor([0.4, 0.6], dtype=torch.float64)
-    adv = qwen.algorithm.advantages(
+    adv = qwen.learning.algorithm.advantages(
         torch.tensor([r.reward for r in rows], dtype=torch.float64), torch.tensor([r.group for r in rows]),
-        torch.tensor([r.source for r in rows]), learner=1, capabilities=caps, params=qwen.params,
+        torch.tensor([r.source for r in rows]), learner=1, capabilities=caps, params=qwen.learning.params,
     ).tolist()  # fmt: skip
-    relevance = qwen._relevance(rows, adv, caps)
+    relevance = qwen.learning._relevance(rows, adv, caps)
 
     rho = float(loss_coefficients(caps, 1)[0])
     expected, inside = [], 0

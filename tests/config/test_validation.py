@@ -181,7 +181,7 @@ def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tin
     def nan_probabilities(*args, **kwargs):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
 
-    monkeypatch.setattr("hacrl.agent.worker.generate", nan_probabilities)
+    monkeypatch.setattr("hacrl.agent.sampling.generate", nan_probabilities)
     assert main(["train", str(pair_config(tiny_agents, tmp_path))]) == 2
     err = capsys.readouterr().err
     assert "agent 'llama': its model produced NaN or inf during sampling at step 1" in err and "Traceback" not in err

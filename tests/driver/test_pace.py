@@ -89,6 +89,24 @@ def test_the_advice_says_how_much_the_steps_vary():
     assert advice.group_sizes[0][0] <= 20 <= advice.group_sizes[0][1]
 
 
+def test_the_advice_says_what_each_measurement_alone_would_propose():
+    """Two measurements (each its own run) of the same pair: in the second, a's update took 0.5 s instead of 1 s
+    (1/256 s a row): G = 20 from the first alone (its update bounds it, as above), 32 from the second (a's
+    sampling, 1/128 s an answer x 16 x 32 = 4 s, reaches b's: 4 + 2 s, within 10 % of 6 s). The pooled proposal
+    is the one from both runs' median costs, and the text names both."""
+    from hacrl.tools.budgets import render
+
+    first = [step_costs(r, _shape()) for r in _records(3)]
+    second = [step_costs({**r, "a/time/busy_update": 0.5}, _shape()) for r in _records(3)]
+    advice = advise(first + second, runs=[first, second])
+    assert [p.group_sizes for p in advice.between_runs] == [[20, 8], [32, 8]]
+    assert "between the 2 measurements (each its own run), the proposal of each alone: G a 20, 32; b 8, 8" in render(
+        advice
+    )
+    assert advise(first, runs=[first]).between_runs == []
+    assert "`--runs 2` measures twice" in render(advise(first))
+
+
 @pytest.mark.slow
 def test_a_local_run_logs_the_waits_of_its_critical_path(tiny_agents, tmp_path, capsys):
     """Every step: per phase, busy + wait is the same for every agent (the slowest agent's busy time) and the

@@ -36,9 +36,9 @@ def _stays_alive(conn) -> None:
     time.sleep(30)
 
 
-def _local_group(*targets) -> ranks.LocalRanks:
+def _local_group(*targets) -> ranks.LocalProcesses:
     context = multiprocessing.get_context("fork")
-    group = ranks.LocalRanks.__new__(ranks.LocalRanks)
+    group = ranks.LocalProcesses.__new__(ranks.LocalProcesses)
     group.name, group.processes, group.pipes, group.sampler = "qwen", [], [], False
     group.deadlines, group._answered = Deadlines(), 0.0
     group._calls = deque([("sampling at step #", time.monotonic())])  # the call the test collects

@@ -60,14 +60,14 @@ def test_sampling_on_two_ranks_returns_every_prompt_times_g_once_in_one_workers_
     from hacrl.agent.logprobs import TokenBatch, token_logprobs
     from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
-    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.driver.backends.ranks import LocalProcesses
     from hacrl.messages import LearnCall, SampleCall, WorkerSpec
 
     cfg = load_config(_config(tiny_agents, tmp_path, "run", devices=None))
     spec = WorkerSpec(0, cfg.agents[0], cfg.rollout, cfg.trainer, cfg.algorithm, torch_threads=1, num_agents=2)
     one = AgentWorker(spec)
     prompts = [[{"role": "user", "content": f"{a} + {a + 1} ="}] for a in range(5)]
-    group = LocalRanks(replace(spec, agent=replace(cfg.agents[0], devices=TWO)))
+    group = LocalProcesses(replace(spec, agent=replace(cfg.agents[0], devices=TWO)))
     try:
         trajectories = group.call("sample", (SampleCall(1, prompts, 3),), "sampling").trajectories
         sampled = group.call("sample", (SampleCall(2, prompts[:1], 4),), "sampling")
@@ -165,7 +165,7 @@ def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_a
     two ranks again, they are the same numbers."""
     from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
-    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.driver.backends.ranks import LocalProcesses
     from hacrl.messages import WorkerSpec
 
     cfg_path = _config(tiny_agents, tmp_path, "run")
@@ -182,7 +182,7 @@ def test_optimizer_state_moves_between_two_ranks_and_one_device_unchanged(tiny_a
     one.save(str(k1))
     two_spec = WorkerSpec(1, qwen, cfg.rollout, cfg.trainer, cfg.algorithm, weights_from=str(k1 / "agents" / "qwen"),
                           torch_threads=1, num_agents=2)  # fmt: skip
-    group = LocalRanks(two_spec)
+    group = LocalProcesses(two_spec)
     try:
         group.call("load", (str(k1),), "loading")
         back = tmp_path / "back"
@@ -269,14 +269,14 @@ def test_a_rank_killed_between_calls_is_named_at_the_next_call(tiny_agents, tmp_
     import signal
 
     from hacrl.config import load_config
-    from hacrl.driver.backends.ranks import LocalRanks
+    from hacrl.driver.backends.ranks import LocalProcesses
     from hacrl.errors import WorkerError
     from hacrl.messages import SampleCall, WorkerSpec
 
     cfg = load_config(_config(tiny_agents, tmp_path, "run", devices=None))
     spec = WorkerSpec(0, replace(cfg.agents[0], devices=TWO), cfg.rollout, cfg.trainer, cfg.algorithm,
                       torch_threads=1, num_agents=2)  # fmt: skip
-    group = LocalRanks(spec)
+    group = LocalProcesses(spec)
     try:
         victim = group.processes[1]
         os.kill(victim.pid, signal.SIGKILL)

@@ -300,10 +300,15 @@ class Advice:
     """The least and the most idle fraction the steps measured."""
     per_answer_spread: list[float]
     """Per agent, (most - least) / median seconds per answer over the steps."""
+    between_runs: list[Prediction] = field(default_factory=list)
+    """With several measurements (each its own run, `hacrl plan --measure --runs N`): each one's own proposal."""
 
 
-def advise(per_step: list[Costs], *, slack: float = 0.1) -> Advice:
-    """`propose` on the steps' median costs, with the spread of what each step alone would have proposed."""
+def advise(per_step: list[Costs], *, slack: float = 0.1, runs: list[list[Costs]] | None = None) -> Advice:
+    """`propose` on the steps' median costs, with the spread of what each step alone would have proposed; `runs`:
+    the steps grouped by the measurement (run) they came from, each run's own proposal kept (a second run of the
+    same config on the same quiet machine can propose other budgets: its costs differ more than its steps do)."""
+    between = [propose(median_costs(run), slack=slack)[1] for run in runs] if runs and len(runs) > 1 else []
     costs = median_costs(per_step)
     now, proposed = propose(costs, slack=slack)
     alone = [propose(c, slack=slack) for c in per_step]
@@ -314,7 +319,7 @@ def advise(per_step: list[Costs], *, slack: float = 0.1) -> Advice:
     spread = [(max(c.per_answer[j] for c in per_step) - min(c.per_answer[j] for c in per_step))
               / max(costs.per_answer[j], 1e-12) for j in range(n)]  # fmt: skip
     return Advice(costs, now, proposed, len(per_step), sizes, (min(idle), max(idle)), (min(measured), max(measured)),
-                  spread)  # fmt: skip
+                  spread, between)  # fmt: skip
 
 
 def run_shape(config, *, concurrent: bool) -> Costs:

@@ -25,7 +25,9 @@ proposal also tries a budget and proposes it beside the group sizes when that pa
 The measurements are steps 2-4 of a 4-step run of the config as given (backend, threads, devices), in a temporary
 directory (the first step pays one-time costs); it writes nothing else. The proposal is made from each agent's
 median cost over those steps, and the output says how much the costs, the proposal and its prediction vary from step
-to step. The model itself (`Costs`, `predict`, `propose`, `advise`) lives in `hacrl.driver.pace`: the end-of-run
+to step; `--runs N` measures N times, each a run of its own, pools their steps and says what each run alone would
+have proposed (a second run's costs differ more than its steps do: on the issue's pair, 32 and 40 for the small
+agent). The model itself (`Costs`, `predict`, `propose`, `advise`) lives in `hacrl.driver.pace`: the end-of-run
 advice of every lockstep run reads the same one.
 """
 
@@ -120,4 +122,22 @@ def render(advice: Advice) -> str:
                      f"{proposed.foreign_cap} foreign answers a prompt (those of largest |rho A|), and the budgets "
                      "below pay")  # fmt: skip
     lines.append("set: " + " ".join(changes) if changes else "no budget change keeps the step within its slack")
+    lines.append(_between_runs(advice))
     return "\n".join(lines)
+
+
+def _between_runs(advice: Advice) -> str:
+    """How much the proposal varies between measurements (each its own run), or how to find out."""
+    runs = advice.between_runs
+    if not runs:
+        return ("one measurement: a second run of the same config on the same machine can propose other budgets (its "
+                "costs differ more than its steps do); `--runs 2` measures twice and says by how much")  # fmt: skip
+    names = advice.costs.names
+    sizes = "; ".join(f"{name} {', '.join(str(p.group_sizes[j]) for p in runs)}" for j, name in enumerate(names))
+    idle = [p.idle_frac for p in runs]
+    caps = {p.foreign_cap for p in runs}
+    budget = f"; sharing budget {', '.join(str(p.foreign_cap) for p in runs)}" if len(caps) > 1 else ""
+    return (
+        f"between the {len(runs)} measurements (each its own run), the proposal of each alone: G {sizes}{budget}; "
+        f"its predicted idle fraction {min(idle):.3f}-{max(idle):.3f} (the proposal above pools their steps)"
+    )

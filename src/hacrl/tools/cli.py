@@ -125,6 +125,13 @@ def _add_plan(sub) -> None:
     plan.add_argument(
         "--slack", type=float, default=0.1, help="with --measure: the step may grow by this fraction (default 0.1)"
     )
+    plan.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="with --measure: measure this many times, each a run of its own, and say "
+        "how much the proposal varies between them (a second run's costs differ more than its steps do)",
+    )
 
 
 def _add_data(sub) -> None:
@@ -274,7 +281,7 @@ def _run(args) -> int:
         config = load_config(args.config, args.overrides)
         _quiet_transformers()
         if args.measure:
-            return _measure(config, args.slack)
+            return _measure(config, args.slack, args.runs)
         if args.devices is not None:
             return _place(config, args.devices, args.device_memory, args.slack)
         from hacrl.tools.plan import plan, plan_ranks, pool_summary, render, render_ranks
@@ -455,8 +462,9 @@ def _bootstrap(args) -> int:
     return 0
 
 
-def _measure(config, slack: float) -> int:
-    """`hacrl plan CONFIG --measure`: the measured costs and the proposed budgets (`hacrl.tools.budgets`)."""
+def _measure(config, slack: float, runs: int = 1) -> int:
+    """`hacrl plan CONFIG --measure [--runs N]`: the measured costs and the proposed budgets
+    (`hacrl.tools.budgets`)."""
     import math
 
     from hacrl.errors import ConfigError
@@ -466,9 +474,16 @@ def _measure(config, slack: float) -> int:
         raise ConfigError(f"--slack {slack}: give a fraction >= 0 by which the step may grow (0.1: 10 %)")
     if len(config.agents) < 2:
         raise ConfigError("--measure balances several agents' budgets; this config has one agent")
+    if runs < 1:
+        raise ConfigError(f"--runs {runs}: give how many times to measure (1 or more)")
     steps = MEASURED_STEPS + 1
-    print(f"measuring: {steps} steps of {config.trainer.prompts_per_step} prompts on this machine ...", flush=True)
-    print(render(advise(measure(config), slack=slack)))
+    measured = []
+    for r in range(runs):
+        where = f" (run {r + 1} of {runs})" if runs > 1 else ""
+        print(f"measuring: {steps} steps of {config.trainer.prompts_per_step} prompts on this machine{where} ...",
+              flush=True)  # fmt: skip
+        measured.append(measure(config))
+    print(render(advise([c for run in measured for c in run], slack=slack, runs=measured)))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Where an agent's roles run, and how a call reaches one: `runtime.backend` picks a transport from this registry.
 
     local   the learners in the driver's process, their calls run when gathered, in the order they were sent; a
-            worker group's ranks and a sampler of its own in processes of this machine (`ranks.LocalRanks`)
+            worker group's ranks and a sampler of its own in processes of this machine (`ranks.LocalProcesses`)
     ray     every process a Ray actor, each call started as it is sent
 
 A transport starts each agent's processes as its `Placement` says (a learner: one worker, or a worker group of K

@@ -10,7 +10,7 @@ from typing import Any
 
 from hacrl.agent.worker import AgentWorker
 from hacrl.config.settings import Role
-from hacrl.driver.backends.ranks import LocalRanks, Reply
+from hacrl.driver.backends.ranks import LocalProcesses, Reply
 from hacrl.messages import WorkerSpec
 
 
@@ -19,14 +19,14 @@ class LocalTransport:
 
     def __init__(self, runtime, specs: list[WorkerSpec]) -> None:
         self.names = [spec.agent.name for spec in specs]
-        self.learners: list[AgentWorker | LocalRanks] = []
-        self.samplers: list[LocalRanks | None] = []
+        self.learners: list[AgentWorker | LocalProcesses] = []
+        self.samplers: list[LocalProcesses | None] = []
         self._queue: deque[_Call] = deque()
         try:
             for spec in specs:
                 group, apart = spec.placement.group, spec.placement.sampler_device is not None
-                self.learners.append(LocalRanks(spec, deadlines=runtime.deadline) if group else AgentWorker(spec))
-                self.samplers.append(LocalRanks(spec, sampler=True, deadlines=runtime.deadline) if apart else None)
+                self.learners.append(LocalProcesses(spec, deadlines=runtime.deadline) if group else AgentWorker(spec))
+                self.samplers.append(LocalProcesses(spec, sampler=True, deadlines=runtime.deadline) if apart else None)
         except BaseException:
             self.close()
             raise
@@ -34,7 +34,7 @@ class LocalTransport:
     def submit(self, agent: int, role: Role, method: str, args: tuple, what: str) -> Reply | _Call:
         target = (role == "sampler" and self.samplers[agent]) or self.learners[agent]
         args = tuple(a.value() if isinstance(a, Reply | _Call) else a for a in args)
-        if isinstance(target, LocalRanks):
+        if isinstance(target, LocalProcesses):
             return target.submit(method, args, what)
         call = _Call(self, getattr(target, method), args, what)
         self._queue.append(call)
@@ -64,11 +64,11 @@ class LocalTransport:
         return value
 
     def pids(self) -> list[int]:
-        return [p for w in [*self.learners, *self.samplers] if isinstance(w, LocalRanks) for p in w.pids()]
+        return [p for w in [*self.learners, *self.samplers] if isinstance(w, LocalProcesses) for p in w.pids()]
 
     def close(self, *, force: bool = False) -> None:
         for worker in [*self.learners, *self.samplers]:
-            if isinstance(worker, LocalRanks):
+            if isinstance(worker, LocalProcesses):
                 worker.close(force=force)
         self.learners, self.samplers, self._queue = [], [], deque()
 

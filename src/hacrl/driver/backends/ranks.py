@@ -1,9 +1,10 @@
-"""An agent on K devices under `runtime.backend: local`: its worker group as K local processes, one per device.
+"""An agent's role in processes of its own under `runtime.backend: local`: a worker group's K ranks, one per device,
+or its sampler of its own.
 
-`LocalRanks` answers the calls of one `hacrl.agent.worker.AgentWorker` (`submit(method, args, what)` -> a `Reply`):
-it sends the call to every rank (`AgentWorker(spec, rank=info)`, in a process started with `spawn`) and its
+`LocalProcesses` answers the calls of one `hacrl.agent.worker.AgentWorker` (`submit(method, args, what)` -> a
+`Reply`): it sends the call to every rank (`AgentWorker(spec, rank=info)`, in a process started with `spawn`) and its
 reply is rank 0's answer. The ranks meet in a torch.distributed group whose rendezvous is a free TCP port of this
-machine. An agent's sampler of its own is one more such process (`LocalRanks(spec, sampler=True)`, an
+machine. An agent's sampler of its own is one more such process (`LocalProcesses(spec, sampler=True)`, an
 `AgentWorker(spec, role="sampler")`).
 
 Failures: an error raised in a rank reaches the user as itself (the other ranks, perhaps waiting for it inside a
@@ -157,10 +158,10 @@ def _start_ignoring_stops(process) -> None:
 
 
 class Reply:
-    """Rank 0's answer to one call `LocalRanks.submit` sent, taken when first asked for (`value`). The ranks answer
+    """Rank 0's answer to one call `LocalProcesses.submit` sent, taken when first asked for (`value`). The ranks answer
     in order: asking for one takes every earlier one first."""
 
-    def __init__(self, ranks: LocalRanks, what: str) -> None:
+    def __init__(self, ranks: LocalProcesses, what: str) -> None:
         self.ranks, self.what, self.taken, self.result = ranks, what, False, None
 
     def value(self) -> Any:
@@ -169,9 +170,9 @@ class Reply:
         return self.result
 
 
-class LocalRanks:
-    """The K rank processes of one agent; `submit` runs a worker method on all of them, its `Reply` is rank 0's
-    answer."""
+class LocalProcesses:
+    """The processes of one agent's role: its worker group's K ranks, or its sampler's one; `submit` runs a worker
+    method on all of them, its `Reply` is rank 0's answer."""
 
     def __init__(self, spec: WorkerSpec, *, sampler: bool = False, deadlines=None) -> None:
         """The ranks of `spec.agent.devices`; `sampler`: instead the one process of its sampler on
@@ -349,7 +350,7 @@ class LocalRanks:
 CLOSE_GRACE_S = 30.0
 """How long a close waits for the ranks to finish their call and exit before it kills them."""
 
-_LIVE: weakref.WeakSet[LocalRanks] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[LocalProcesses] = weakref.WeakSet()
 """The groups started and not yet closed in this process."""
 
 
