@@ -16,7 +16,9 @@ engine, in the process that holds the agent's sampling role (its worker, or a sa
   vLLM's of the sampled token after temperature (`logprobs_mode: processed_logprobs`), the behaviour policy's.
 - The engine's threads: vLLM's CPU worker binds its own; the process's torch thread count is put back after the
   engine starts, for the learner's update in the same process. Its KV cache is sized from the agent's rows per call
-  and token limits (`kv_cache_bytes`), not vLLM's default share of the machine.
+  and token limits (`kv_cache_bytes`), not vLLM's default share of the machine. Prefills are not chunked: a chunked
+  prefill's discarded token rewinds the row's seeded generator, which vLLM's CPU generators cannot (it failed at 256
+  rows x 128 tokens).
 
 Without vLLM installed, naming it stops the run before any model loads, with the install line
 (`hacrl.config.validation.check_samplers_here`).
@@ -128,7 +130,7 @@ def _engine(agent: SamplingAgent, model: Any):
     try:
         llm = LLM(model=str(directory), dtype=str(dtype).removeprefix("torch."), enforce_eager=True, seed=0,
                   load_format="dummy", skip_tokenizer_init=True, max_model_len=settings.max_tokens,
-                  logprobs_mode="processed_logprobs", max_num_seqs=rows,
+                  logprobs_mode="processed_logprobs", max_num_seqs=rows, enable_chunked_prefill=False,
                   kv_cache_memory_bytes=kv_cache_bytes(model.config, dtype, rows, settings.max_tokens))  # fmt: skip
     except Exception as e:  # noqa: BLE001 - an architecture vLLM cannot serve: named, with the fallback
         raise ConfigError(
