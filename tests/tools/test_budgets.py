@@ -62,13 +62,15 @@ def test_plan_measure_times_the_real_config_and_prints_the_settings(tiny_agents,
     from tests.conftest import fails_cleanly, pair_config
 
     cfg = pair_config(tiny_agents, tmp_path, algorithm={"name": "gspo"})
-    assert main(["plan", str(cfg), "--measure"]) == 0
+    assert main(["plan", str(cfg), "--measure", "--runs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "measured (steps 2-4 of 4 on this machine, medians; B = 2 prompts per step)" in out
+    assert "(run 2 of 2)" in out and "between the 2 measurements (each its own run)" in out
+    assert "measured (steps 2-4 of 4 of each of 2 runs on this machine, medians; B = 2 prompts per step)" in out
     assert "varies" in out and "predicted from one step's costs alone" in out
     assert "answers per second" in out and ("set: agents." in out or "no budget change" in out)
     assert not (tmp_path / "run").exists()  # measured in a temporary directory
     fails_cleanly(capsys, ["plan", str(cfg), "--measure", "--slack", "-1"], "--slack -1.0")
+    fails_cleanly(capsys, ["plan", str(cfg), "--measure", "--runs", "0"], "--runs 0")
     one = "agents=[{name: a, model: " + str(tiny_agents["llama"]) + "}]"
     fails_cleanly(capsys, ["plan", str(cfg), "--measure", one], "has one agent")
 

@@ -91,9 +91,11 @@ def _measuring_copy(config: TrainConfig, directory: str, steps: int) -> TrainCon
 def render(advice: Advice) -> str:
     """The measured costs, today's prediction and the proposal, how much they vary, and the settings to type."""
     costs, now, proposed = advice.costs, advice.now, advice.proposed
-    last = advice.steps + 1
-    lines = [f"measured (steps 2-{last} of {last} on this machine, medians; B = {costs.prompts} prompts per step):",
-             ""]  # fmt: skip
+    runs = max(1, len(advice.between_runs))
+    last = advice.steps // runs + 1
+    each = f" of each of {runs} runs" if runs > 1 else ""
+    lines = [f"measured (steps 2-{last} of {last}{each} on this machine, medians; B = {costs.prompts} prompts per "
+             "step):", ""]  # fmt: skip
     lines.append(f"{'agent':<16}{'s/answer':>10}{'varies':>8}{'s/row trained':>15}{'G now':>7}{'G proposed':>12}"
                  f"{'by step':>9}{'sampling s':>12}{'update s':>10}")  # fmt: skip
     for j, name in enumerate(costs.names):
