@@ -36,7 +36,6 @@ class Schedule:
 
     def __init__(self, transport: Transport, specs: Sequence[WorkerSpec]) -> None:
         self.transport, self.specs = transport, list(specs)
-        self.names = transport.names
         self.concurrent = transport.concurrent
         self.apart = [s.placement.sampler_device is not None for s in specs]
         """Each agent: whether it has a sampler of its own."""
