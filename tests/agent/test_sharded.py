@@ -40,6 +40,11 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
     if rank == 0:
         copy = {n: p.detach().clone() for n, p in worker.agent.sampling_model.named_parameters()}
         torch.save({"state": state, "copy": copy, "metrics": learned.metrics}, out)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # no rank leaves while another is still in a collective, and the group is torn down
+        dist.barrier()  # before exit, as a rank's process does (`ranks._serve`): left to the interpreter's exit,
+        dist.destroy_process_group()  # gloo once aborted a rank in CI ("terminate called without an active exception")
 
 
 @pytest.mark.slow
