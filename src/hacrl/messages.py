@@ -149,6 +149,8 @@ class Sampled:
     """With `trainer.lag` > 0: the rollout the worker does not keep (the driver gives it back in the `LearnCall`)."""
     sync_s: float = 0.0
     """Seconds a sampler of its own spent taking the learner's new weights before sampling (`sampler_devices`)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the sampling measured, logged under the agent's name (`sampler_logp_gap`, where it was computed)."""
 
 
 class Deferred(Protocol):

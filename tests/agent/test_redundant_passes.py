@@ -150,3 +150,79 @@ def test_sampler_logprobs_refuse_top_p(tiny_agents, tmp_path):
     )  # fmt: skip
     with pytest.raises(ConfigError, match="old_logprobs=recompute"):
         load_config(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("shift", "weight", "capped"), [(0.0, 1.0, 0.0), (-0.1, 1.1051709, 0.0), (-1.0, 2.0, 1.0)])
+def test_corrected_weights_each_own_row_by_the_samplers_gap_to_the_learner(
+    shift, weight, capped, tiny_agents, tmp_path, monkeypatch
+):
+    """`trainer.old_logprobs: corrected`: the sampler's log-probs are the behaviour policy's and the learner's pass
+    the proximal ones. A sampler that reports every token `shift` too high or low (as a vLLM engine in bfloat16
+    does, by less) gives every own row w = min(exp(l_prox - l_behav), cap 2) = min(exp(-shift), 2): logged as
+    behaviour_weight_mean and behaviour_capped_frac, with the gap `sampler_logp_gap` = |shift|; the pass covers only
+    the rows after the first mini-batch (the sums other learners read are the sampler's), and the foreign rows'
+    denominators are the sampler's sums."""
+    import hacrl.agent.sampling as sampling
+
+    real = sampling.generate
+
+    def shifted(agent, prompt_ids, group_size, *, logprobs=False):
+        samples = real(agent, prompt_ids, group_size, logprobs=logprobs)
+        assert logprobs  # corrected asks the sampler for its log-probs
+        for s in samples:
+            s.logprobs = [x + shift for x in s.logprobs]
+        return samples
+
+    monkeypatch.setattr(sampling, "generate", shifted)
+    counted = _count_pass_rows(monkeypatch)
+    pools = []
+    from hacrl.agent.learning import LearningRole
+
+    learn = LearningRole.learn
+
+    def keep(self, call, rollout, proximal_pass):
+        pools.append((self.index, call.foreign, rollout))
+        return learn(self, call, rollout, proximal_pass)
+
+    monkeypatch.setattr(LearningRole, "learn", keep)
+    run = tmp_path / "run"
+    cfg = write_config(
+        tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, algorithm={"name": "hacpo"},
+        trainer={"steps": 1, "mini_batch_size": 4, "micro_batch_size": 2, "old_logprobs": "corrected"},
+        scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+    )  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    assert counted == [4, 4]  # 8 rows each, the first mini-batch of 4 takes the training forward's
+    record = records(run)[-1]
+    for name in ("llama", "qwen"):
+        assert record[f"{name}/behaviour_weight_mean"] == pytest.approx(weight, rel=1e-4), name
+        assert record[f"{name}/behaviour_capped_frac"] == capped, name
+        assert record[f"{name}/sampler_logp_gap"] == pytest.approx(abs(shift), abs=1e-5), name
+    for learner, foreign, _ in pools:  # each foreign row divides by its source's reported (shifted) sum
+        source = {i: rollout for i, _, rollout in pools}
+        for t in foreign:
+            rows = [x for x in source[t.source].trajectories if x.text == t.text and x.group == t.group]
+            assert rows and all(r.source_logp_sum == t.source_logp_sum for r in rows), learner
+    for _, _, rollout in pools:
+        for s, behaviour in zip(rollout.samples, rollout.behaviour_logp, strict=True):
+            assert behaviour.tolist() == pytest.approx(s.logprobs, abs=1e-6)
+
+
+def test_corrected_is_refused_where_it_cannot_hold(tiny_agents, tmp_path):
+    """grpo has no sequence-level behaviour weight; `hf` reports the full distribution's log-probs, not the
+    top-p-truncated one it draws from. `auto` is `recompute` for every non-vLLM agent, so it never refuses."""
+    from hacrl.config import load_config
+    from hacrl.errors import ConfigError
+
+    def config(name, **kw):
+        return write_config(tmp_path / f"{name}.yaml", tiny_agents, ["llama"], tmp_path / name,
+                            scoring={"function": "tests.reward_fixtures:digits"}, **kw)  # fmt: skip
+
+    with pytest.raises(ConfigError, match="token-level"):
+        load_config(config("grpo", algorithm={"name": "grpo"}, trainer={"old_logprobs": "corrected"}))
+    with pytest.raises(ConfigError, match="'hf' sampler reports the full one's"):
+        load_config(config("top", algorithm={"name": "gspo"}, rollout={"top_p": 0.9},
+                           trainer={"old_logprobs": "corrected"}))  # fmt: skip
+    for algorithm in ("grpo", "gspo"):
+        load_config(config(f"auto-{algorithm}", algorithm={"name": algorithm}, rollout={"top_p": 0.9}))

@@ -108,3 +108,48 @@ def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
         se = math.sqrt(statistics.pvariance(a) / len(a) + statistics.pvariance(b) / len(b)) or 1e-9
         z = abs(statistics.fmean(a) - statistics.fmean(b)) / se
         assert z < 4, (name, statistics.fmean(a), statistics.fmean(b), z)
+
+
+def test_a_hacpo_run_with_one_agent_on_vllm_resumes_exactly_after_a_kill(smollm2, tiny_agents, tmp_path):
+    """Two HACPO steps through `hacrl train`: SmolLM2 sampled by vLLM (`old_logprobs: auto`, so `corrected`: its
+    rows weighted by vLLM's gap to the learner) beside a tiny Qwen2 on `hf`, each training on the other's answers,
+    checkpointed every step. Killed (SIGKILL) in the middle of SmolLM2's second update, then `--resume`: every
+    logged number and both agents' saved weights equal the uninterrupted run's (the engine's rows are seeded from
+    the agent's stream, which the checkpoint holds, and the resumed engine is given the checkpoint's weights)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import records, same_numbers, same_weights, write_config
+
+    root = Path(__file__).resolve().parents[2]
+    import yaml
+
+    def train(run: Path, faults: str = "", resume: bool = False) -> subprocess.CompletedProcess:
+        cfg = write_config(tmp_path / f"{run.name}.yaml", {"smol": smollm2["dir"], "qwen": tiny_agents["qwen"]},
+                           ["smol", "qwen"], run)  # fmt: skip
+        written = yaml.safe_load(cfg.read_text())
+        written["agents"][0].update(lr=1e-5, rollout_backend="vllm")
+        cfg.write_text(yaml.safe_dump(written))
+        env = {**os.environ, "HACRL_FAULTS": faults, "OMP_NUM_THREADS": "2"}
+        command = [sys.executable, "-m", "hacrl", "train", str(cfg), *(["--resume"] if resume else [])]
+        return subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    done = train(reference)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 8 micro-batches an update (8 own + 8 foreign rows, 2 a micro-batch): step 1 takes hits 1-16, hit 19 is the
+    # third micro-batch of SmolLM2's second update
+    killed = train(run, "update.micro_batch:19")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert [r["step"] for r in records(run)] == [1]
+    resumed = train(run, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    same_numbers(records(run), records(reference))
+    same_weights(run, reference, 2, names=("smol", "qwen"))
+    last = records(reference)[-1]
+    assert last["smol/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # float32: vLLM's gap is ~2e-5
+    assert 0 < last["smol/sampler_logp_gap"] < 2e-4 and "qwen/sampler_logp_gap" not in last

@@ -23,7 +23,7 @@ DEMO = "configs/demo.yaml"
         ("eval.max_prompts=0", "eval.max_prompts must be >= 1 or null"),
         ("checkpoint.keep_last=0", "checkpoint.every must be >= 0 and checkpoint.keep_last >= 1"),
         ("algorithm.capability_window=0", "algorithm.capability_window must be >= 1"),
-        ("trainer.old_logprobs=cached", "Invalid value 'cached', expected one of \\['recompute', 'sampler'\\]"),
+        ("trainer.old_logprobs=cached", "Invalid value 'cached', expected one of \\['auto', 'recompute', 'sampler', "),
         ("scoring.isolation=thread", "Invalid value 'thread'"),
         ("agents.0.name=eval", "agents.0.name='eval' is the first part of run-wide metric keys"),
         ("agents.0.devices=[]", r"agents.0.devices=\[\] names no device: list one or more, or remove it"),

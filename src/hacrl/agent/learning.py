@@ -43,6 +43,7 @@ from hacrl.agent.share import Share
 from hacrl.agent.sharing import relevance, select_pool
 from hacrl.agent.weightsync import WeightLink, WeightsPublisher
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
+from hacrl.config.settings import old_logprobs_of
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
@@ -58,6 +59,11 @@ class LearningRole(WeightsPublisher):
         self.index, self.name = spec.index, spec.agent.name
         self.algorithm, self.params = get_algorithm(spec.algorithm.name), spec.algorithm.params()
         self.optimizer_steps = 0
+        corrected = old_logprobs_of(spec.trainer.old_logprobs, agent.settings.sampler, self.algorithm.takes_stale_rows)
+        self.weighs_behaviour = bool(spec.trainer.lag) or corrected == "corrected"
+        """Whether its own rows carry behaviour log-probs other than their proximal ones, and are weighted by the
+        truncated ratio of the two: sampled by older weights (`trainer.lag`) or reported by the sampler
+        (`trainer.old_logprobs: corrected`)."""
         self.link: WeightLink | None = None
         """Where it sends its weights after each update for a sampler of its own (`open_weight_link`)."""
 
@@ -81,7 +87,9 @@ class LearningRole(WeightsPublisher):
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
         old_logp, deferred = rollout.behaviour_logp, None
-        if stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
+        if rollout.proximal_logp is not None:  # `corrected` at lag 0: the behaviour log-probs are the sampler's
+            old_logp = rollout.proximal_logp
+        elif stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
             first = min(self.spec.trainer.mini_batch_size, len(rollout.samples))
             if call.proximal is not None:  # its sampler computes the rest meanwhile (it holds these weights)
                 old_logp, deferred = [None] * len(rollout.samples), (first, call.proximal)
@@ -91,7 +99,7 @@ class LearningRole(WeightsPublisher):
         own_rows = learner_rows(
             self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
-        if stale:
+        if self.weighs_behaviour:
             for row, behaviour in zip(own_rows, rollout.behaviour_logp, strict=True):
                 row.behaviour_logp = behaviour
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
@@ -370,7 +378,7 @@ class LearningRole(WeightsPublisher):
             torch.where(fresh[:, None] & tb.response_mask, logp.detach(), 0.0),
         )
         behaviour = None
-        if self.spec.trainer.lag:
+        if self.weighs_behaviour:
             behaviour = _per_row(tb.response_mask, [r.behaviour_logp for r in rows], torch.zeros_like(logp))
         ref = None
         if agent.ref_model is not None:

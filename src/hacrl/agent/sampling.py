@@ -36,6 +36,7 @@ from hacrl.agent.samplers.base import Sample
 from hacrl.agent.share import Share
 from hacrl.agent.weightsync import WeightLink, refuse
 from hacrl.checkpoint import agent_part, read_rng
+from hacrl.config.settings import old_logprobs_of
 from hacrl.core import get_algorithm
 from hacrl.messages import Completion, GenerateCall, OwnRollout, SampleCall, Trajectory, WorkerSpec
 
@@ -49,8 +50,14 @@ class OwnSamples:
     prompt_ids: list[list[int]]
     samples: list[Sample]
     behaviour_logp: list[torch.Tensor | None]
-    """Each row's per-token log-probs under the weights that sampled it (at lag 0 also the update's old ones)."""
+    """Each row's per-token log-probs under the weights that sampled it (at lag 0 also the update's old ones, but
+    with `trainer.old_logprobs: corrected`: then the sampler's, and the old ones are `proximal_logp`)."""
     trajectories: list[Trajectory]
+    proximal_logp: list[torch.Tensor | None] | None = None
+    """`corrected` at lag 0: the learner's own pass over the rows after the first mini-batch (None: the others)."""
+    gap: tuple[float, int, float] = (0.0, 0, 0.0)
+    """The sampler's reported log-probs against the learner's pass under the same weights, where both were
+    computed: the sum of |difference| over tokens, the tokens, the largest |difference|."""
 
     def portable(self) -> OwnRollout:
         """The rollout as lists (`trainer.lag` > 0: it waits in the driver, and in checkpoints, until its update);
@@ -66,13 +73,22 @@ class OwnSamples:
     @classmethod
     def joined(cls, step: int, parts: list[OwnSamples]) -> OwnSamples:
         """The shares of a worker group's ranks, in rank order: the rollout one worker would have sampled."""
+        proximal = [part.proximal_logp for part in parts]
         return cls(
             step,
             [ids for part in parts for ids in part.prompt_ids],
             [s for part in parts for s in part.samples],
             [t for part in parts for t in part.behaviour_logp],
             [t for part in parts for t in part.trajectories],
+            None if all(p is None for p in proximal) else [t for p in proximal for t in (p or [])],
+            (sum(p.gap[0] for p in parts), sum(p.gap[1] for p in parts), max((p.gap[2] for p in parts), default=0.0)),
         )
+
+    def gap_metrics(self) -> dict[str, float]:
+        """`sampler_logp_gap` (mean |difference| a token) and its largest, where the sampler's log-probs were checked
+        against the learner's pass (`trainer.old_logprobs`; always for a vLLM agent's recomputed rows)."""
+        total, tokens, worst = self.gap
+        return {"sampler_logp_gap": total / tokens, "sampler_logp_gap_max": worst} if tokens else {}
 
     @classmethod
     def from_portable(cls, rollout: OwnRollout) -> OwnSamples:
@@ -92,6 +108,10 @@ class SamplingRole:
         self.agent, self.spec, self.share = agent, spec, share
         self.index, self.name = spec.index, spec.agent.name
         self.algorithm, self.params = get_algorithm(spec.algorithm.name), spec.algorithm.params()
+        self.old_logprobs_mode = old_logprobs_of(
+            spec.trainer.old_logprobs, agent.settings.sampler, self.algorithm.takes_stale_rows
+        )
+        """Where its rows' pre-update log-probs come from (`trainer.old_logprobs`, resolved for this agent)."""
         self.cuda = [agent.device.index or 0] if agent.device.type == "cuda" else []
         base = seeds.training(spec.trainer.seed, spec.index)
         self.streams = [self._seeded(share.seed(base, rank)) for rank in share.ranks]
@@ -217,21 +237,28 @@ class SamplingRole:
             return OwnSamples(step, [], [], [], []), 0.0, 0.0
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(call.prompts[g])[0] for g in groups]
-        from_sampler = self.spec.trainer.old_logprobs == "sampler"
+        mode = self.old_logprobs_mode
+        reported = mode != "recompute" or agent.settings.sampler == "vllm"  # vLLM's cost nothing: the gap is logged
         with self._stream(j), self._guarded("sampling", step):
-            samples = generate(agent, prompt_ids, group_size, logprobs=from_sampler)
+            samples = generate(agent, prompt_ids, group_size, logprobs=reported)
         faults.hit("sampling")
         generated = time.perf_counter()
         first = groups.start * group_size  # the share's first row in the whole step's order
         needed = [i - first for i in self._rows_needing_old_logprobs(len(call.prompts) * group_size)
                   if first <= i < first + len(samples)]  # fmt: skip
-        if from_sampler:  # trainer.old_logprobs=sampler: what the sampler computed while drawing, no extra pass
-            computed = iter(torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in needed)
-        else:
+        recomputed: dict[int, torch.Tensor] = {}
+        if mode != "sampler":  # the learner's own pass
             with self._guarded("old log-probs", step):
-                computed = iter(self.old_logprobs([samples[i] for i in needed]))
-        wanted = set(needed)
-        old_logp = [next(computed) if i in wanted else None for i in range(len(samples))]
+                recomputed = dict(zip(needed, self.old_logprobs([samples[i] for i in needed]), strict=True))
+        sampler = {i: torch.tensor(s.logprobs, dtype=torch.float32) for i, s in enumerate(samples) if reported}
+        if mode == "recompute":
+            old_logp = [recomputed.get(i) for i in range(len(samples))]
+        elif mode == "sampler":  # no extra pass: the sampler's, where needed
+            wanted = set(needed)
+            old_logp = [sampler[i] if i in wanted else None for i in range(len(samples))]
+        else:  # corrected: every row's behaviour is the sampler's; the learner's pass gives the proximal ones
+            old_logp = [sampler[i] for i in range(len(samples))]
+        proximal = [recomputed.get(i) for i in range(len(samples))] if mode == "corrected" else None
         done = time.perf_counter()
         trajectories = [
             Trajectory(
@@ -246,16 +273,25 @@ class SamplingRole:
             )
             for i, s in enumerate(samples)
         ]
-        return OwnSamples(step, prompt_ids, samples, old_logp, trajectories), generated - start, done - generated
+        both = [(sampler[i], recomputed[i]) for i in recomputed if i in sampler]
+        diffs = torch.cat([(a - b).abs() for a, b in both]) if both else torch.zeros(0)
+        gap = (float(diffs.sum()), diffs.numel(), float(diffs.max()) if diffs.numel() else 0.0)
+        own = OwnSamples(step, prompt_ids, samples, old_logp, trajectories, proximal, gap)
+        return own, generated - start, done - generated
 
     def _rows_needing_old_logprobs(self, count: int) -> list[int]:
         """Which sampled rows need a pre-update log-prob pass. When other learners read this agent's log-prob sums
         (a sharing algorithm with several agents): all. Otherwise only the rows trained after the first optimizer
         step of the update: the first mini-batch's rows are trained before any update, so their old log-probs are
-        the training forward's own (detached), and their ratio is exactly 1."""
+        the training forward's own (detached), and their ratio is exactly 1. `corrected`: the sampler's log-probs
+        are the behaviour ones and the sums others read, so only the rows after the first mini-batch at lag 0 (the
+        proximal ones of a lagged update are computed when it starts)."""
+        rest = list(range(min(count, self.spec.trainer.mini_batch_size), count))
+        if self.old_logprobs_mode == "corrected":
+            return [] if self.spec.trainer.lag else rest
         if self.spec.trainer.lag or (self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1):
             return list(range(count))  # lag: every row's behaviour log-probs (its update starts from other weights)
-        return list(range(min(count, self.spec.trainer.mini_batch_size), count))
+        return rest
 
     def _seeded(self, seed: int) -> dict[str, torch.Tensor]:
         with torch.random.fork_rng(devices=self.cuda):

@@ -104,7 +104,8 @@ class AgentWorker:
         self._rollout = None if lagged else rollout
         portable = rollout.portable() if lagged else None
         span = (began, time.time())
-        return Sampled(rollout.trajectories, generate_s, logprobs_s, span, rollout=portable, sync_s=sync_s)
+        return Sampled(rollout.trajectories, generate_s, logprobs_s, span, rollout=portable, sync_s=sync_s,
+                       metrics=rollout.gap_metrics())  # fmt: skip
 
     def learn(self, call: LearnCall, pool: list[Trajectory] | None = None) -> Learned:
         """One training step's update of this learner on its pool (`LearningRole.learn`). `pool`: the step's whole

@@ -656,13 +656,20 @@ class TrainerConfig:
     152k vocabulary). An int: only response positions go through the output layer, this many at a time,
     recomputed in the backward pass, so memory no longer grows with vocabulary x positions. null: always the full
     logits."""
-    old_logprobs: Literal["recompute", "sampler"] = "recompute"
+    old_logprobs: Literal["auto", "recompute", "sampler", "corrected"] = "auto"
     """Where the pre-update log-probs of an agent's own responses come from, when they are needed (rows trained
     after the learner's first optimizer step, and the log-prob sums other learners read under sharing):
     `recompute`: a teacher-forced no-grad pass over the responses after sampling (exact; what hacrl always did);
     `sampler`: the log-probs the sampler computed while drawing each token (no extra pass; equal to the recomputed
-    ones up to float rounding: <= 2e-5 per token in float32 on the CPU, larger in bf16: measure before relying on
-    it). Rows of the first optimizer step always use the training forward's own (ratio exactly 1)."""
+    ones up to float rounding with `hf` / `static`: <= 2e-5 per token in float32 on the CPU, larger in bf16);
+    `corrected`: the sampler's are the behaviour policy's (what the tokens were drawn from: vLLM's kernels, its
+    top-p), the learner's own pass the proximal ones, and each own row is weighted by the truncated behaviour ratio
+    min(exp(l_prox - l_behav), `algorithm.behaviour_cap`) (AReaL's decoupled objective, TRL's
+    `vllm_importance_sampling_correction` at sequence level); the sums other learners read are the sampler's, the
+    policy that really drew the answer. Logged: `<agent>/sampler_logp_gap` (mean |difference| a token where both
+    are known), `<agent>/behaviour_weight_mean`, `<agent>/behaviour_capped_frac`;
+    `auto`: `corrected` for an agent sampled by vLLM (not with grpo), else `recompute` (docs/gpu.md, "The
+    sampler-learner mismatch"). Rows of the first optimizer step use the training forward's own (ratio exactly 1)."""
     lag: int = 0
     """k: the rollouts of step t + k are sampled while step t's update runs (a fixed-lag pipeline, docs/design.md
     "The fixed-lag pipeline"). Batch s is always sampled by the weights after update s - 1 - k (the first k + 1

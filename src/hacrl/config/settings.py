@@ -24,6 +24,20 @@ Role = Literal["learner", "sampler"]
 (`agents.<i>.sampler_devices`: its compute-dtype weights, nothing stepped)."""
 
 
+OldLogprobs = Literal["recompute", "sampler", "corrected"]
+
+
+def old_logprobs_of(setting: str, sampler: str, takes_stale_rows: bool) -> OldLogprobs:
+    """Where one agent's pre-update log-probs come from (`trainer.old_logprobs`): `auto` is `corrected` for an agent
+    that samples with vLLM, whose reported log-probs are its own kernels' (in bfloat16 on the real model they differ
+    from the learner's by 0.04 a token on average: benchmarks/results/sampler_mismatch.md), when its algorithm can
+    weight a row by its behaviour ratio (not grpo), and `recompute` otherwise (the `hf` and `static` samplers compute
+    with the learner's own module: their log-probs are the learner's up to float rounding)."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    return "corrected" if sampler == "vllm" and takes_stale_rows else "recompute"
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """What one agent samples with."""

@@ -8,7 +8,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from hacrl.config.schema import GROUPS, TrainConfig
-from hacrl.config.settings import AgentSettings
+from hacrl.config.settings import AgentSettings, old_logprobs_of
 from hacrl.errors import ConfigError
 
 MAX_GROUP_SIZE = 1024
@@ -54,7 +54,7 @@ def validate(config: TrainConfig) -> None:
             check()
     from hacrl.core import get_algorithm  # (torch: not at import, so `hacrl --help` stays fast)
 
-    algo, r, t, n = config.algorithm, config.rollout, config.trainer, len(config.agents)
+    algo, r, n = config.algorithm, config.rollout, len(config.agents)
     shares = get_algorithm(algo.name).pool_is_shared(algo)
     if shares and n < 2:
         raise ConfigError(
@@ -73,12 +73,7 @@ def validate(config: TrainConfig) -> None:
         )
     if frozen and len(frozen) == n:
         raise ConfigError("every agent is frozen, so nothing would learn: set agents.<i>.frozen=false for one")
-    top_ps = [AgentSettings.resolve(a, r).top_p for a in config.agents]
-    if t.old_logprobs == "sampler" and min(top_ps) < 1.0:
-        raise ConfigError(
-            f"trainer.old_logprobs=sampler with top-p {min(top_ps)}: the sampler draws from the top-p-truncated "
-            "distribution, the loss's log-probs are the full one's; use trainer.old_logprobs=recompute, or top_p 1.0"
-        )
+    _check_old_logprobs(config)
     if r.cuda_graphs and not any(a.device.startswith("cuda") for a in config.agents):
         raise ConfigError("rollout.cuda_graphs=true needs an agent on a GPU (agents.<i>.device=cuda)")
     sc = config.scoring
@@ -86,6 +81,30 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"scoring.on_timeout={sc.on_timeout} must be in [0, algorithm.r_max={algo.r_max}]")
     if sc.builtin == "reasoning_gym" and config.data.source != "reasoning_gym" and sc.function is None:
         raise ConfigError("scoring.builtin=reasoning_gym needs data.source=reasoning_gym (or scoring.builtin=math)")
+
+
+def _check_old_logprobs(config: TrainConfig) -> None:
+    """`trainer.old_logprobs` against each agent's sampler, top-p and algorithm."""
+    from hacrl.core import get_algorithm
+
+    t, stale = config.trainer, get_algorithm(config.algorithm.name).takes_stale_rows
+    if t.old_logprobs == "corrected" and not stale:
+        raise ConfigError(
+            f"trainer.old_logprobs=corrected weights each own row by a sequence-level behaviour ratio, which "
+            f"algorithm.name={config.algorithm.name!r} has no place for (its ratio is token-level); use "
+            "trainer.old_logprobs=recompute, or gspo / naive / hacpo"
+        )
+    for i, agent in enumerate(config.agents):
+        settings = AgentSettings.resolve(agent, config.rollout)
+        mode = old_logprobs_of(t.old_logprobs, settings.sampler, stale)
+        if settings.top_p < 1.0 and (mode == "sampler" or (mode == "corrected" and settings.sampler != "vllm")):
+            raise ConfigError(
+                f"trainer.old_logprobs={t.old_logprobs} with agents.{i}'s top-p {settings.top_p}: its sampler "
+                "draws from the top-p-truncated distribution, the loss's log-probs are the full one's, and the "
+                f"{settings.sampler!r} sampler reports the full one's, not the truncated one's that `corrected` "
+                "takes as the behaviour policy; use trainer.old_logprobs=recompute, or top_p 1.0, or (an agent on "
+                "vLLM, which reports the truncated one's) trainer.old_logprobs=corrected"
+            )
 
 
 def _check_pipeline(config: TrainConfig) -> None:

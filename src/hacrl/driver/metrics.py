@@ -75,9 +75,16 @@ AGENT = _table(
     ("foreign_ratio_mean", "mean sequence ratio s of foreign rows"),
     (
         "behaviour_weight_mean",
-        "trainer.lag > 0: mean weight min(exp(l_prox - l_behav), algorithm.behaviour_cap) of its own (stale) rows",
+        "trainer.lag > 0 or trainer.old_logprobs=corrected: mean weight min(exp(l_prox - l_behav), "
+        "algorithm.behaviour_cap) of its own rows (sampled by older weights, or by another engine)",
     ),
-    ("behaviour_capped_frac", "trainer.lag > 0: share of its own rows whose behaviour weight is capped"),
+    ("behaviour_capped_frac", "the same rows: share of its own rows whose behaviour weight is capped"),
+    (
+        "sampler_logp_gap",
+        "mean |difference| a token between the log-probs its sampler reported and its learner's own pass under the "
+        "same weights, where both were computed (a vLLM agent's recomputed rows; trainer.old_logprobs)",
+    ),
+    ("sampler_logp_gap_max", "the largest such |difference| of the step"),
     ("foreign_clip_frac", "share of foreign rows outside [lo_m, 1]"),
     ("foreign_below_frac", "share of foreign rows with s < lo_m"),
     ("foreign_above_frac", "share of foreign rows with s > 1"),

@@ -268,6 +268,7 @@ class Trainer(RunLoop):
                 "time/logprobs": timing[j].logprobs_s,
                 "time/update": learned[j].update_s,
                 **pace[j],
+                **timing[j].metrics,
             }
             if "time/weight_sync" in agent:  # a sampler of its own: the learner's write + the sampler's read
                 agent["time/weight_sync"] += timing[j].sync_s
