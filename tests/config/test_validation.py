@@ -222,3 +222,20 @@ def test_a_missing_model_directory_is_named_before_any_data_loads(tiny_agents, t
         "(does not exist); hacrl loads local directories only", "`agents.1.model=/models/<name>` on the command line"
     )  # fmt: skip
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_lora_agent_on_vllm_is_asked_to_merge_its_adapters(tiny_agents, tmp_path):
+    """vLLM is handed a plain model's weights: a LoRA agent on it without `lora.merge_for_sampling` is refused before
+    anything loads, with the key to set."""
+    import yaml
+
+    from hacrl.config import load_config
+    from hacrl.errors import ConfigError
+
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    written = yaml.safe_load(cfg.read_text())
+    written["agents"][1].update(rollout_backend="vllm", lora={"r": 4})
+    cfg.write_text(yaml.safe_dump(written))
+    with pytest.raises(ConfigError, match=r"agents\.1\.lora\.merge_for_sampling=true"):
+        load_config(cfg)
+    load_config(cfg, ["agents.1.lora.merge_for_sampling=true"])

@@ -84,7 +84,7 @@ def validate(config: TrainConfig) -> None:
 
 
 def _check_old_logprobs(config: TrainConfig) -> None:
-    """`trainer.old_logprobs` against each agent's sampler, top-p and algorithm."""
+    """`trainer.old_logprobs` against each agent's sampler, top-p and algorithm; a LoRA agent on vLLM merges."""
     from hacrl.core import get_algorithm
 
     t, stale = config.trainer, get_algorithm(config.algorithm.name).takes_stale_rows
@@ -96,6 +96,12 @@ def _check_old_logprobs(config: TrainConfig) -> None:
         )
     for i, agent in enumerate(config.agents):
         settings = AgentSettings.resolve(agent, config.rollout)
+        if settings.sampler == "vllm" and agent.lora is not None and not agent.lora.merge_for_sampling:
+            raise ConfigError(
+                f"agents.{i} ({agent.name!r}) trains LoRA adapters and samples with vLLM, which hacrl hands a plain "
+                f"model's weights (the base with the adapters merged in), not adapters; set "
+                f"agents.{i}.lora.merge_for_sampling=true"
+            )
         mode = old_logprobs_of(t.old_logprobs, settings.sampler, stale)
         if settings.top_p < 1.0 and (mode == "sampler" or (mode == "corrected" and settings.sampler != "vllm")):
             raise ConfigError(

@@ -5,8 +5,10 @@ engine, in the process that holds the agent's sampling role (its worker, or a sa
   no tokenizer: hacrl renders prompts with the agent's own chat template and passes token ids), then given the
   weights of the module hacrl samples with (`refresh`, here at once: a resumed run's, a LoRA agent's merged copy),
   and again before each batch after an update, in memory (`reload_weights`, vLLM's in-place path), never through a
-  file. A LoRA agent hands over its merged weights (`Agent.sampling_model`), so vLLM needs no LoRA support of its
-  own and its answers are those of the adapters' forward.
+  file. A LoRA agent hands over its merged weights (`Agent.sampling_model` with `lora.merge_for_sampling: true`,
+  which validation asks for on vLLM), so vLLM needs no LoRA support of its own, the engine stays one plain model
+  however the adapters change, and its answers are those of the adapters' forward (tested). vLLM's own LoRA path
+  (adapters loaded per request) would save the merge, one base-sized add per update, and is not used.
 - Each row has its own seed, drawn from the agent's stream (`hacrl.seeds`, the worker's torch generator while it
   samples), so a run repeats as far as vLLM's seeded sampling does on the device: on CPU, in one process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the user set it), bit for bit between two engines of the same
