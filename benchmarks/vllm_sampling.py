@@ -6,8 +6,11 @@
 Shapes: rows x max new tokens (8 answers per prompt, temperature 1, the model's own stops), float32 (the agent's
 dtype), 2 torch threads. vLLM samples the shape once to warm up, then each backend `--repeats` times; the median
 generation seconds (`Sampled.generate_s`, without the log-prob pass) and the tokens generated give tokens per second.
-The `static` sampler needs transformers >= 5.20 and .venv-vllm has vLLM's 5.19, so it is not in this table (its CPU
-numbers are in benchmarks/results/throughput.md). Writes benchmarks/results/vllm_sampling.md and .json (`--out`).
+The `static` sampler needs transformers >= 5.20 and .venv-vllm has vLLM's 5.19, so its rows run in a process of the
+project's own .venv (`--static-python`), on the same model, shapes and prompts. vLLM's CPU guide: bfloat16 where the
+CPU has it (AVX512-BF16 or AMX: the `flags` line below says; without them bfloat16 is emulated, so float32 here),
+its OMP threads bound to the cores (`VLLM_CPU_OMP_THREADS_BIND`, `auto` by default: both cores here). Writes
+benchmarks/results/vllm_sampling.md and .json (`--out`).
 """
 
 from __future__ import annotations
@@ -83,13 +86,16 @@ def measure(directory: Path, tmp: Path, backend: str, rows: int, tokens: int, re
 def render(rows: list[dict], info: dict) -> str:
     lines = ["# vLLM against hf on the real model (CPU)", "",
              f"`{info['command']}` on {info['machine']} ({info['cpus']} CPUs), vLLM {info['vllm']}, transformers "
-             f"{info['transformers']}, torch {info['torch']}: SmolLM2-135M-Instruct, float32, 8 answers per prompt, "
-             "temperature 1, the model's stops; tokens per second of generation (median of the repeats; vLLM after a "
-             "warm-up), through hacrl's sampling role.", "",
+             f"{info['transformers']} (static: its own environment's, below), torch {info['torch']}: "
+             "SmolLM2-135M-Instruct, float32, 8 answers per prompt, temperature 1, the model's stops; tokens per "
+             "second of generation (median of the repeats; vLLM after a warm-up), through hacrl's sampling role. "
+             f"CPU flags: {info.get('flags', '?')} (vLLM's CPU guide asks for bfloat16 only with AVX512-BF16 or AMX); "
+             f"vLLM's OMP thread binding: {info.get('threads_bind', 'auto')}.", "",
              "| shape (rows x max new tokens) | backend | tokens / s | tokens per call | seconds per call |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['rows']} x {r['max_new_tokens']} | {r['backend']} | {r['tokens_per_second']:.0f} | "
+        name = r["backend"] + (f" (transformers {r['transformers']})" if "transformers" in r else "")
+        lines.append(f"| {r['rows']} x {r['max_new_tokens']} | {name} | {r['tokens_per_second']:.0f} | "
                       f"{statistics.median(r['tokens']):.0f} | {statistics.median(r['seconds']):.1f} |")  # fmt: skip
     updates = [r["weight_update_s"] for r in rows if "weight_update_s" in r]
     if updates:
@@ -104,29 +110,64 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", default=["vllm", "hf"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "vllm_sampling.json")
+    parser.add_argument(
+        "--static-python", default=str(HERE.parent / ".venv" / "bin" / "python"),
+        help="the interpreter of an environment with transformers >= 5.20, for the static rows",
+    )  # fmt: skip
+    parser.add_argument("--one", nargs=3, metavar=("BACKEND", "SHAPE", "REPEATS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    cache = Path(os.environ.get("HACRL_CACHE", HERE.parent / ".cache"))
+    directory = model_dir(cache)
+    if args.one:  # one row, in this process (the static rows' own environment)
+        backend, shape, repeats = args.one
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(measure(directory, Path(tmp), backend, *SHAPES[shape], int(repeats))))
+        return 0
     import torch
     import transformers
     import vllm
 
-    cache = Path(os.environ.get("HACRL_CACHE", HERE.parent / ".cache"))
-    directory = model_dir(cache)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:
             rows, tokens = SHAPES[shape]
             for backend in args.backends:
-                results.append(measure(directory, Path(tmp), backend, rows, tokens, args.repeats))
+                if backend == "static":
+                    results.append(_elsewhere(args.static_python, backend, shape, args.repeats))
+                else:
+                    results.append(measure(directory, Path(tmp), backend, rows, tokens, args.repeats))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "tokens"}), flush=True)
+    flags = " ".join(f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in _cpu_flags())
     info = {"command": "python benchmarks/vllm_sampling.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "vllm": vllm.__version__,
-            "transformers": transformers.__version__, "torch": torch.__version__}  # fmt: skip
+            "transformers": transformers.__version__, "torch": torch.__version__, "flags": flags or "none",
+            "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"info": info, "rows": results}, indent=1) + "\n")
     text = render(results, info)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0
+
+
+def _elsewhere(python: str, backend: str, shape: str, repeats: int) -> dict:
+    """One row measured by `python` (an environment with what `backend` needs), on the same model and prompts."""
+    import subprocess
+
+    done = subprocess.run([python, __file__, "--one", backend, shape, str(repeats)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the {backend} row in {python} failed:\n{done.stderr[-3000:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row["transformers"] = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
+                                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return row
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        return {f for line in open("/proc/cpuinfo") if line.startswith("flags") for f in line.split()[2:]}
+    except OSError:
+        return set()
 
 
 if __name__ == "__main__":
