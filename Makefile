@@ -85,9 +85,10 @@ test-fast: $(DEV)
 demo: $(STAMP)
 	$(PY) -m hacrl demo configs/demo.yaml
 
-# `hacrl control` (control policies on the particle environments) needs the `control` extra (mpe2, pettingzoo).
+# `hacrl control` (control policies on the particle environments and MuJoCo arms) needs the `control` extra
+# (mpe2, pettingzoo, mujoco).
 $(CONTROL): $(STAMP)
-	@echo "installing the control extra (mpe2, pettingzoo, gymnasium) ..."
+	@echo "installing the control extra (mpe2, pettingzoo, gymnasium, mujoco) ..."
 	$(INSTALL) -e ".[control]" 2>/dev/null || $(FALLBACK) -e ".[control]" | { grep -E "^(Collecting|Successfully)" || true; }
 	@touch $(CONTROL)
 

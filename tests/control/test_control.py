@@ -34,7 +34,7 @@ def test_the_full_observation_is_the_environments_own_at_every_step(tmp_path):
     try:
         episodes = trainer.sample(0, [11, 12], 2)
         for i, episode in enumerate(episodes):
-            assert np.array_equal(full(episode.states), trainer.env.observed(i))  # bit for bit, every step
+            assert np.array_equal(full(episode.states), trainer.envs[0].observed(i))  # bit for bit, every step
     finally:
         trainer.close()
 

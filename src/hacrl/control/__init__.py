@@ -31,6 +31,13 @@ observation (velocity and the landmark's relative position), `observation: polar
 direction only (no velocity: a partial view that a recurrent policy can integrate); `architecture: mlp` acts on the
 current observation, `architecture: gru` on the history.
 
-Modules: `env` (seeded episodes, logged states), `observations`, `policies` (MLP, GRU), `config`, `trainer` (the
-loop, checkpoints, metrics in the LLM trainer's formats).
+**A second environment, on MuJoCo: robot arms that differ in their actuators** (`env.name: reach`, `arms`): a
+two-joint and a three-joint planar arm bring their fingertip to a goal, each acting in its own action space (joint
+speeds, a Gaussian policy: `policies`). Policies on one platform share episodes as above; between platforms an
+episode's actions mean nothing to the other's policy until they are mapped (through the task space, or a learned
+model: not built yet), so a sharing algorithm across platforms is refused.
+
+Modules: `env` (seeded episodes, logged states; each policy's environment), `observations` (the particle
+environment's views), `arms` (the MuJoCo arms, their kinematics and views), `policies` (MLP, GRU; discrete or
+Gaussian actions), `config`, `trainer` (the loop, checkpoints, metrics in the LLM trainer's formats).
 """

@@ -19,8 +19,12 @@ class PolicyConfig:
     name: str = "???"
     """Unique; names its metrics and checkpoint parts."""
     observation: Literal["full", "polar"] = "full"
-    """What it sees: `full` (the environment's own observation: velocity, landmark offset) or `polar` (the
-    landmark's distance and direction, no velocity)."""
+    """What it sees. `simple_v3`: `full` (the environment's own observation: velocity, landmark offset) or `polar`
+    (the landmark's distance and direction, no velocity). `reach`: `full` (its joint angles as cos and sin, joint
+    speeds, the goal's offset from its fingertip) or `polar` (the goal as distance and direction)."""
+    platform: Literal["arm2", "arm3"] | None = None
+    """`env.name: reach`: the robot it controls (`hacrl.control.arms`: `arm2`, two joints; `arm3`, three), which
+    decides its action space; unset for `simple_v3`."""
     architecture: Literal["mlp", "gru"] = "mlp"
     """`mlp` (current observation) or `gru` (the history)."""
     hidden: int = 64
@@ -34,12 +38,14 @@ class PolicyConfig:
 
 @dataclass
 class EnvConfig:
-    name: Literal["simple_v3"] = "simple_v3"
-    """mpe2's single-agent navigation task (why: `hacrl.control`)."""
+    name: Literal["simple_v3", "reach"] = "simple_v3"
+    """`simple_v3`: mpe2's single-agent navigation task (why: `hacrl.control`). `reach`: robot arms on MuJoCo that
+    differ in their actuators bring their fingertip to a goal (`hacrl.control.arms`; each policy names its
+    `platform`)."""
     max_cycles: int = 25
-    """Steps per episode."""
+    """Steps per episode (`reach`: 20 actions a second)."""
     success_distance: float = 0.1
-    """An episode succeeds when it ends this close to the landmark."""
+    """An episode succeeds when it ends this close to the landmark (`reach`: its fingertip to the goal, m)."""
 
 
 @dataclass
@@ -113,7 +119,6 @@ MAX_EVAL_STATES = 100_000
 def validate(config: ControlConfig) -> None:
     """The LLM config's checks where they apply (names, finite numbers, sizes: `hacrl.config`), then control's own;
     each message names the key."""
-    import importlib.util
 
     from hacrl.config.schema import check_name
     from hacrl.config.validation import MAX_GROUP_SIZE, MAX_RESPONSES_PER_STEP, check_finite_fields
@@ -162,10 +167,45 @@ def validate(config: ControlConfig) -> None:
         raise ConfigError(f"eval.every >= 0 and 1 <= eval.initial_states <= {MAX_EVAL_STATES:,} are required")
     config.checkpoint.check()
     config.logging.check()
-    if importlib.util.find_spec("mpe2") is None:
+    _check_platforms(config)
+    _check_extras(config)
+
+
+def _check_extras(config: ControlConfig) -> None:
+    """The environment's package is installed (the control extra), or one paragraph with the install line."""
+    import importlib.util
+
+    if config.env.name == "reach":
+        if importlib.util.find_spec("mujoco") is None:
+            raise ConfigError(
+                'env.name=reach needs MuJoCo, in the control extra: pip install "hacrl[control]" (or pip install '
+                "mujoco; `make control` installs it)"
+            )
+    elif importlib.util.find_spec("mpe2") is None:
         raise ConfigError(
             "hacrl control needs the multi-agent particle environments, an optional extra: "
             'pip install "hacrl[control]" (or pip install mpe2; `make control` installs it)'
+        )
+
+
+def _check_platforms(config: ControlConfig) -> None:
+    """Each policy's platform against the environment; sharing only between policies that act alike."""
+    from hacrl.core import get_algorithm
+
+    reach = config.env.name == "reach"
+    for i, p in enumerate(config.policies):
+        if reach and p.platform is None:
+            raise ConfigError(f"policies.{i}.platform is required with env.name=reach: arm2 or arm3")
+        if not reach and p.platform is not None:
+            raise ConfigError(f"policies.{i}.platform={p.platform!r} is for env.name=reach; remove it for simple_v3")
+    platforms = [p.platform for p in config.policies]
+    if get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(set(platforms)) > 1:
+        first = next(i for i, p in enumerate(platforms) if p != platforms[0])
+        raise ConfigError(
+            f"policies.0 ({platforms[0]}) and policies.{first} ({platforms[first]}) act in different action spaces, "
+            f"and algorithm.name={config.algorithm.name!r} trains each on the other's episodes, which needs a mapping "
+            "of one's actions into the other's (not built yet); use algorithm.name=gspo (each alone), or policies "
+            "on one platform"
         )
 
 

@@ -38,12 +38,14 @@ class Episode:
     states: np.ndarray
     """(T + 1, 6) float64: the state before each action, then after the last."""
     actions: np.ndarray
-    """(T,) int64."""
+    """(T,) int64 (discrete actions), or (T, A) float32 (continuous ones, as drawn)."""
     reward: float
     source: int
     source_logp_sum: float = float("nan")
     """The source policy's summed pre-update log-probs of its actions (set after sampling)."""
     success: bool = False
+    unstable: bool = False
+    """Its physics went unstable (`reach`): ended there, reward 0, counted in `unstable_episodes`."""
     old_logp: Any = None
     """(T,) the source's pre-update per-step log-probs, kept by the source for its own update (never crosses)."""
 
@@ -58,8 +60,36 @@ class Episode:
         return len(self.actions)
 
 
+def environments(config) -> tuple[list, list, list[int]]:
+    """Each policy's environment (one shared `Simple`; a `Reach` per platform), its observation function and its
+    observation size (`ControlConfig`'s `env` and `policies`)."""
+    from functools import partial
+
+    env, policies = config.env, config.policies
+    if env.name == "reach":
+        from hacrl.control import arms
+
+        pools = {p: arms.Reach(p, env.max_cycles, env.success_distance) for p in {x.platform for x in policies}}
+        envs = [pools[p.platform] for p in policies]
+        views = [(arms.OBSERVATIONS[p.observation], e.joints) for p, e in zip(policies, envs, strict=True)]
+        observe = [partial(view, n=n) for (view, _), n in views]
+        sizes = [size(n) for (_, size), n in views]
+        return envs, observe, sizes
+    from hacrl.control.observations import OBSERVATIONS
+
+    shared = Simple(env.max_cycles, env.success_distance)
+    return (
+        [shared] * len(policies),
+        [OBSERVATIONS[p.observation][0] for p in policies],
+        [OBSERVATIONS[p.observation][1] for p in policies],
+    )
+
+
 class Simple:
     """A pool of `simple_v3` environments stepped in lockstep (one per concurrent episode)."""
+
+    discrete = True
+    action_size = NUM_ACTIONS
 
     def __init__(self, max_cycles: int = 25, success_distance: float = 0.1) -> None:
         self.max_cycles, self.success_distance = max_cycles, success_distance

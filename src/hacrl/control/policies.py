@@ -1,19 +1,33 @@
 """The policies: a feed-forward one that acts on the current observation and a recurrent one that acts on the
-history. Both give logits over the environment's discrete actions for a whole episode at once (teacher-forced:
-the log-probs of the loss) and step by step (sampling)."""
+history. Both give, for a whole episode at once (teacher-forced: the log-probs of the loss) and step by step
+(sampling), logits over the environment's discrete actions (the particle environment), or the mean of a Gaussian
+over its continuous ones (an arm's joint speeds: `continuous`), whose log standard deviation is a parameter of its
+own, one per action dimension, independent of the observation (the usual form for on-policy control: PPO's)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
+INITIAL_LOG_STD = -0.5
+"""A continuous policy's starting log standard deviation (std 0.61 of an action range of [-1, 1])."""
 
-class MLPPolicy(nn.Module):
-    def __init__(self, obs_dim: int, hidden: int, num_actions: int) -> None:
+
+class _Actions(nn.Module):
+    def _action_head(self, num_actions: int, continuous: bool) -> None:
+        self.continuous = continuous
+        self.log_std = nn.Parameter(torch.full((num_actions,), INITIAL_LOG_STD)) if continuous else None
+
+
+class MLPPolicy(_Actions):
+    def __init__(self, obs_dim: int, hidden: int, num_actions: int, continuous: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, num_actions)
         )
+        self._action_head(num_actions, continuous)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs (B, T, D) -> logits (B, T, A)."""
@@ -27,11 +41,12 @@ class MLPPolicy(nn.Module):
         return None
 
 
-class GRUPolicy(nn.Module):
-    def __init__(self, obs_dim: int, hidden: int, num_actions: int) -> None:
+class GRUPolicy(_Actions):
+    def __init__(self, obs_dim: int, hidden: int, num_actions: int, continuous: bool = False) -> None:
         super().__init__()
         self.gru = nn.GRU(obs_dim, hidden, batch_first=True)
         self.head = nn.Linear(hidden, num_actions)
+        self._action_head(num_actions, continuous)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out, _ = self.gru(obs)
@@ -51,6 +66,26 @@ ARCHITECTURES = {"mlp": MLPPolicy, "gru": GRUPolicy}
 def step_logprobs(
     policy: nn.Module, obs: torch.Tensor, actions: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Per-step log pi(a_t | o_<=t) of whole episodes: obs (B, T, D), actions (B, T) -> (B, T)."""
-    logits = policy(obs) / temperature
+    """Per-step log pi(a_t | o_<=t) of whole episodes: obs (B, T, D), actions (B, T) (discrete) or (B, T, A)
+    (continuous: the Gaussian's density of the drawn, unclipped action, its std times the temperature) -> (B, T)."""
+    out = policy(obs)
+    if policy.continuous:
+        log_std = policy.log_std.float() + math.log(temperature)
+        z = (actions.float() - out.float()) / log_std.exp()
+        return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    logits = out / temperature
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+def draw(policy: nn.Module, out: torch.Tensor, temperature: float, generator: torch.Generator, greedy: bool):
+    """The actions of one step from `out` (`policy.step`'s output, (B, A)): greedy, the most likely (discrete: the
+    argmax; continuous: the mean); else drawn from the policy's distribution at `temperature`, with `generator`."""
+    if policy.continuous:
+        if greedy:
+            return out.float()
+        std = policy.log_std.float().exp() * temperature
+        return out.float() + std * torch.randn(out.shape, generator=generator)
+    if greedy:
+        return out.argmax(-1)
+    probs = torch.softmax(out.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -39,9 +39,8 @@ from hacrl.checkpoint import (
     write_rng,
 )
 from hacrl.control.config import control_config_to_yaml
-from hacrl.control.env import NUM_ACTIONS, Episode, Simple
-from hacrl.control.observations import OBSERVATIONS
-from hacrl.control.policies import ARCHITECTURES, step_logprobs
+from hacrl.control.env import Episode, environments
+from hacrl.control.policies import ARCHITECTURES, draw, step_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
 from hacrl.core.sharing import foreign_of
@@ -67,13 +66,13 @@ class ControlTrainer(RunLoop):
         self.algorithm = get_algorithm(cfg.algorithm.name)
         self.params = cfg.algorithm.params()
         self.names = [p.name for p in cfg.policies]
-        self.env = Simple(cfg.env.max_cycles, cfg.env.success_distance)
-        self.observe = [OBSERVATIONS[p.observation][0] for p in cfg.policies]
+        self.envs, self.observe, sizes = environments(cfg)
         self.policies, self.optimizers, self.generators = [], [], []
         seed = cfg.trainer.seed
         for i, p in enumerate(cfg.policies):
             torch.manual_seed(p.init_seed if p.init_seed is not None else seeds.adapters(seed, i))
-            policy = ARCHITECTURES[p.architecture](OBSERVATIONS[p.observation][1], p.hidden, NUM_ACTIONS)
+            env = self.envs[i]
+            policy = ARCHITECTURES[p.architecture](sizes[i], p.hidden, env.action_size, continuous=not env.discrete)
             self.policies.append(policy)
             self.optimizers.append(
                 torch.optim.AdamW(policy.parameters(), lr=p.lr, weight_decay=p.weight_decay, betas=(0.9, 0.999))
@@ -126,6 +125,7 @@ class ControlTrainer(RunLoop):
                 **learned,
                 "reward_mean": sum(e.reward for e in own) / len(own),
                 "success_frac": sum(e.success for e in own) / len(own),
+                **({"unstable_episodes": sum(e.unstable for e in own)} if not self.envs[k].discrete else {}),
                 "capability": float(caps[k]),
                 "time/generate": generate_s[k],
                 "time/update": update_s,
@@ -146,27 +146,28 @@ class ControlTrainer(RunLoop):
         """Policy j plays `group_size` episodes from each initial state (group-major order); with its pre-update
         per-step log-probs (teacher-forced) summed into each episode's `source_logp_sum`."""
         policy, observe, temperature = self.policies[j], self.observe[j], self.config.trainer.temperature
+        env = self.envs[j]
         runs = [s for s in seeds for _ in range(group_size)]
-        states = [self.env.reset(runs)]
+        states = [env.reset(runs)]
         actions = []
         hidden = policy.initial_state(len(runs))
         with torch.no_grad():
             for _ in range(self.config.env.max_cycles):
                 obs = torch.from_numpy(np.stack([observe(s[None])[0] for s in states[-1]]))
-                logits, hidden = policy.step(obs, hidden)
-                if greedy:
-                    action = logits.argmax(-1)
-                else:
-                    probs = torch.softmax(logits.float() / temperature, dim=-1)
-                    action = torch.multinomial(probs, 1, generator=self.generators[j]).squeeze(-1)
-                actions.append(action.tolist())
-                states.append(self.env.step(action.tolist()))
-        trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, 6)
-        acts = np.array(actions, dtype=np.int64).T  # (runs, T)
+                out, hidden = policy.step(obs, hidden)
+                action = draw(policy, out, temperature, self.generators[j], greedy)
+                actions.append(action.numpy())
+                states.append(env.step(action.tolist()))
+        trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, state size)
+        # (runs, T): discrete actions; (runs, T, A): continuous ones, as drawn (the env clips what it applies)
+        acts = np.stack(actions, axis=1).astype(np.int64 if env.discrete else np.float32)
+        unstable = getattr(env, "unstable", [False] * len(runs))
         episodes = []
         for i in range(len(runs)):
-            reward, success = self.env.reward(trajectories[i])
-            episodes.append(Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success))
+            reward, success = (0.0, False) if unstable[i] else env.reward(trajectories[i])
+            episodes.append(
+                Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success, unstable=unstable[i])
+            )
         if not greedy:
             with torch.no_grad():
                 old = self.logprobs(j, episodes)

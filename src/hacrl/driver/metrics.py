@@ -45,6 +45,10 @@ AGENT = _table(
     ("reward_mean", "mean reward of its own responses"),
     ("accuracy", "share of its own responses with reward r_max"),
     ("success_frac", "hacrl control: share of its own episodes that ended within env.success_distance of the goal"),
+    (
+        "unstable_episodes",
+        "hacrl control, env.name=reach: its own episodes whose physics went unstable (ended there, reward 0)",
+    ),
     ("capability", "P_hat, its capability estimate after this step (spec 3.1)"),
     ("response_length_mean", "mean length of its responses, in its own tokens"),
     ("finished_frac", "share of its responses that ended with EOS"),
