@@ -84,7 +84,7 @@ def measure(directory: Path, tmp: Path, backend: str, rows: int, tokens: int, re
 
 
 def render(rows: list[dict], info: dict) -> str:
-    lines = ["# vLLM against hf on the real model (CPU)", "",
+    lines = ["# vLLM against hf and static on the real model (CPU)", "",
              f"`{info['command']}` on {info['machine']} ({info['cpus']} CPUs), vLLM {info['vllm']}, transformers "
              f"{info['transformers']} (static: its own environment's, below), torch {info['torch']}: "
              "SmolLM2-135M-Instruct, float32, 8 answers per prompt, temperature 1, the model's stops; tokens per "

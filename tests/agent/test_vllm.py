@@ -201,3 +201,38 @@ def test_a_hacpo_run_with_one_agent_on_vllm_resumes_exactly_after_a_kill(smollm2
     last = records(reference)[-1]
     assert last["smol/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # float32: vLLM's gap is ~2e-5
     assert 0 < last["smol/sampler_logp_gap"] < 2e-4 and "qwen/sampler_logp_gap" not in last
+
+
+def test_a_model_vllm_cannot_serve_is_named_with_the_fallback(smollm2, monkeypatch):
+    """vLLM refusing the model (here: its engine raising as for an unknown architecture) stops the run with one
+    message naming the agent's model and the fallback to set."""
+    from types import SimpleNamespace
+
+    import vllm
+    from transformers import AutoConfig
+
+    from hacrl.agent.samplers.vllm import _engine
+    from hacrl.errors import ConfigError
+
+    def refuse(**kwargs):
+        raise ValueError("Model architectures ['FooForCausalLM'] are not supported for now.")
+
+    monkeypatch.setattr(vllm, "LLM", refuse)
+    model = torch.nn.Linear(2, 2)
+    model.name_or_path, model.config = str(smollm2["dir"]), AutoConfig.from_pretrained(smollm2["dir"])
+    settings = SimpleNamespace(rows_per_call=8, max_tokens=64)
+    agent = SimpleNamespace(settings=settings, index=1, cfg=SimpleNamespace(model=str(smollm2["dir"])))
+    with pytest.raises(ConfigError, match=r"agents\.1: vLLM cannot serve the model in .*FooForCausalLM.*"
+                                          r"agents\.1\.rollout_backend=hf"):  # fmt: skip
+        _engine(agent, model)
+
+
+def test_hacrl_never_imports_vllm_unless_an_agent_samples_with_it(tmp_path):
+    """With vLLM installed, the CLI, the trainer and every other sampler load without it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hacrl.tools.cli, hacrl.driver.trainer, hacrl.agent.samplers.hf, hacrl.agent.samplers.static, "
+            "hacrl.agent.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
