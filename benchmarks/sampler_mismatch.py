@@ -28,26 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from vllm_sampling import model_dir  # noqa: E402 - the model as the sampling benchmark fetches it
-
-
-def worker(directory: Path, tmp: Path, dtype: str, prompts: int, tokens: int):
-    import yaml
-
-    from hacrl.agent.worker import AgentWorker
-    from hacrl.config import load_config
-    from hacrl.messages import WorkerSpec
-
-    cfg = {"agents": [{"name": "smol", "model": str(directory), "dtype": dtype}], "algorithm": {"name": "gspo"},
-           "rollout": {"group_size": 8, "max_new_tokens": tokens, "max_prompt_tokens": 96, "backend": "vllm"},
-           "data": {"source": "reasoning_gym", "task": "basic_arithmetic", "train_size": 16, "eval_size": 4},
-           "trainer": {"prompts_per_step": prompts, "mini_batch_size": prompts * 8, "micro_batch_size": 8,
-                       "old_logprobs": "sampler", "output_dir": str(tmp / "run")}}  # fmt: skip
-    path = tmp / f"{dtype}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    config = load_config(path)
-    return AgentWorker(WorkerSpec(0, config.agents[0], config.rollout, config.trainer, config.algorithm,
-                                  torch_threads=2))  # fmt: skip
+from vllm_sampling import model_dir, worker  # noqa: E402 - the model and worker of the sampling benchmark
 
 
 def measure(directory: Path, tmp: Path, dtype: str, prompts: int, tokens: int) -> dict:
@@ -55,7 +36,7 @@ def measure(directory: Path, tmp: Path, dtype: str, prompts: int, tokens: int) -
 
     from hacrl.messages import SampleCall
 
-    w = worker(directory, tmp, dtype, prompts, tokens)
+    w = worker(directory, tmp, "vllm", prompts * 8, tokens, dtype)
     questions = [[{"role": "user", "content": f"What is {i} + {3 * i + 11}? Put the answer in \\boxed{{}}."}]
                  for i in range(prompts)]  # fmt: skip
     w.sample(SampleCall(1, questions, 8))

