@@ -89,6 +89,22 @@ def test_a_checkpoint_of_an_earlier_version_is_compared_under_the_new_names():
     assert resume_differences(saved, current) == ([], [])
 
 
+def test_a_checkpoint_from_before_old_logprobs_auto_resumes_where_auto_means_the_same():
+    """`trainer.old_logprobs: auto` (the default since vLLM's correction) is `recompute` for agents on hf / static: a
+    checkpoint that says `recompute` resumes without a refusal; one that says `sampler` is refused, and so is
+    `recompute` for an agent on vLLM, where `auto` means `corrected`."""
+    current = load_config(DEMO)
+    saved = _as_saved(current)
+    saved["trainer"]["old_logprobs"] = "recompute"
+    assert resume_differences(saved, current) == ([], [])
+    saved["trainer"]["old_logprobs"] = "sampler"
+    assert resume_differences(saved, current)[0] == ["trainer.old_logprobs: 'sampler' in the checkpoint, 'auto' now"]
+    on_vllm = load_config(DEMO, ["agents.0.rollout_backend=vllm"])
+    saved = _as_saved(on_vllm)
+    saved["trainer"]["old_logprobs"] = "recompute"
+    assert resume_differences(saved, on_vllm)[0] == ["trainer.old_logprobs: 'recompute' in the checkpoint, 'auto' now"]
+
+
 def test_scoring_defaults_are_the_scorers():
     assert ScoringConfig().timeout == 5.0 and TrainConfig().scoring.isolation == "process"
 

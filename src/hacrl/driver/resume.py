@@ -270,6 +270,8 @@ def resume_differences(saved: dict[str, Any], current: Any) -> tuple[list[str], 
         policy = resume_policy(key, root)
         if before == after or policy == "safe" or _unread_sharing_setting(key, saved, current):
             continue
+        if _same_old_logprobs(key, before, current):
+            continue
         line = f"{key}: {before!r} in the checkpoint, {after!r} now"
         (not_exact if policy == "not_exact" else refused).append(line)
     return refused, not_exact
@@ -283,6 +285,20 @@ def _unread_sharing_setting(key: str, saved: dict[str, Any], current: Any) -> bo
         return False
     before = SharingConfig(policy=(saved.get("sharing") or {}).get("policy", "all"))
     return not before.reads(name) and not current.sharing.reads(name)
+
+
+def _same_old_logprobs(key: str, before: Any, current: Any) -> bool:
+    """`trainer.old_logprobs` changed in name only: for every agent, `auto` resolves to what the other side says
+    (a checkpoint written before `auto` says `recompute`, which `auto` is for an agent on `hf` or `static`)."""
+    if key != "trainer.old_logprobs" or not hasattr(current, "agents"):
+        return False
+    from hacrl.config.settings import AgentSettings, old_logprobs_of
+    from hacrl.core import get_algorithm
+
+    stale = get_algorithm(current.algorithm.name).takes_stale_rows
+    samplers = [AgentSettings.resolve(a, current.rollout).sampler for a in current.agents]
+    now = current.trainer.old_logprobs
+    return all(old_logprobs_of(str(before), s, stale) == old_logprobs_of(now, s, stale) for s in samplers)
 
 
 def _flatten(value: Any, prefix: str = "", *, entries: set[str] = frozenset({"agents"})) -> dict[str, Any]:
