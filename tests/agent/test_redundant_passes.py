@@ -226,3 +226,25 @@ def test_corrected_is_refused_where_it_cannot_hold(tiny_agents, tmp_path):
                            trainer={"old_logprobs": "corrected"}))  # fmt: skip
     for algorithm in ("grpo", "gspo"):
         load_config(config(f"auto-{algorithm}", algorithm={"name": algorithm}, rollout={"top_p": 0.9}))
+
+
+def test_a_groups_shares_join_their_proximal_log_probs_and_gaps_in_rank_order():
+    """A worker group's ranks each sample a share (`OwnSamples.joined`): under `corrected` at lag 0 each share's
+    proximal log-probs follow its rows, a rank with no rows (more ranks than prompts) adds none, and the gap
+    statistics add up (sums and counts) or take the larger (the largest difference)."""
+    from hacrl.agent.samplers.base import Sample
+    from hacrl.agent.sampling import OwnSamples
+
+    def part(rows: int, gap, proximal: bool) -> OwnSamples:
+        samples = [Sample([1], [2, 3], "x", True, [-0.5, -0.25]) for _ in range(rows)]
+        values = [torch.tensor([-0.5, -0.25]) for _ in range(rows)]
+        return OwnSamples(1, [[1]] * rows, samples, values, [None] * rows,
+                          [torch.tensor([float(rows), 0.0])] * rows if proximal else None, gap)  # fmt: skip
+
+    joined = OwnSamples.joined(1, [part(2, (0.5, 4, 0.25), True), part(0, (0.0, 0, 0.0), False),
+                                   part(1, (0.1, 2, 0.5), True)])  # fmt: skip
+    assert [float(p[0]) for p in joined.proximal_logp] == [2.0, 2.0, 1.0] and len(joined.samples) == 3
+    assert joined.gap == (0.6, 6, 0.5)
+    assert joined.gap_metrics() == {"sampler_logp_gap": pytest.approx(0.1), "sampler_logp_gap_max": 0.5}
+    assert OwnSamples.joined(1, [part(1, (0.0, 0, 0.0), False)]).proximal_logp is None
+    assert OwnSamples.joined(1, [part(1, (0.0, 0, 0.0), False)]).gap_metrics() == {}
