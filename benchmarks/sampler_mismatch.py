@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from vllm_sampling import model_dir, worker  # noqa: E402 - the model and worker of the sampling benchmark
+from vllm_sampling import model_dir, worker, write_results  # noqa: E402 - shared with the sampling benchmark
 
 
 def measure(directory: Path, tmp: Path, dtype: str, prompts: int, tokens: int) -> dict:
@@ -99,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {"command": "python benchmarks/sampler_mismatch.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "vllm": vllm.__version__,
             "torch": torch.__version__, "prompts": args.prompts, "tokens": args.tokens}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"info": info, "rows": results}, indent=1) + "\n")
-    text = render(results, info)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.out, info, results, render)
     return 0
 
 

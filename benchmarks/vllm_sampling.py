@@ -143,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "vllm": vllm.__version__,
             "transformers": transformers.__version__, "torch": torch.__version__, "flags": flags or "none",
             "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"info": info, "rows": results}, indent=1) + "\n")
-    text = render(results, info)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.out, info, results, render)
     return 0
+
+
+def write_results(out: Path, info: dict, rows: list[dict], render) -> None:
+    """`out` (.json: the info and rows) and its .md twin (`render(rows, info)`), which is also printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"info": info, "rows": rows}, indent=1) + "\n")
+    text = render(rows, info)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 def _elsewhere(python: str, backend: str, shape: str, repeats: int) -> dict:
