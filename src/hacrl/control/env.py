@@ -111,6 +111,7 @@ class Simple:
         """Reset one environment per seed; the initial states, and the environments' own first observations."""
         out = []
         self._observed = []
+        self.unstable = [False] * len(seeds)  # a point mass's physics cannot go unstable (`arms.Reach`'s can)
         for i, seed in enumerate(seeds):
             obs, _ = self._env(i).reset(seed=int(seed))
             self._observed.append([obs["agent_0"]])

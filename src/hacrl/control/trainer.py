@@ -161,7 +161,7 @@ class ControlTrainer(RunLoop):
         trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, state size)
         # (runs, T): discrete actions; (runs, T, A): continuous ones, as drawn (the env clips what it applies)
         acts = np.stack(actions, axis=1).astype(np.int64 if env.discrete else np.float32)
-        unstable = getattr(env, "unstable", [False] * len(runs))
+        unstable = env.unstable
         episodes = []
         for i in range(len(runs)):
             reward, success = (0.0, False) if unstable[i] else env.reward(trajectories[i])
