@@ -7,6 +7,7 @@
 | `prompts(seed, epoch)` | the order of the training prompts in an epoch | seed, epoch |
 | `evaluation(seed, step, split, agent)` | sampled evaluation of one agent on one split at one step | all four |
 | `rank(stream, r)` | rank r > 0 of an agent's worker group (`agents.<i>.devices`): its share of that stream | both |
+| `control(seed, what, policy)` | `hacrl control`'s own: a learned mapping (`mapping`), the replay draw | all |
 
 `hacrl control` draws from the same streams, policy i for agent i: `training` drives its actions, `adapters` the
 initialisation of its weights (unless `policies.<i>.init_seed` names one), `prompts(seed, 0)` its initial states.
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["adapters", "evaluation", "prompts", "rank", "streams", "training", "warm_start"]
+__all__ = ["adapters", "control", "evaluation", "prompts", "rank", "streams", "training", "warm_start"]
 
 _EVAL_BIT = 1 << 62
 _RANK_BIT = 1 << 61
+_CONTROL_BIT = 1 << 60
 
 
 def training(seed: int, agent: int) -> int:
@@ -62,6 +64,14 @@ def rank(stream: int, r: int) -> int:
         return stream
     digest = hashlib.blake2b(f"rank\0{stream}\0{r}".encode(), digest_size=8).digest()
     return _RANK_BIT | (int.from_bytes(digest, "little") & (_RANK_BIT - 1))
+
+
+def control(seed: int, what: str, policy: int = 0) -> int:
+    """A stream of `hacrl control`'s own (`what`: `mapping`, policy `policy`'s learned mapping: its initial weights
+    and its batches; `replay`, the draw from the experience buffers): a hash with bit 60 set and bits 61-62 clear,
+    so none of the streams above (for any seed below 2**30)."""
+    digest = hashlib.blake2b(f"control\0{seed}\0{what}\0{policy}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") & (_CONTROL_BIT - 1)) | _CONTROL_BIT
 
 
 def streams(

@@ -143,6 +143,13 @@ def test_a_gaussian_policys_log_probs_are_its_densitys():
             "policies.1.architecture=gru",
         ],  # two arm2 policies that see and compute
         # differently share episodes
+        ["algorithm.name=hacpo", "mapping.default=defined"],  # arm2 and arm3 through their kinematics
+        [
+            "algorithm.name=hacpo",
+            "mapping.default=learned",
+            "mapping.pairs.arm2->arm3=defined",
+            "sharing.replay.steps=1",
+        ],  # a mapping each way, and experience buffers
     ],  # fmt: skip
 )
 def test_a_run_of_each_platform_pair_resumes_exactly(pair, tmp_path):
@@ -154,7 +161,18 @@ def test_a_run_of_each_platform_pair_resumes_exactly(pair, tmp_path):
     assert without_timings(records(cut_run)[-1]) == without_timings(records(full_run)[-1])
     last = records(full_run)[-1]
     assert 0 <= last["eval/arm2/success"] <= 1 and last["arm2/unstable_episodes"] == 0
-    if pair:
+    if "mapping.default=defined" in pair or "mapping.default=learned" in pair:  # own 8 + the replays kept
+        for learner, source in (("arm2", "arm3"), ("arm3", "arm2")):
+            kept = last[f"{learner}/mapped/{source}/kept"]
+            offered = 8 + last.get(f"{learner}/replay/offered", 0)  # the step's 8, and those the buffers brought
+            assert kept + last[f"{learner}/mapped/{source}/filtered"] == offered
+            assert last[f"{learner}/trained_sequences"] == 8 + kept
+        if "sharing.replay.steps=1" in pair:  # step 1's 2 initial states, 4 episodes each of the other arm
+            assert last["arm2/replay/offered"] == last["arm3/replay/offered"] == 8
+        learned = "mapping.default=learned" in pair  # arm3->arm2 learned (arm2's model), arm2->arm3 defined
+        assert ("arm2/mapping/inverse_error" in last) == learned and "arm3/mapping/inverse_error" not in last
+        assert (cut_run / "checkpoints" / "step_000001" / "mappings" / "arm2.pt").exists() == learned
+    elif pair:
         assert last["arm2/trained_sequences"] == 16 and "arm2/foreign_ratio_mean" in last  # 8 own + 8 foreign
     from hacrl.driver.metrics import unknown_keys
 
@@ -164,7 +182,10 @@ def test_a_run_of_each_platform_pair_resumes_exactly(pair, tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.name=hacpo"], "policies.0 (arm2) and policies.1 (arm3) act in different action spaces"),
+        (
+            ["algorithm.name=hacpo"],
+            "policies.1 (arm3, arm3) and policies.0 (arm2, arm2) act in different action spaces",
+        ),
         (["policies.0.platform=null"], "policies.0.platform is required with env.name=reach"),
         (["env.name=simple_v3"], "policies.0.platform='arm2' is for env.name=reach"),
         (["policies.0.platform=arm7"], "policies[0].platform: Invalid value 'arm7'"),

@@ -34,10 +34,13 @@ current observation, `architecture: gru` on the history.
 **A second environment, on MuJoCo: robot arms that differ in their actuators** (`env.name: reach`, `arms`): a
 two-joint and a three-joint planar arm bring their fingertip to a goal, each acting in its own action space (joint
 speeds, a Gaussian policy: `policies`). Policies on one platform share episodes as above; between platforms an
-episode's actions mean nothing to the other's policy until they are mapped (through the task space, or a learned
-model: not built yet), so a sharing algorithm across platforms is refused.
+episode's actions mean nothing to the other's policy: a learner replays the source's fingertip path on its own arm
+through a mapping (`mapping`: its kinematics, or an inverse model fitted on its own transitions) and trains on the
+replay. Experience buffers (`buffers`, `sharing.replay`) keep each policy's episodes of its last steps for the
+others to draw from.
 
 Modules: `env` (seeded episodes, logged states; each policy's environment), `observations` (the particle
-environment's views), `arms` (the MuJoCo arms, their kinematics and views), `policies` (MLP, GRU; discrete or
-Gaussian actions), `config`, `trainer` (the loop, checkpoints, metrics in the LLM trainer's formats).
+environment's views), `arms` (the MuJoCo arms, their kinematics and views), `mapping` (replays across action
+spaces), `buffers` (experience buffers), `policies` (MLP, GRU; discrete or Gaussian actions), `config`, `trainer`
+(the loop, checkpoints, metrics in the LLM trainer's formats).
 """

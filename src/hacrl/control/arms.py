@@ -5,13 +5,16 @@ their fingertip. The platforms (`policies.<i>.platform`):
     arm3    3 hinge joints, links 0.35 + 0.30 + 0.25 m    3 joint speeds (a redundant arm: many postures per goal)
 
 Both are planar arms on a table (hinges about the vertical axis, so gravity does no work on them), driven by
-MuJoCo velocity servos: an action in [-1, 1] per joint (clipped there) asks that joint for that fraction of
-`MAX_SPEED`. They reach the same 0.9 m, and each seed gives both the same goal, in the annulus between
-`GOAL_RADII` (every goal reachable by either), so a step's initial states are the same tasks for every platform;
-the starting posture is drawn from the same seed, in each platform's own joints. Why these: a task that needs
-control (the fingertip must get to the goal and stay there: the servos have inertia to brake), the smallest arms
-that differ in what matters here (the number of actuators, so the action spaces, and the link lengths, so the
-kinematics), and cheap on a CPU (one MjData per episode, ~10 us a physics step).
+MuJoCo velocity servos (gain `SERVO_GAIN`: a joint settles to the asked speed within about a quarter of a step): an
+action in [-1, 1] per joint (clipped there) asks that joint for that fraction of `MAX_SPEED`. They reach the same
+0.9 m, and each seed gives both the same task: the same start point of the fingertip and the same goal, both in
+the annulus between `GOAL_RADII` (reachable by either), each arm starting in a posture of its own that puts its
+fingertip on the start point (`inverse_kinematics`, its free choices drawn from the seed). So a step's initial
+states are the same tasks for every platform, and another platform's episode can be replayed on an arm from its
+own initial state (`hacrl.control.mapping`). Why these: a task that needs control (the fingertip must get to the
+goal and stop there, at speeds the joints' limit bounds), the smallest arms that differ in what matters here (the
+number of actuators, so the action spaces, and the link lengths, so the kinematics), and cheap on a CPU (one
+MjData per episode, ~10 us a physics step).
 
 An episode's record, like the particle environment's, is its states and actions: the state before each action and
 after the last, `STATE_FIELDS(n)` = joint angles, joint speeds, the fingertip's position (the task space, computed
@@ -36,6 +39,11 @@ MAX_SPEED = 3.0
 """rad/s asked of a joint by an action of 1."""
 TIMESTEP, FRAME_SKIP = 0.01, 5
 """MuJoCo's step (s) and physics steps per action: 20 actions a second."""
+SERVO_GAIN = 10.0
+"""N m s / rad: the velocity servos' gain kv (torque kv x (asked - actual speed)). With the links' inertia (at most
+0.12 kg m^2, about the stretched shoulder) the speed settles with a time constant of 0.012 s, a quarter of a step:
+the arm does what it is asked, as a real arm's joint-velocity loop does, and an episode's fingertip path is its
+actions' (a replay can follow it)."""
 UNSTABLE_SPEED = 100.0
 """rad/s: a joint this fast has left the physics a velocity servo of `MAX_SPEED` can make."""
 
@@ -50,6 +58,82 @@ def fingertip(lengths: tuple[float, ...], q: np.ndarray) -> np.ndarray:
     x = (np.asarray(lengths) * np.cos(angles)).sum(axis=-1)
     y = (np.asarray(lengths) * np.sin(angles)).sum(axis=-1)
     return np.stack([x, y], axis=-1)
+
+
+def jacobian(lengths: tuple[float, ...], q: np.ndarray) -> np.ndarray:
+    """d fingertip / d q of a planar arm: q (..., n) -> (..., 2, n). Column i moves the fingertip about joint i:
+    (-sum_{l>=i} L_l sin(theta_l), sum_{l>=i} L_l cos(theta_l)), theta_l = q_0 + ... + q_l."""
+    angles = np.cumsum(q, axis=-1)
+    lengths = np.asarray(lengths)
+    dx = -np.flip(np.cumsum(np.flip(lengths * np.sin(angles), -1), -1), -1)
+    dy = np.flip(np.cumsum(np.flip(lengths * np.cos(angles), -1), -1), -1)
+    return np.stack([dx, dy], axis=-2)
+
+
+DAMPING = 0.01
+"""m: the damping of the task-space inverse (`task_action`), which keeps joint speeds bounded near a stretched or
+folded posture (where the Jacobian loses rank) at the cost of a lag of about DAMPING^2 / sigma^2 there."""
+STEP_SECONDS = TIMESTEP * FRAME_SKIP
+"""The time one action lasts."""
+
+
+def task_action(lengths: tuple[float, ...], q: np.ndarray, move: np.ndarray, iterations: int = 3) -> np.ndarray:
+    """The action (joint speeds per `MAX_SPEED`, clipped to [-1, 1]) that moves the fingertip by `move` (m) over one
+    step: the joint motion dq that puts the fingertip of posture q + dq on fingertip(q) + move, by `iterations`
+    damped least-squares steps dq += J^T (J J^T + DAMPING^2 I)^-1 (target - fingertip(q + dq)) (J at q + dq: the
+    smallest joint motion; arm3: the redundant arm's minimum-norm choice), over STEP_SECONDS x MAX_SPEED. One
+    iteration is the Jacobian's first-order answer; more remove its error on long steps. q (..., n), move (..., 2)
+    -> (..., n)."""
+    q = np.asarray(q, dtype=np.float64)
+    target = fingertip(lengths, q) + move
+    dq = np.zeros_like(q)
+    for _ in range(iterations):
+        jac = jacobian(lengths, q + dq)
+        gram = jac @ np.swapaxes(jac, -1, -2) + DAMPING**2 * np.eye(2)
+        error = target - fingertip(lengths, q + dq)
+        dq = dq + (np.swapaxes(jac, -1, -2) @ np.linalg.solve(gram, error[..., None]))[..., 0]
+    return np.clip(dq / (STEP_SECONDS * MAX_SPEED), -1.0, 1.0)
+
+
+def reach(lengths: tuple[float, ...]) -> tuple[float, float]:
+    """(nearest, farthest) distance from the base the fingertip can be."""
+    longest, total = max(lengths), sum(lengths)
+    return max(0.0, 2 * longest - total), total
+
+
+def _two_link(l1: float, l2: float, point: np.ndarray, elbow: float) -> np.ndarray:
+    """The two joint angles putting a two-link arm's end on `point` (reachable), elbow sign `elbow` (+1 or -1)."""
+    x, y = point
+    c = (x * x + y * y - l1 * l1 - l2 * l2) / (2 * l1 * l2)
+    q1 = elbow * math.acos(min(1.0, max(-1.0, c)))
+    q0 = math.atan2(y, x) - math.atan2(l2 * math.sin(q1), l1 + l2 * math.cos(q1))
+    return np.array([q0, q1])
+
+
+def inverse_kinematics(lengths: tuple[float, ...], tip: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Joint angles that put the fingertip on `tip` (inside the arm's reach), the free choices from `rng`: the elbow's
+    side; for three links, the last link's direction (drawn until the wrist it leaves is reachable by the first
+    two, else the direction along or against the radius, one of which always is for goals in `GOAL_RADII`)."""
+    elbow = 1.0 if rng.uniform() < 0.5 else -1.0
+    if len(lengths) == 2:
+        return _two_link(*lengths, np.asarray(tip, dtype=np.float64), elbow)
+    if len(lengths) != 3:
+        raise ValueError(f"inverse_kinematics knows arms of 2 or 3 links, got {len(lengths)}")
+    l1, l2, l3 = lengths
+    near, far = abs(l1 - l2), l1 + l2
+    radial = math.atan2(tip[1], tip[0])
+    for phi in [*rng.uniform(-math.pi, math.pi, 16), radial, radial + math.pi]:
+        wrist = np.asarray(tip) - l3 * np.array([math.cos(phi), math.sin(phi)])
+        if near + 1e-6 <= float(np.hypot(*wrist)) <= far - 1e-6:
+            q01 = _two_link(l1, l2, wrist, elbow)
+            return np.array([q01[0], q01[1], phi - q01[0] - q01[1]])
+    raise ValueError(f"no posture of the links {lengths} puts the fingertip on {tuple(tip)}")
+
+
+def _annulus_point(rng: np.random.Generator) -> np.ndarray:
+    radius = rng.uniform(*GOAL_RADII)
+    angle = rng.uniform(-math.pi, math.pi)
+    return np.array([radius * math.cos(angle), radius * math.sin(angle)])
 
 
 def arm_xml(lengths: tuple[float, ...]) -> str:
@@ -67,7 +151,7 @@ def arm_xml(lengths: tuple[float, ...]) -> str:
         f'size="0.02" mass="{0.5 * lengths[-1]:.4f}"/><site name="tip" pos="{lengths[-1]} 0 0"/>',
     )
     servos = "".join(
-        f'<velocity joint="j{i}" kv="1" ctrlrange="-{MAX_SPEED} {MAX_SPEED}" ctrllimited="true"/>'
+        f'<velocity joint="j{i}" kv="{SERVO_GAIN}" ctrlrange="-{MAX_SPEED} {MAX_SPEED}" ctrllimited="true"/>'
         for i in range(len(lengths))
     )
     return (
@@ -115,13 +199,21 @@ class Reach:
     @staticmethod
     def goal(seed: int) -> np.ndarray:
         """The goal of initial state `seed`, the same for every platform."""
-        rng = np.random.default_rng([int(seed), 0])
-        radius = rng.uniform(*GOAL_RADII)
-        angle = rng.uniform(-math.pi, math.pi)
-        return np.array([radius * math.cos(angle), radius * math.sin(angle)])
+        return _annulus_point(np.random.default_rng([int(seed), 0]))
+
+    @staticmethod
+    def start(seed: int) -> np.ndarray:
+        """Where the fingertip starts in initial state `seed`, the same for every platform (each arm reaches it in a
+        posture of its own: `start_posture`)."""
+        return _annulus_point(np.random.default_rng([int(seed), 1]))
+
+    def start_posture(self, seed: int) -> np.ndarray:
+        """This arm's joint angles at the start of initial state `seed`: its fingertip on `start(seed)`, the
+        posture's free choices (the elbow's side; arm3's last link direction) drawn from the seed."""
+        return inverse_kinematics(self.lengths, self.start(seed), np.random.default_rng([int(seed), 2]))
 
     def reset(self, seeds: list[int]) -> list[np.ndarray]:
-        """One arm per seed at its starting posture (joint angles from the seed), at rest; their states."""
+        """One arm per seed at its starting posture (`start_posture`), at rest; their states."""
         mujoco = self._mujoco
         while len(self._data) < len(seeds):
             self._data.append(mujoco.MjData(self.model))
@@ -129,7 +221,7 @@ class Reach:
         for i, seed in enumerate(seeds):
             data = self._data[i]
             mujoco.mj_resetData(self.model, data)
-            data.qpos[:] = np.random.default_rng([int(seed), 1]).uniform(-math.pi, math.pi, self.joints)
+            data.qpos[:] = self.start_posture(seed)
             mujoco.mj_forward(self.model, data)
             self._goals.append(self.goal(seed))
         self._live = len(seeds)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from hacrl.config import NOT_EXACT, SAFE, AlgorithmConfig, CheckpointConfig, LoggingConfig
+from hacrl.config.schema import SharingConfig
 from hacrl.errors import ConfigError
 
 
@@ -49,6 +50,55 @@ class EnvConfig:
 
 
 @dataclass
+class MappingConfig:
+    """`env.name: reach`: how a learner reads the episodes of a policy on another platform (`hacrl.control.mapping`:
+    a replay of the source's fingertip path on the learner's own arm, closed loop through a mapping)."""
+
+    default: Literal["none", "defined", "learned"] = "none"
+    """The mapping of every pair of policies on different platforms that `pairs` does not name: `defined` (the
+    learner's kinematics: its Jacobian's damped inverse), `learned` (an inverse model fitted on the learner's own
+    transitions), `none` (no mapping: a sharing algorithm across platforms is refused)."""
+    pairs: dict[str, str] = field(default_factory=dict)
+    """Per pair, "<source>-><learner>" (policy names) -> none | defined | learned; the others take `default`."""
+    error_bound: float = 0.05
+    """m: a replay whose fingertip strays farther than this from the source's path (at any state) is left out of
+    the learner's pool, counted in `<learner>/mapped/<source>/filtered`."""
+    hidden: int = 64
+    """`learned`: the inverse model's hidden width (an MLP of two hidden layers)."""
+    lr: float = 3.0e-3
+    """`learned`: its Adam learning rate."""
+    fit_steps: int = 50
+    """`learned`: optimizer steps of its refit, once a training step."""
+    batch: int = 256
+    """`learned`: transitions per optimizer step of the refit."""
+    window: int = 4
+    """`learned`: it is fitted on the learner's own transitions of its last this many steps."""
+
+
+@dataclass
+class ReplayConfig:
+    """Experience buffers (`sharing.replay`): each policy keeps its scored episodes of its last `steps` steps; every
+    step the learners draw `groups` earlier initial states from them and train on the other policies' episodes of
+    those (`hacrl.control.buffers`)."""
+
+    steps: int = 0
+    """Steps of episodes each policy keeps, before the current one (0: no buffers, only the step's own pool)."""
+    groups: int = 8
+    """Earlier initial states drawn per step (uniformly, without replacement, from every buffered one; the same for
+    every learner); each brings every policy's buffered episodes of it."""
+    max_episodes: int = 4096
+    """Episodes each policy's buffer holds at most: its oldest steps leave first (at least one step's worth)."""
+
+
+@dataclass
+class ControlSharingConfig(SharingConfig):
+    """Which other policies' episodes each learner trains on: the LLM trainer's sharing policies and budget
+    (`hacrl.core.sharing`; `top_k` and `groups` are not in `hacrl control`), and experience buffers (`replay`)."""
+
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+
+@dataclass
 class ControlTrainerConfig:
     steps: int = field(default=150, metadata=SAFE)
     initial_states_per_step: int = 8
@@ -81,6 +131,8 @@ class ControlConfig:
     policies: list[PolicyConfig] = field(default_factory=list)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    mapping: MappingConfig = field(default_factory=MappingConfig)
+    sharing: ControlSharingConfig = field(default_factory=ControlSharingConfig)
     trainer: ControlTrainerConfig = field(default_factory=ControlTrainerConfig)
     eval: ControlEvalConfig = field(default_factory=ControlEvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -168,7 +220,57 @@ def validate(config: ControlConfig) -> None:
     config.checkpoint.check()
     config.logging.check()
     _check_platforms(config)
+    _check_sharing(config)
     _check_extras(config)
+
+
+CONTROL_SHARING_POLICIES = ("all", "correct", "learner_fails", "adaptive")
+"""`sharing.policy` in `hacrl control` (`top_k` reads a relevance from the learner's tokens: not here)."""
+
+
+def _check_sharing(config: ControlConfig) -> None:
+    """`sharing`: a policy and budget as in the LLM config, only where episodes are shared; the replay's bounds."""
+    from hacrl.core import get_algorithm
+
+    sharing, algo, t = config.sharing, config.algorithm, config.trainer
+    sharing.check()
+    shares = get_algorithm(algo.name).pool_is_shared(algo) and len(config.policies) > 1
+    if sharing.policy not in CONTROL_SHARING_POLICIES:
+        raise ConfigError(
+            f"sharing.policy={sharing.policy} is not in hacrl control (it reads a relevance from the learner's "
+            f"tokens); choose one of {', '.join(CONTROL_SHARING_POLICIES)}"
+        )
+    if sharing.groups is not None:
+        raise ConfigError("sharing.groups is not in hacrl control: remove it (every policy shares with every other)")
+    changed = [key for key, on in (("policy", sharing.policy != "all"), ("budget_per_prompt",
+               sharing.budget_per_prompt is not None), ("replay.steps", sharing.replay.steps > 0)) if on]  # fmt: skip
+    if changed and not shares:
+        raise ConfigError(
+            f"sharing.{changed[0]} chooses which of the other policies' episodes a learner trains on, but "
+            f"algorithm.name={algo.name!r} with {len(config.policies)} policies shares none; use algorithm.name=hacpo "
+            "(or naive) with two or more policies, or remove it"
+        )
+    if sharing.reads("min_reward") and sharing.min_reward is not None and sharing.min_reward > algo.r_max:
+        raise ConfigError(f"sharing.min_reward={sharing.min_reward} is above algorithm.r_max={algo.r_max}")
+    if sharing.reads("fail_below") and not 0 < sharing.fail_below <= algo.r_max:
+        raise ConfigError(f"sharing.fail_below={sharing.fail_below} must be in (0, algorithm.r_max={algo.r_max}]")
+    if sharing.reads("margin") and sharing.margin >= algo.r_max:
+        raise ConfigError(f"sharing.margin={sharing.margin} must be below algorithm.r_max={algo.r_max}")
+    replay, per_step = sharing.replay, t.initial_states_per_step * t.group_size
+    if replay.steps < 0 or replay.groups < 1:
+        raise ConfigError(
+            "sharing.replay.steps >= 0 (0: off) and sharing.replay.groups >= 1 are required, got "
+            f"steps={replay.steps}, groups={replay.groups}"
+        )
+    if replay.steps and not per_step <= replay.max_episodes <= MAX_REPLAY_EPISODES:
+        raise ConfigError(
+            f"sharing.replay.max_episodes={replay.max_episodes} must hold one step's episodes (initial_states_per_step "
+            f"x group_size = {per_step}) and at most {MAX_REPLAY_EPISODES:,}"
+        )
+
+
+MAX_REPLAY_EPISODES = 1_000_000
+"""Per policy: beyond this the buffers are a typo, not a replay (each episode keeps its states in memory)."""
 
 
 def _check_extras(config: ControlConfig) -> None:
@@ -189,24 +291,82 @@ def _check_extras(config: ControlConfig) -> None:
 
 
 def _check_platforms(config: ControlConfig) -> None:
-    """Each policy's platform against the environment; sharing only between policies that act alike."""
-    from hacrl.core import get_algorithm
-
+    """Each policy's platform against the environment; sharing across platforms only through a mapping."""
     reach = config.env.name == "reach"
     for i, p in enumerate(config.policies):
         if reach and p.platform is None:
             raise ConfigError(f"policies.{i}.platform is required with env.name=reach: arm2 or arm3")
         if not reach and p.platform is not None:
             raise ConfigError(f"policies.{i}.platform={p.platform!r} is for env.name=reach; remove it for simple_v3")
-    platforms = [p.platform for p in config.policies]
-    if get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm) and len(set(platforms)) > 1:
-        first = next(i for i, p in enumerate(platforms) if p != platforms[0])
+    _check_mapping(config)
+
+
+def mapping_of(config: ControlConfig, source: int, learner: int) -> str:
+    """How policy `learner` reads policy `source`'s episodes: `same` (one platform: re-observed), or the pair's
+    mapping (`mapping.pairs`, else `mapping.default`)."""
+    policies = config.policies
+    if policies[source].platform == policies[learner].platform:
+        return "same"
+    return config.mapping.pairs.get(f"{policies[source].name}->{policies[learner].name}", config.mapping.default)
+
+
+def _check_mapping(config: ControlConfig) -> None:
+    """`mapping`: known names and values, only where platforms differ, bounds that make sense; a sharing algorithm
+    across platforms needs a mapping for every such pair, and one that can be computed."""
+    from hacrl.control import mapping as maps
+    from hacrl.core import get_algorithm
+
+    m, policies = config.mapping, config.policies
+    names = [p.name for p in policies]
+    if config.env.name != "reach" and (m.pairs or m.default != "none"):
         raise ConfigError(
-            f"policies.0 ({platforms[0]}) and policies.{first} ({platforms[first]}) act in different action spaces, "
-            f"and algorithm.name={config.algorithm.name!r} trains each on the other's episodes, which needs a mapping "
-            "of one's actions into the other's (not built yet); use algorithm.name=gspo (each alone), or policies "
-            "on one platform"
+            f"mapping.* maps between robot platforms (env.name=reach); {config.env.name} has one action space: remove "
+            "mapping.default and mapping.pairs"
         )
+    for key, kind in m.pairs.items():
+        source, sep, learner = key.partition("->")
+        if not sep or source not in names or learner not in names or source == learner:
+            raise ConfigError(
+                f'mapping.pairs: {key!r} is not "<source>-><learner>" with two of the policies\' names {names}'
+            )
+        if kind not in maps.MAPPINGS:
+            raise ConfigError(f"mapping.pairs.{key}={kind!r}: one of {', '.join(maps.MAPPINGS)}")
+        if policies[names.index(source)].platform == policies[names.index(learner)].platform:
+            raise ConfigError(
+                f"mapping.pairs: {source} and {learner} are both {policies[names.index(source)].platform}: one action "
+                "space, read without a mapping; remove the pair"
+            )
+    if not m.error_bound > 0:
+        raise ConfigError(f"mapping.error_bound must be > 0 (m), got {m.error_bound}")
+    if not (1 <= m.hidden <= MAX_HIDDEN and m.lr > 0 and m.fit_steps >= 0 and m.batch >= 1 and m.window >= 1):
+        raise ConfigError(
+            f"mapping: 1 <= hidden <= {MAX_HIDDEN}, lr > 0, fit_steps >= 0, batch >= 1 and window >= 1 are required, "
+            f"got hidden={m.hidden}, lr={m.lr}, fit_steps={m.fit_steps}, batch={m.batch}, window={m.window}"
+        )
+    if not get_algorithm(config.algorithm.name).pool_is_shared(config.algorithm):
+        return
+    for learner, to in enumerate(policies):
+        for source, frm in enumerate(policies):
+            kind = mapping_of(config, source, learner) if source != learner else "same"
+            if kind == "none":
+                raise ConfigError(
+                    f"policies.{source} ({frm.name}, {frm.platform}) and policies.{learner} ({to.name}, {to.platform}) "
+                    f"act in different action spaces, and algorithm.name={config.algorithm.name!r} trains each on the "
+                    "other's episodes: set mapping.default (defined: through the learner's kinematics; learned: an "
+                    f"inverse model) or mapping.pairs.{frm.name}->{to.name}; or use algorithm.name=gspo (each alone)"
+                )
+            if kind in ("defined", "learned"):
+                problem = maps.unmappable(frm.platform, to.platform)
+                if problem:
+                    raise ConfigError(f"mapping of {frm.name}->{to.name} ({kind}): {problem}")
+                if config.algorithm.foreign_ratio != "source_mean":
+                    raise ConfigError(
+                        f"algorithm.foreign_ratio={config.algorithm.foreign_ratio!r} compares summed log-probs, and "
+                        f"{frm.name}'s and {to.name}'s sums run over different numbers of action coordinates "
+                        f"({frm.platform}, {to.platform}); across platforms only source_mean (each side's mean over "
+                        "its own coordinates: docs/design.md, 'Foreign rows across action spaces') is defined: "
+                        "set algorithm.foreign_ratio=source_mean"
+                    )
 
 
 def control_config_to_yaml(config: ControlConfig) -> str:

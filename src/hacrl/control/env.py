@@ -49,15 +49,19 @@ class Episode:
     old_logp: Any = None
     """(T,) the source's pre-update per-step log-probs, kept by the source for its own update (never crosses)."""
 
+    source_size: int = 0
+    """A mapped episode (`control.mapping`): the source's own action count (its `actions.size`); 0: this one's."""
+
     @property
     def source_num_tokens(self) -> int:
-        """The episode's length in the source's "tokens": its steps (a foreign row's ratio averages over them)."""
-        return len(self.actions)
+        """The episode's length in the source's "tokens": its action coordinates (a discrete action is one, a
+        continuous one has one per actuator), over which a foreign row's ratio averages the source's log-probs."""
+        return self.source_size or int(self.actions.size)
 
     @property
     def num_bytes(self) -> int:
-        """An episode has no text: its steps stand for the byte count too (the `bytes` normalisation)."""
-        return len(self.actions)
+        """An episode has no text: its token count stands for the byte count too (the `bytes` normalisation)."""
+        return self.source_num_tokens
 
 
 def environments(config) -> tuple[list, list, list[int]]:

@@ -68,11 +68,22 @@ def step_logprobs(
 ) -> torch.Tensor:
     """Per-step log pi(a_t | o_<=t) of whole episodes: obs (B, T, D), actions (B, T) (discrete) or (B, T, A)
     (continuous: the Gaussian's density of the drawn, unclipped action, its std times the temperature) -> (B, T)."""
+    out = token_logprobs(policy, obs, actions, temperature)
+    return out.reshape(*actions.shape[:2], -1).sum(-1)
+
+
+def token_logprobs(
+    policy: nn.Module, obs: torch.Tensor, actions: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """An episode's "tokens" and their log-probs, what the losses average over: a discrete policy's steps, (B, T);
+    a continuous policy's action coordinates in step order, (B, T x A): the Gaussian's covariance is diagonal, so
+    an action's density is the product of its coordinates' (one token each), as a response's probability is the
+    product of its tokens'. Averages over them are comparable between action spaces of different sizes."""
     out = policy(obs)
     if policy.continuous:
         log_std = policy.log_std.float() + math.log(temperature)
         z = (actions.float() - out.float()) / log_std.exp()
-        return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).flatten(1)
     logits = out / temperature
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 

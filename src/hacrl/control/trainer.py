@@ -38,12 +38,13 @@ from hacrl.checkpoint import (
     write_optimizer,
     write_rng,
 )
-from hacrl.control.config import control_config_to_yaml
+from hacrl.control.buffers import Buffers
+from hacrl.control.config import control_config_to_yaml, mapping_of
 from hacrl.control.env import Episode, environments
-from hacrl.control.policies import ARCHITECTURES, draw, step_logprobs
+from hacrl.control.policies import ARCHITECTURES, draw, token_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
-from hacrl.core.sharing import foreign_of
+from hacrl.core.sharing import foreign_of, in_pool_order, select_foreign, within_budget
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
@@ -52,6 +53,16 @@ from hacrl.learner import loss_inputs, update
 
 EVAL_SEED_BASE = 2**30
 """Held-out initial states are seeds EVAL_SEED_BASE + i; training draws seeds below it."""
+
+
+BUFFERS_FILE = "buffers.pt"
+"""The experience buffers and their draw's random stream in a checkpoint (`control.buffers.Buffers.state_dict`)."""
+
+
+def mapping_file(checkpoint: Path, name: str) -> Path:
+    """Policy `name`'s learned mapping (`control.mapping.InverseModel`: weights, optimizer, transition window, random
+    stream) in a checkpoint."""
+    return Path(checkpoint) / "mappings" / f"{name}.pt"
 
 
 class ControlTrainer(RunLoop):
@@ -79,6 +90,13 @@ class ControlTrainer(RunLoop):
             )
             self.generators.append(torch.Generator().manual_seed(seeds.training(seed, i)))
         self.optimizer_steps = [0] * len(self.policies)
+        self._setup_mappings()
+        replay = cfg.sharing.replay
+        self.buffers = (
+            Buffers(len(self.policies), replay.steps, replay.max_episodes, seeds.control(seed, "replay"))
+            if replay.steps
+            else None
+        )
         self.tracker = CapabilityTracker(
             len(self.policies),
             window=cfg.algorithm.capability_window,
@@ -91,6 +109,32 @@ class ControlTrainer(RunLoop):
         self.plan = plan_resume(cfg, self.run_dir, resume, self.notice, names=self.names)  # as `hacrl train` does
         if self.plan.checkpoint is not None:
             self._load(self.plan.checkpoint, self.plan.state)
+
+    def _setup_mappings(self) -> None:
+        """Per learner, the mapping of each source on another platform (`mapping_of`), the mappings' objects (one
+        of each kind a learner uses: a learned one is fitted once on its own transitions, whoever it maps) and a
+        pool of its arms to replay others' episodes on."""
+        from hacrl.control import mapping as maps
+        from hacrl.control.arms import Reach
+
+        cfg, n = self.config, len(self.config.policies)
+        self.read_as = [[mapping_of(cfg, j, k) if j != k else "own" for j in range(n)] for k in range(n)]
+        self.mappers: list[dict[str, Any]] = []
+        self.replay_envs: list[Any] = []
+        m = cfg.mapping
+        for k in range(n):
+            kinds = {kind for kind in self.read_as[k] if kind in ("defined", "learned")}
+            env = self.envs[k]
+            mappers: dict[str, Any] = {}
+            if "defined" in kinds:
+                mappers["defined"] = maps.Defined(env)
+            if "learned" in kinds:
+                mappers["learned"] = maps.InverseModel(env, m.hidden, m.lr, m.fit_steps, m.batch, m.window,
+                                                       seed=seeds.control(cfg.trainer.seed, "mapping", k))  # fmt: skip
+            self.mappers.append(mappers)
+            self.replay_envs.append(
+                Reach(env.platform, cfg.env.max_cycles, cfg.env.success_distance) if kinds else None
+            )
 
     def _write_config(self, path: Path) -> None:
         path.write_text(control_config_to_yaml(self.config))
@@ -112,33 +156,70 @@ class ControlTrainer(RunLoop):
         self.tracker.update(step_mean_rewards(rewards, torch.tensor([e.source for e in pool]), n))  # 4
         caps = self.tracker.capabilities()
         shared = self.algorithm.pool_is_shared(self.params)
+        drawn, seed_of, past = self._draw_replay(seeds, shared)
         metrics: dict[str, Any] = {}
-        update_total = 0.0
+        update_total = mapping_total = 0.0
         for k in range(n):  # 5
-            foreign = foreign_of(pool, k, shared=shared)
-            start = time.perf_counter()
-            learned = self.learn(k, sampled[k] + foreign, caps)
-            update_s = time.perf_counter() - start
-            update_total += update_s
-            own = sampled[k]
-            values = {
-                **learned,
-                "reward_mean": sum(e.reward for e in own) / len(own),
-                "success_frac": sum(e.success for e in own) / len(own),
-                **({"unstable_episodes": sum(e.unstable for e in own)} if not self.envs[k].discrete else {}),
-                "capability": float(caps[k]),
-                "time/generate": generate_s[k],
-                "time/update": update_s,
-            }
-            if shared and n > 1:
-                rho = self.tracker.loss_coefficients(k)
-                for j, other in enumerate(self.names):
-                    if j != k:
-                        values[f"rho/{other}"] = float(rho[j]) if self.params.capability_coef else 1.0
+            values = self._learner_step(k, sampled, past, seed_of, caps, shared, len(seeds) if drawn else None)
+            values["time/generate"] = generate_s[k]
+            update_total += values["time/update"]
+            mapping_total += values.get("time/mapping", 0.0)
+            if drawn:
+                values["replay/offered"] = sum(len(past[j]) for j in range(n) if j != k)
+                values["replay/age_mean"] = sum(self.buffers.added - step for step, _, _ in drawn) / len(drawn)
             metrics.update({agent_key(self.names[k], key): v for key, v in values.items()})
+        if self.buffers is not None:
+            self.buffers.add(seeds, sampled)  # after the draw: a step never replays its own episodes
         metrics["time/sampling"], metrics["time/update"] = sampling, update_total
-        metrics["time/step"] = sampling + update_total
+        if any(env is not None for env in self.replay_envs):
+            metrics["time/mapping"] = mapping_total
+        metrics["time/step"] = sampling + mapping_total + update_total
         return metrics
+
+    def _draw_replay(self, seeds: list[int], shared: bool) -> tuple[list, dict[int, int], list[list[Episode]]]:
+        """The experience buffers' earlier initial states for this step (`control.buffers`): (step, group, seed) of
+        each drawn, every group id's seed (the step's own 0..B-1, the drawn B, B + 1, ...), and every policy's
+        buffered episodes of the drawn ones under those ids."""
+        n, b = len(self.policies), len(seeds)
+        drawn = self.buffers.draw(self.config.sharing.replay.groups) if self.buffers is not None and shared else []
+        seed_of = dict(enumerate(seeds)) | {b + i: seed for i, (_, _, seed) in enumerate(drawn)}
+        past = [[e for i, (step, g, _) in enumerate(drawn) for e in self.buffers.episodes(j, step, g, b + i)]
+                for j in range(n)]  # fmt: skip
+        return drawn, seed_of, past
+
+    def _learner_step(self, k: int, sampled: list[list[Episode]], past: list[list[Episode]], seed_of: dict[int, int],
+                      caps: torch.Tensor, shared: bool, past_from: int | None) -> dict[str, Any]:  # fmt: skip
+        """Learner k's part of step 5: its learned mapping sees its own episodes, the others' episodes (the step's,
+        then the buffers') become its foreign rows (replayed across platforms), its update; its metrics."""
+        n, own = len(self.policies), sampled[k]
+        start = time.perf_counter()
+        mapped = {}
+        for mapper in self.mappers[k].values():  # a learned mapping sees the learner's own step, then maps
+            mapped.update(mapper.observe_own(own))
+        pool = [e for episodes in sampled for e in episodes]
+        offered = foreign_of(pool, k, shared=shared) + [e for j in range(n) if j != k for e in past[j]]
+        foreign, replays = self.readable(k, offered, seed_of)
+        for j, replay in replays.items():
+            mapped.update(replay.metrics(self.names[j]))
+        map_s = time.perf_counter() - start
+        start = time.perf_counter()
+        # the learner's own buffered episodes join their groups' baselines, never its loss (stale own rows)
+        learned = self.learn(k, own + foreign + past[k], caps, baseline_only=len(past[k]), past_from=past_from)
+        values = {
+            **learned,
+            "reward_mean": sum(e.reward for e in own) / len(own),
+            "success_frac": sum(e.success for e in own) / len(own),
+            **({"unstable_episodes": sum(e.unstable for e in own)} if not self.envs[k].discrete else {}),
+            "capability": float(caps[k]),
+            "time/update": time.perf_counter() - start,
+            **({"time/mapping": map_s, **mapped} if self.replay_envs[k] is not None else {}),
+        }
+        if shared and n > 1:
+            rho = self.tracker.loss_coefficients(k)
+            for j, other in enumerate(self.names):
+                if j != k:
+                    values[f"rho/{other}"] = float(rho[j]) if self.params.capability_coef else 1.0
+        return values
 
     # -- sampling and learning -------------------------------------------------------------------------------------
 
@@ -176,35 +257,68 @@ class ControlTrainer(RunLoop):
                 episode.old_logp = row
         return episodes
 
+    def readable(self, k: int, foreign: list[Episode], seeds: dict[int, int]) -> tuple[list[Episode], dict[int, Any]]:
+        """Learner k's foreign episodes as it trains on them, in their order: a source on its platform as it is (the
+        learner re-observes the logged states); one on another platform replayed on the learner's arm through the
+        pair's mapping (`control.mapping.replay`), those past `mapping.error_bound` left out. And the replays by
+        source."""
+        from hacrl.control.mapping import replay
+
+        by_source: dict[int, list[Episode]] = {}
+        for e in foreign:
+            by_source.setdefault(e.source, []).append(e)
+        replays = {
+            j: replay(self.replay_envs[k], self.mappers[k][self.read_as[k][j]], episodes, seeds,
+                      self.config.mapping.error_bound)
+            for j, episodes in by_source.items() if self.read_as[k][j] in ("defined", "learned")
+        }  # fmt: skip
+        readable = [e for j, episodes in by_source.items() for e in (replays[j].episodes if j in replays else episodes)]
+        return in_pool_order(readable), replays
+
     def observations(self, k: int, episodes: list[Episode]) -> torch.Tensor:
         """Learner k's view of episodes (any source's): its observation of each state before an action, (N, T, D)."""
         return torch.from_numpy(np.stack([self.observe[k](e.states[:-1]) for e in episodes]))
 
     def logprobs(self, k: int, episodes: list[Episode]) -> torch.Tensor:
         actions = torch.from_numpy(np.stack([e.actions for e in episodes]))
-        return step_logprobs(self.policies[k], self.observations(k, episodes), actions, self.config.trainer.temperature)
-
-    def learn(self, k: int, pool: list[Episode], caps: torch.Tensor) -> dict[str, Any]:
-        """Learner k's update on its pool (own episodes first): advantages over the pool, then one optimizer step
-        per mini-batch, each with `hacrl.core`'s loss."""
-        cfg, policy, optimizer = self.config, self.policies[k], self.optimizers[k]
-        adv = self.algorithm.advantages(
-            torch.tensor([e.reward for e in pool], dtype=torch.float64),
-            torch.tensor([e.group for e in pool]),
-            torch.tensor([e.source for e in pool]),
-            learner=k,
-            capabilities=caps,
-            params=self.params,
+        return token_logprobs(
+            self.policies[k], self.observations(k, episodes), actions, self.config.trainer.temperature
         )
+
+    def learn(self, k: int, pool: list[Episode], caps: torch.Tensor, baseline_only: int = 0,
+              past_from: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """Learner k's update on its pool (own episodes first, then the others' in config order, then
+        `baseline_only` rows that count in their groups' baselines but not in the loss): advantages over the pool,
+        the sharing policy's and budget's choice of foreign rows (`hacrl.core.sharing`), then one optimizer step per
+        mini-batch of the rows kept, in pool order, each with `hacrl.core`'s loss. Groups from `past_from` on are
+        earlier initial states (the experience buffers): their kept rows are counted in `replay/kept`."""
+        cfg, policy, optimizer = self.config, self.policies[k], self.optimizers[k]
+        rewards = torch.tensor([e.reward for e in pool], dtype=torch.float64)
+        groups, sources = torch.tensor([e.group for e in pool]), torch.tensor([e.source for e in pool])
+        adv = self.algorithm.advantages(rewards, groups, sources, learner=k, capabilities=caps, params=self.params)
+        sharing, n = cfg.sharing, len(self.policies)
+        keep = select_foreign(rewards, groups, sources, learner=k, policy=sharing.policy, num_agents=n,
+                              min_reward=sharing.min_reward_or(cfg.algorithm.r_max), fail_below=sharing.fail_below,
+                              margin=sharing.margin)  # fmt: skip
+        if sharing.budget_per_prompt is not None:
+            rho = self.tracker.loss_coefficients(k) if self.params.capability_coef else torch.ones(n)
+            weight = (rho.double()[sources] * adv.double()).abs()
+            keep = within_budget(keep, weight, groups, sources, learner=k, per_prompt=sharing.budget_per_prompt)
+        keep[len(pool) - baseline_only :] = False
+        foreign = sources != k
+        offered, kept = int(foreign.sum()), int((keep & foreign).sum())
+        replayed = int((keep & foreign & (groups >= past_from)).sum()) if past_from is not None else None
+        rows_kept = keep.nonzero().flatten().tolist()
+        pool, adv = [pool[i] for i in rows_kept], adv[rows_kept]
         obs = self.observations(k, pool)
         actions = torch.from_numpy(np.stack([e.actions for e in pool]))
-        steps = actions.shape[1]
-        old = torch.stack([e.old_logp if e.source == k else torch.zeros(steps) for e in pool])
+        width = actions[0].numel()  # its tokens: steps (discrete) or action coordinates (continuous)
+        old = torch.stack([e.old_logp if e.source == k else torch.zeros(width) for e in pool])
         size = cfg.trainer.mini_batch_size
 
         def backward(m: int, rows: list[int], reducer: MetricReducer) -> None:
             # every step of an episode is in the loss (an episode has no padding)
-            logp = step_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature)
+            logp = token_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature)
             inputs = loss_inputs([pool[i] for i in rows], logp, torch.ones_like(logp, dtype=torch.bool), old[rows],
                                  adv[rows], k, caps)  # fmt: skip
             out = self.algorithm.loss(inputs, params=self.params, step_index=m)
@@ -224,6 +338,10 @@ class ControlTrainer(RunLoop):
         )
         metrics["trained_sequences"] = len(pool)
         metrics["advantage_abs_mean"] = float(adv.abs().mean())
+        if offered:
+            metrics["shared_offered"], metrics["shared_kept"] = offered, kept
+        if replayed is not None:
+            metrics["replay/kept"] = replayed
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -251,6 +369,14 @@ class ControlTrainer(RunLoop):
                 (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
                 write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
                 write_rng(part.rng_file, {"cpu": self.generators[j].get_state()}, self.optimizer_steps[j])
+                if "learned" in self.mappers[j]:
+                    mapping_file(directory, name).parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(self.mappers[j]["learned"].state_dict(), mapping_file(directory, name))
+
+        def write_all(directory: Path) -> None:
+            write_parts(directory)
+            if self.buffers is not None:
+                torch.save(self.buffers.state_dict(), Path(directory) / BUFFERS_FILE)
 
         state = driver_state(
             step=self.step,
@@ -260,7 +386,7 @@ class ControlTrainer(RunLoop):
             algorithm=self.config.algorithm.name,
         )
         return save_checkpoint(
-            self.run_dir, self.step, write_parts, state, keep_last=self.config.checkpoint.keep_last,
+            self.run_dir, self.step, write_all, state, keep_last=self.config.checkpoint.keep_last,
             config_yaml=control_config_to_yaml(self.config),
         )  # fmt: skip
 
@@ -274,12 +400,24 @@ class ControlTrainer(RunLoop):
                 self.optimizers[j].load_state_dict(read_optimizer(part.optimizer_file, f"policy {name!r}"))
                 rng, self.optimizer_steps[j] = read_rng(part.rng_file, f"policy {name!r}")
                 self.generators[j].set_state(rng["cpu"])
+                if "learned" in self.mappers[j]:
+                    mapper = torch.load(mapping_file(checkpoint, name), weights_only=True)
+                    self.mappers[j]["learned"].load_state_dict(mapper)
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - named, with what to do
                 raise CheckpointError(
                     f"{checkpoint}: cannot load policy {name!r} ({type(e).__name__}: {e}); resume from an earlier "
                     "checkpoint (checkpoint.resume=<its directory>)"
+                ) from e
+        if self.buffers is not None:
+            try:
+                self.buffers.load_state_dict(torch.load(Path(checkpoint) / BUFFERS_FILE, weights_only=True))
+            except Exception as e:  # noqa: BLE001 - named, with what to do
+                raise CheckpointError(
+                    f"{checkpoint}: cannot load its experience buffers ({BUFFERS_FILE}: {type(e).__name__}: {e}); "
+                    "resume with the settings of the run that wrote it (sharing.replay), or from another checkpoint "
+                    "(checkpoint.resume=<its directory>)"
                 ) from e
         with restoring(checkpoint, "capability history and data position"):
             self.tracker.load_state_dict(state["capability"])

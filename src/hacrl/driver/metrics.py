@@ -49,6 +49,35 @@ AGENT = _table(
         "unstable_episodes",
         "hacrl control, env.name=reach: its own episodes whose physics went unstable (ended there, reward 0)",
     ),
+    (
+        "mapped/{agent}/kept",
+        "hacrl control, reach: that policy's episodes (another platform) replayed on its arm within "
+        "mapping.error_bound, in its pool",
+    ),
+    (
+        "mapped/{agent}/filtered",
+        "hacrl control, reach: that policy's episodes whose replay strayed past "
+        "mapping.error_bound or went unstable (left out)",
+    ),
+    (
+        "mapped/{agent}/error_mean",
+        "hacrl control, reach: mean mapping error (m: the largest fingertip distance to the "
+        "source's path) of that policy's replays",
+    ),
+    ("mapped/{agent}/error_max", "hacrl control, reach: the largest mapping error of that policy's replays (m)"),
+    ("mapped/{agent}/reward_gap", "hacrl control, reach: mean |reward of a kept replay - its source episode's|"),
+    (
+        "mapping/inverse_error",
+        "hacrl control, mapping learned: its inverse model's mean squared action error on this "
+        "step's own transitions, before it is refitted on them (held out)",
+    ),
+    ("mapping/inverse_fit_error", "hacrl control, mapping learned: the same after the refit (in sample)"),
+    (
+        "replay/offered",
+        "hacrl control, sharing.replay: the other policies' buffered episodes of the drawn initial states",
+    ),
+    ("replay/kept", "hacrl control, sharing.replay: foreign rows of the drawn initial states in its loss"),
+    ("replay/age_mean", "hacrl control, sharing.replay: mean age (steps) of the drawn initial states"),
     ("capability", "P_hat, its capability estimate after this step (spec 3.1)"),
     ("response_length_mean", "mean length of its responses, in its own tokens"),
     ("finished_frac", "share of its responses that ended with EOS"),
