@@ -1088,3 +1088,20 @@ def test_weight_sync_benchmark_dry_run_hands_over_every_weight(tmp_path):
     assert row["shape"] == "qwen3-4b" and row["shared_s"] > 0 and row["handed_s"] > 0 and row["bytes"] > 0
     text = (tmp_path / "weight-sync-cpu.md").read_text()
     assert "| shared memory (local backend) |" in text and "| same-device copy (the floor) |" in text
+
+
+@pytest.mark.slow
+def test_reach_benchmark_runs_every_method_and_aggregates(tmp_path):
+    """benchmarks/reach.py --smoke: the delta's calibration, every method of the pre-registered grid for one seed
+    (2 steps each, through the real trainer), and the aggregate with the primary named."""
+    pytest.importorskip("mujoco")
+    reach = _script("reach", "reach_benchmark")
+    assert reach.main(["--smoke", "--seeds", "0", "--out", str(tmp_path)]) == 0
+    summaries = sorted(p.stem for p in (tmp_path / "summaries").glob("*.json"))
+    assert summaries == sorted(f"{m}-s0" for m in reach.METHODS)
+    learned = json.loads((tmp_path / "summaries" / "hacpo_learned-s0.json").read_text())
+    assert learned["agents"]["arm3"]["inverse_error"] and learned["agents"]["arm2"]["mapped_kept"]
+    replay = json.loads((tmp_path / "summaries" / "hacpo_defined_replay-s0.json").read_text())
+    assert replay["agents"]["arm3"]["replay_kept"]
+    text = (tmp_path / "evidence.md").read_text()
+    assert "The primary: hacpo_defined - gspo on arm3" in text and "| hacpo_defined | gspo |" not in text

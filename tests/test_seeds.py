@@ -34,3 +34,13 @@ def test_the_old_collision_is_gone():
     assert len({seeds.evaluation(0, 5, s, 1) for s in ("", "math500", "aime24")}) == 3
     # rank 0 of a worker group keeps the agent's stream: K = 1 runs are unchanged
     assert seeds.rank(seeds.training(3, 1), 0) == seeds.training(3, 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 2**40 - 1])
+def test_hacrl_controls_own_streams_are_none_of_a_runs(seed):
+    """`seeds.control` (a learned mapping's per policy, the replay draw): distinct from each other and from every
+    stream of a run with the same seed (training, adapters, prompts, evaluation, ranks)."""
+    own = [seeds.control(seed, "mapping", k) for k in range(8)] + [seeds.control(seed, "replay")]
+    run = set(seeds.streams(seed, agents=8, steps=50, epochs=10, splits=("",), ranks=2).values())
+    assert len(set(own)) == len(own) and not set(own) & run
+    assert all(2**60 <= v < 2**61 for v in own)

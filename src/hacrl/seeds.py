@@ -69,7 +69,7 @@ def rank(stream: int, r: int) -> int:
 def control(seed: int, what: str, policy: int = 0) -> int:
     """A stream of `hacrl control`'s own (`what`: `mapping`, policy `policy`'s learned mapping: its initial weights
     and its batches; `replay`, the draw from the experience buffers): a hash with bit 60 set and bits 61-62 clear,
-    so none of the streams above (for any seed below 2**30)."""
+    so none of the streams above (for any seed below 2**40)."""
     digest = hashlib.blake2b(f"control\0{seed}\0{what}\0{policy}".encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "big") & (_CONTROL_BIT - 1)) | _CONTROL_BIT
 

@@ -6,26 +6,29 @@ initial state that does what the source's did. What the source did is its finger
 with every state: both arms are planar and reach the same workspace). The learner's own arm is reset to that
 initial state (`Reach.start_posture`: its fingertip on the same start point) and driven, in MuJoCo, closed loop:
 at each step the mapping gives the action that moves its fingertip from where it is to where the source's was one
-step later. The result is a real episode of the learner's arm, its states its own (what it observes), its actions
-in its own space, its reward its own (scored by the environment from its states: equal to the source's within the
-mapping error). What is mapped and how:
+step later, and the learner's own exploration noise is added to it (`Behaviour`: its Gaussian's standard
+deviation). The result is a real episode of the learner's arm, its states its own (what it observes), its actions
+in its own space, its reward its own (scored by the environment from its states: close to the source's within the
+mapping error), drawn from a known behaviour policy: N(mapping's action, the learner's std). What is mapped and how:
 
-    defined   the learner's kinematics: `arms.task_action`, the damped least-squares inverse of its Jacobian at
-              its current posture, the displacement over one step's duration (no parameters: exact kinematics,
-              first-order in the step; the servos' lag is left to the closed loop)
+    defined   the learner's kinematics: `arms.task_action`, damped least-squares steps of its Jacobian from its
+              current posture, the displacement over one step's duration (no parameters: exact kinematics; the
+              servos' lag is left to the closed loop)
     learned   an inverse model fitted on the learner's own transitions: from its state and the fingertip's
               displacement over a step to the action it took (a small MLP, `InverseModel`), refitted every step on
               the transitions of its last `mapping.window` steps; its error on the step's own transitions before
               it sees them is reported (`mapping/inverse_error`)
 
-The mapping error of an episode is the largest distance, over its states, between the learner's fingertip and the
-source's; an episode past `mapping.error_bound`, or whose replay went unstable, is left out of the learner's pool
-and counted (`mapped/<source>/filtered`). What the foreign ratio becomes is in the spec (section 3.4c): the learner's
-log-prob of the mapped actions against the source's of its own, each a mean over its own action coordinates.
+The mapping error of a replay is the mean distance, over its states, between the learner's fingertip and the
+source's; a replay past `mapping.error_bound`, or whose physics went unstable, is left out of the learner's pool
+and counted (`mapped/<source>/filtered`). The foreign ratio of a replay (docs/design.md, "Foreign rows across
+action spaces") is the learner's log-density of its actions against the behaviour's, both in the learner's own
+action space: an exact importance ratio between the learner's policy and the mapping-guided one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,27 +191,50 @@ class Mapped:
         return out
 
 
-def replay(env: Reach, mapping, episodes: list[Episode], seeds: list[int], bound: float) -> Mapped:
+@dataclass
+class Behaviour:
+    """The replay's exploration: Gaussian noise of standard deviation `std` (per action coordinate: the learner's
+    own, its `log_std` times the temperature) around the mapping's action, drawn from `generator`."""
+
+    std: np.ndarray
+    generator: torch.Generator
+
+
+def replay(env: Reach, mapping, episodes: list[Episode], seeds: dict[int, int] | list[int], bound: float,
+           behaviour: Behaviour | None = None) -> Mapped:  # fmt: skip
     """Drive the learner's arms (`env`: a pool of the learner's platform) along `episodes`' fingertip paths (another
-    platform's; `seeds[e.group]` is each one's initial state), closed loop through `mapping`; the replays within
-    `bound` of their source's path become the learner's episodes of that source (reward and success its own)."""
+    platform's; `seeds[e.group]` is each one's initial state), closed loop through `mapping`, each action the
+    mapping's plus `behaviour`'s noise (None: the mapping's alone). The replays whose mean fingertip distance to
+    their source's path is within `bound` become the learner's episodes of that source: reward and success their
+    own, and, with a behaviour, its log-density of their actions as the "source" log-prob (the exact behaviour
+    policy of the replay, in the learner's own action space: `Episode.source_logp_sum`, `source_size`); without
+    one, the source's log-prob of its own actions."""
     if not episodes:
         return Mapped([], np.zeros(0), 0, float("nan"))
     paths = tips(np.stack([e.states for e in episodes]))  # (N, T + 1, 2)
     states = [np.stack(env.reset([seeds[e.group] for e in episodes]))]
-    actions = []
+    actions, logp = [], np.zeros(len(episodes))
     for t in range(paths.shape[1] - 1):
-        moves = paths[:, t + 1] - tips(states[-1])
-        actions.append(mapping.actions(states[-1], moves).astype(np.float32))  # as logged: the replay is exact
-        states.append(np.stack(env.step(actions[-1])))
+        mean = mapping.actions(states[-1], paths[:, t + 1] - tips(states[-1]))
+        if behaviour is None:
+            action = mean.astype(np.float32)  # as logged: the replay is exact
+        else:
+            noise = torch.randn(mean.shape, generator=behaviour.generator, dtype=torch.float64).numpy()
+            action = (mean + behaviour.std * noise).astype(np.float32)
+            z = (action.astype(np.float64) - mean) / behaviour.std
+            logp += (-0.5 * z * z - np.log(behaviour.std) - 0.5 * math.log(2 * math.pi)).sum(-1)
+        actions.append(action)
+        states.append(np.stack(env.step(action)))
     trajectories, acts = np.stack(states, axis=1), np.stack(actions, axis=1)
-    errors = np.sqrt(((tips(trajectories) - paths) ** 2).sum(-1)).max(axis=1)
+    errors = np.sqrt(((tips(trajectories) - paths) ** 2).sum(-1)).mean(axis=1)
     errors[np.asarray(env.unstable, dtype=bool)] = np.inf
     kept, gaps = [], []
     for i, e in enumerate(episodes):
         if errors[i] <= bound:
             reward, success = env.reward(trajectories[i])
             gaps.append(abs(reward - e.reward))
-            kept.append(Episode(e.group, trajectories[i], acts[i], reward, e.source, e.source_logp_sum,
-                                success=success, source_size=e.actions.size))  # fmt: skip
+            own = behaviour is not None
+            kept.append(Episode(e.group, trajectories[i], acts[i], reward, e.source,
+                                float(logp[i]) if own else e.source_logp_sum, success=success,
+                                source_size=acts[i].size if own else e.actions.size))  # fmt: skip
     return Mapped(kept, errors, len(episodes) - len(kept), float(np.mean(gaps)) if gaps else float("nan"))

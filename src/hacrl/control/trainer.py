@@ -120,6 +120,7 @@ class ControlTrainer(RunLoop):
         cfg, n = self.config, len(self.config.policies)
         self.read_as = [[mapping_of(cfg, j, k) if j != k else "own" for j in range(n)] for k in range(n)]
         self.mappers: list[dict[str, Any]] = []
+        self.replay_noise: list[torch.Generator | None] = []  # each learner's exploration in its replays
         self.replay_envs: list[Any] = []
         m = cfg.mapping
         for k in range(n):
@@ -132,6 +133,9 @@ class ControlTrainer(RunLoop):
                 mappers["learned"] = maps.InverseModel(env, m.hidden, m.lr, m.fit_steps, m.batch, m.window,
                                                        seed=seeds.control(cfg.trainer.seed, "mapping", k))  # fmt: skip
             self.mappers.append(mappers)
+            self.replay_noise.append(
+                torch.Generator().manual_seed(seeds.control(cfg.trainer.seed, "replay_noise", k)) if kinds else None
+            )
             self.replay_envs.append(
                 Reach(env.platform, cfg.env.max_cycles, cfg.env.success_distance) if kinds else None
             )
@@ -262,14 +266,18 @@ class ControlTrainer(RunLoop):
         learner re-observes the logged states); one on another platform replayed on the learner's arm through the
         pair's mapping (`control.mapping.replay`), those past `mapping.error_bound` left out. And the replays by
         source."""
-        from hacrl.control.mapping import replay
+        from hacrl.control.mapping import Behaviour, replay
 
+        behaviour = None
+        if self.replay_noise[k] is not None:  # the learner's own exploration, its current std at the temperature
+            std = self.policies[k].log_std.detach().double().exp() * self.config.trainer.temperature
+            behaviour = Behaviour(std.numpy(), self.replay_noise[k])
         by_source: dict[int, list[Episode]] = {}
         for e in foreign:
             by_source.setdefault(e.source, []).append(e)
         replays = {
             j: replay(self.replay_envs[k], self.mappers[k][self.read_as[k][j]], episodes, seeds,
-                      self.config.mapping.error_bound)
+                      self.config.mapping.error_bound, behaviour)
             for j, episodes in by_source.items() if self.read_as[k][j] in ("defined", "learned")
         }  # fmt: skip
         readable = [e for j, episodes in by_source.items() for e in (replays[j].episodes if j in replays else episodes)]
@@ -315,6 +323,7 @@ class ControlTrainer(RunLoop):
         width = actions[0].numel()  # its tokens: steps (discrete) or action coordinates (continuous)
         old = torch.stack([e.old_logp if e.source == k else torch.zeros(width) for e in pool])
         size = cfg.trainer.mini_batch_size
+        ages = self._replay_ratios(k, pool, obs, actions, past_from) if past_from is not None else {}
 
         def backward(m: int, rows: list[int], reducer: MetricReducer) -> None:
             # every step of an episode is in the loss (an episode has no padding)
@@ -342,7 +351,29 @@ class ControlTrainer(RunLoop):
             metrics["shared_offered"], metrics["shared_kept"] = offered, kept
         if replayed is not None:
             metrics["replay/kept"] = replayed
+            metrics.update(ages)
         return metrics
+
+    def _replay_ratios(self, k: int, pool: list[Episode], obs: torch.Tensor, actions: torch.Tensor,
+                       past_from: int) -> dict[str, float]:  # fmt: skip
+        """How usable the buffers' rows are: learner k's foreign ratios s = exp(l_k - l_src) (spec 3.4, source_mean)
+        at the start of its update, of the rows from earlier steps against the step's own foreign rows: the share
+        below the first mini-batch's lower clip 1 - delta (outside it a foreign row gives no gradient), the median."""
+        foreign = [i for i, e in enumerate(pool) if e.source != k]
+        if not foreign:
+            return {}
+        with torch.no_grad():
+            logp = token_logprobs(self.policies[k], obs[foreign], actions[foreign], self.config.trainer.temperature)
+        src = torch.tensor([pool[i].source_logp_sum / pool[i].source_num_tokens for i in foreign], dtype=torch.float64)
+        ratio = torch.exp((logp.double().mean(-1) - src).clamp(-10, 10))
+        past = torch.tensor([pool[i].group >= past_from for i in foreign])
+        out = {}
+        for key, rows in (("replay", past), ("replay/fresh", ~past)):
+            if rows.any():
+                out[f"{key}/below_frac"] = float((ratio[rows] < 1 - self.params.delta).double().mean())
+        if past.any():
+            out["replay/ratio_p50"] = float(ratio[past].median())
+        return out
 
     def evaluate(self) -> dict[str, float]:
         """Each policy alone: one greedy episode from each held-out initial state."""
@@ -368,7 +399,10 @@ class ControlTrainer(RunLoop):
                 save_file(state, str(part.weights_dir / "model.safetensors"))
                 (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
                 write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
-                write_rng(part.rng_file, {"cpu": self.generators[j].get_state()}, self.optimizer_steps[j])
+                streams = {"cpu": self.generators[j].get_state()}
+                if self.replay_noise[j] is not None:
+                    streams["replay"] = self.replay_noise[j].get_state()
+                write_rng(part.rng_file, streams, self.optimizer_steps[j])
                 if "learned" in self.mappers[j]:
                     mapping_file(directory, name).parent.mkdir(parents=True, exist_ok=True)
                     torch.save(self.mappers[j]["learned"].state_dict(), mapping_file(directory, name))
@@ -400,6 +434,8 @@ class ControlTrainer(RunLoop):
                 self.optimizers[j].load_state_dict(read_optimizer(part.optimizer_file, f"policy {name!r}"))
                 rng, self.optimizer_steps[j] = read_rng(part.rng_file, f"policy {name!r}")
                 self.generators[j].set_state(rng["cpu"])
+                if self.replay_noise[j] is not None:
+                    self.replay_noise[j].set_state(rng["replay"])
                 if "learned" in self.mappers[j]:
                     mapper = torch.load(mapping_file(checkpoint, name), weights_only=True)
                     self.mappers[j]["learned"].load_state_dict(mapper)

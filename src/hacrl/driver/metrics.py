@@ -78,6 +78,13 @@ AGENT = _table(
     ),
     ("replay/kept", "hacrl control, sharing.replay: foreign rows of the drawn initial states in its loss"),
     ("replay/age_mean", "hacrl control, sharing.replay: mean age (steps) of the drawn initial states"),
+    (
+        "replay/below_frac",
+        "hacrl control, sharing.replay: share of its buffered foreign rows whose ratio s is below "
+        "1 - delta at the start of its update (no gradient in its first mini-batch)",
+    ),
+    ("replay/fresh/below_frac", "hacrl control, sharing.replay: the same share among the step's own foreign rows"),
+    ("replay/ratio_p50", "hacrl control, sharing.replay: median ratio s of its buffered foreign rows at the start"),
     ("capability", "P_hat, its capability estimate after this step (spec 3.1)"),
     ("response_length_mean", "mean length of its responses, in its own tokens"),
     ("finished_frac", "share of its responses that ended with EOS"),
