@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("mujoco")
 
-from hacrl.control.arms import GOAL_RADII, PLATFORMS, Reach, fingertip, full, polar  # noqa: E402
+from hacrl.control.arms import GOAL_RADII, PLATFORMS, Reach, fingertip, full, polar, pull  # noqa: E402
 from hacrl.tools.cli import main  # noqa: E402
 from tests.conftest import fails_cleanly, records, without_timings  # noqa: E402
 
@@ -73,11 +73,16 @@ def test_every_platform_gets_the_same_goals_and_its_physics_repeat():
 
 def test_the_views_of_an_arm_read_one_state_each():
     """`full`: cos and sin of the joints, speeds per MAX_SPEED, the goal's offset from the fingertip; `polar`: the
-    same posture, the offset as distance and direction."""
+    same posture, the offset as distance and direction; `pull`: `full` and each joint's pull toward the goal."""
     state = np.array([[0.0, math.pi / 2, 1.5, -3.0, 0.5, 0.4, 0.5, 1.4]])
     view = full(state, 2)[0]
     assert np.allclose(view, [1, 0, 0, 1, 0.5, -1, 0, 1], atol=1e-7)
     assert np.allclose(polar(state, 2)[0], [1, 0, 0, 1, 0.5, -1, 1, 0, 1], atol=1e-7)
+    # `pull`: J^T offset; J = [[-0.4, -0.4], [0.5, 0]] here, offset (0, 1): the shoulder pulls 0.5 m per radian,
+    # the elbow (which moves the fingertip along -x, across the offset) 0
+    assert np.allclose(pull(state, 2, PLATFORMS["arm2"])[0], [*view, 0.5, 0.0], atol=1e-7)
+    with pytest.raises(ValueError, match="needs the arm's 2 link lengths"):
+        pull(state, 2)
 
 
 def test_unstable_physics_ends_that_episode_only(monkeypatch, tmp_path):
@@ -189,6 +194,10 @@ def test_a_run_of_each_platform_pair_resumes_exactly(pair, tmp_path):
         (["policies.0.platform=null"], "policies.0.platform is required with env.name=reach"),
         (["env.name=simple_v3"], "policies.0.platform='arm2' is for env.name=reach"),
         (["policies.0.platform=arm7"], "policies[0].platform: Invalid value 'arm7'"),
+        (
+            ["env.name=simple_v3", "policies.0.platform=null", "policies.1.platform=null"],
+            "policies.0.observation=pull is an arm's view",
+        ),
     ],
 )
 def test_bad_reach_settings_are_refused_naming_the_key(overrides, message, tmp_path, capsys):

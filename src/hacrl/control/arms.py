@@ -254,7 +254,7 @@ class Reach:
         return reward, dt < self.success_distance
 
 
-def full(states: np.ndarray, n: int) -> np.ndarray:
+def full(states: np.ndarray, n: int, lengths: tuple[float, ...] | None = None) -> np.ndarray:
     """An arm's own view: cos and sin of its joint angles, its joint speeds (per `MAX_SPEED`), and the goal's offset
     from its fingertip."""
     states = np.asarray(states, dtype=np.float64)
@@ -263,7 +263,7 @@ def full(states: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([np.cos(q), np.sin(q), dq / MAX_SPEED, offset], axis=1).astype(np.float32)
 
 
-def polar(states: np.ndarray, n: int) -> np.ndarray:
+def polar(states: np.ndarray, n: int, lengths: tuple[float, ...] | None = None) -> np.ndarray:
     """The same posture, the goal as its distance and direction from the fingertip (direction (1, 0) on it)."""
     view = full(states, n).astype(np.float64)
     offset = view[:, -2:]
@@ -273,5 +273,22 @@ def polar(states: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([view[:, :-2], dist[:, None], direction], axis=1).astype(np.float32)
 
 
-OBSERVATIONS = {"full": (full, lambda n: 3 * n + 2), "polar": (polar, lambda n: 3 * n + 3)}
-"""name -> (function of (states, joints), observation size for n joints)."""
+def pull(states: np.ndarray, n: int, lengths: tuple[float, ...] | None = None) -> np.ndarray:
+    """`full`, and each joint's pull toward the goal: how far turning that joint alone would bring the fingertip
+    toward the goal, per radian, to first order (J^T times the goal's offset: J's column i is the fingertip's
+    velocity per unit speed of joint i), computed from the arm's own kinematics. Measured (issue 72): with `full`
+    alone the arms' policies plateaued near 5-20 % success by 400 steps, with `pull` they reached 34-50 % by 200."""
+    states = np.asarray(states, dtype=np.float64)
+    q = states[:, :n]
+    offset = states[:, 2 * n + 2 : 2 * n + 4] - states[:, 2 * n : 2 * n + 2]
+    if lengths is None or len(lengths) != n:
+        raise ValueError(f"the pull view needs the arm's {n} link lengths, got {lengths}")
+    joints = (np.swapaxes(jacobian(lengths, q), -1, -2) @ offset[..., None])[..., 0]
+    return np.concatenate([full(states, n), joints], axis=1).astype(np.float32)
+
+
+OBSERVATIONS = {  # name -> (function of (states, joints, link lengths), observation size for n joints)
+    "full": (full, lambda n: 3 * n + 2),
+    "polar": (polar, lambda n: 3 * n + 3),
+    "pull": (pull, lambda n: 4 * n + 2),
+}

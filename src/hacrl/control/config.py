@@ -19,10 +19,11 @@ from hacrl.errors import ConfigError
 class PolicyConfig:
     name: str = "???"
     """Unique; names its metrics and checkpoint parts."""
-    observation: Literal["full", "polar"] = "full"
+    observation: Literal["full", "polar", "pull"] = "full"
     """What it sees. `simple_v3`: `full` (the environment's own observation: velocity, landmark offset) or `polar`
     (the landmark's distance and direction, no velocity). `reach`: `full` (its joint angles as cos and sin, joint
-    speeds, the goal's offset from its fingertip) or `polar` (the goal as distance and direction)."""
+    speeds, the goal's offset from its fingertip), `polar` (the goal as distance and direction) or `pull` (`full`
+    and each joint's pull toward the goal: how far turning it alone brings the fingertip closer, per radian)."""
     platform: Literal["arm2", "arm3"] | None = None
     """`env.name: reach`: the robot it controls (`hacrl.control.arms`: `arm2`, two joints; `arm3`, three), which
     decides its action space; unset for `simple_v3`."""
@@ -299,6 +300,8 @@ def _check_platforms(config: ControlConfig) -> None:
             raise ConfigError(f"policies.{i}.platform is required with env.name=reach: arm2 or arm3")
         if not reach and p.platform is not None:
             raise ConfigError(f"policies.{i}.platform={p.platform!r} is for env.name=reach; remove it for simple_v3")
+        if not reach and p.observation == "pull":
+            raise ConfigError(f"policies.{i}.observation=pull is an arm's view (env.name=reach); use full or polar")
     _check_mapping(config)
 
 

@@ -76,7 +76,7 @@ def environments(config) -> tuple[list, list, list[int]]:
         pools = {p: arms.Reach(p, env.max_cycles, env.success_distance) for p in {x.platform for x in policies}}
         envs = [pools[p.platform] for p in policies]
         views = [(arms.OBSERVATIONS[p.observation], e.joints) for p, e in zip(policies, envs, strict=True)]
-        observe = [partial(view, n=n) for (view, _), n in views]
+        observe = [partial(view, n=n, lengths=e.lengths) for ((view, _), n), e in zip(views, envs, strict=True)]
         sizes = [size(n) for (_, size), n in views]
         return envs, observe, sizes
     from hacrl.control.observations import OBSERVATIONS
