@@ -15,11 +15,9 @@ summary exists is skipped, so the grid runs in parts (one seed's row on one mach
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,37 +55,11 @@ def _evidence():
     return _load("evidence_benchmark", "evidence.py")
 
 
-def _train(overrides: list[str], work: Path):
-    import shutil
-
-    from hacrl.control.config import load_control_config
-    from hacrl.control.trainer import ControlTrainer
-
-    shutil.rmtree(work, ignore_errors=True)
-    config = load_control_config(BED, [*overrides, f"trainer.output_dir={work}"])
-    ControlTrainer(config).train()
-    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    return config, records
-
-
 def calibrate(out: Path, smoke: bool) -> float:
     """The pre-registered delta (control round 1's rule): a 10-step HACPO run with the defined mapping on seed 0,
     each learner's median over steps of its 10th percentile of foreign ratios, `evidence.delta_rule`."""
-    path = out / "deltas.json"
-    if path.is_file():
-        return json.loads(path.read_text())["delta"]
-    steps = 2 if smoke else 10
-    _, records = _train([*(SMOKE if smoke else []), "algorithm.name=hacpo", "mapping.default=defined",
-                         f"trainer.steps={steps}", "eval.at_start=false", "eval.every=0", "eval.initial_states=4",
-                         "trainer.seed=0"], out / ".runs" / "calibration")  # fmt: skip
-    p10 = {
-        name: statistics.median(r[f"{name}/foreign_ratio_p10"] for r in records if f"{name}/foreign_ratio_p10" in r)
-        for name in (STRONGER, WEAKER)
-    }
-    delta = _evidence().delta_rule(p10)
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"p10": p10, "delta": delta, "steps": steps}, indent=1) + "\n")
-    return delta
+    overrides = ["algorithm.name=hacpo", "mapping.default=defined"]
+    return _control().calibrate_delta(out, smoke, BED, overrides, (STRONGER, WEAKER), SMOKE)
 
 
 def _series(records: list[dict], key: str) -> list:
@@ -95,21 +67,13 @@ def _series(records: list[dict], key: str) -> list:
 
 
 def run(out: Path, method: str, seed: int, smoke: bool) -> dict:
-    ev = _evidence()
-    delta = json.loads((out / "deltas.json").read_text())["delta"]
-    overrides = [f"algorithm.delta={delta}" if o == "@delta" else o for o in METHODS[method]]
-    overrides += [f"trainer.seed={seed}", *(SMOKE if smoke else [])]
-    work = out / ".runs" / f"{method}-s{seed}"
-    print(f"== reach {method} seed {seed}", flush=True)
-    start, load = time.perf_counter(), ev.Load()
-    config, records = _train(overrides, work)
-    seconds = time.perf_counter() - start
+    config, records, summary = _control().train_method(out, BED, METHODS, method, seed, SMOKE if smoke else [],
+                                                       "reach")  # fmt: skip
     per_step = config.trainer.initial_states_per_step * config.trainer.group_size * config.env.max_cycles
-    agents = {}
     for p in config.policies:
         other = next(q.name for q in config.policies if q.name != p.name)
         curve = _series(records, f"eval/{p.name}/success")
-        agents[p.name] = {
+        summary["agents"][p.name] = {
             "curve": curve,
             "reward_eval": _series(records, f"eval/{p.name}/reward_mean"),
             "final_success": curve[-1][1],
@@ -121,40 +85,17 @@ def run(out: Path, method: str, seed: int, smoke: bool) -> dict:
             "mapping_error": [v for _, v in _series(records, f"{p.name}/mapped/{other}/error_mean")],
             "inverse_error": [v for _, v in _series(records, f"{p.name}/mapping/inverse_error")],
             "replay_kept": [v for _, v in _series(records, f"{p.name}/replay/kept")],
+            "replay_below": [v for _, v in _series(records, f"{p.name}/replay/below_frac")],
+            "fresh_below": [v for _, v in _series(records, f"{p.name}/replay/fresh/below_frac")],
         }
-    summary = {"method": method, "seed": seed, "steps": config.trainer.steps, "seconds": seconds, **load.result(),
-               "overrides": overrides, "machine": ev.machine(), "agents": agents}  # fmt: skip
-    import shutil
-
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)
     return summary
 
 
 def aggregate(out: Path) -> dict:
-    ev, control = _evidence(), _control()
-    runs = [json.loads(p.read_text()) for p in sorted((out / "summaries").glob("*.json"))]
-    cells: dict = {}
-    for r in runs:
-        cells.setdefault(r["method"], {})[r["seed"]] = r
-    result: dict = {"runs": len(runs), "pairs": {}, "final": {}, "mapping": {}}
-    budget = None
-    if "gspo" in cells:
-        any_run = next(iter(cells["gspo"].values()))
-        budget = any_run["steps"] * any_run["agents"][WEAKER]["env_steps_per_step"]
-    for a, b in PAIRS:
-        seeds = sorted(set(cells.get(a, {})) & set(cells.get(b, {})))
-        for name in (WEAKER, STRONGER):
-            diffs = []
-            for s in seeds:
-                mine = control.success_at(cells[a][s]["agents"][name], budget)
-                theirs = control.success_at(cells[b][s]["agents"][name], budget)
-                if mine is not None and theirs is not None:
-                    diffs.append(100 * (mine - theirs))
-            ci = ev.paired_ci(diffs)
-            verdict = None
-            if ci.get("lo") is not None:
-                verdict = "pays" if ci["lo"] > 0 else "costs" if ci["hi"] < 0 else "level"
-            result["pairs"][f"{a} - {b} / {name}"] = {**ci, "verdict": verdict}
+    control = _control()
+    count, cells, budget = control.cells_of(out)
+    result = {"runs": count, "pairs": control.paired(cells, PAIRS, (WEAKER, STRONGER), budget), "final": {},
+              "mapping": {}}  # fmt: skip
     for method, by_seed in cells.items():
         for name in (WEAKER, STRONGER):
             result["final"][f"{method} / {name}"] = {
@@ -173,6 +114,16 @@ def aggregate(out: Path) -> dict:
                     "inverse_error_mean": statistics.mean(inverse) if inverse else None,
                     "foreign_clip_frac": statistics.mean(clip) if clip else None,
                 }
+            below = [b for r in by_seed.values() for b in r["agents"][name].get("replay_below", [])]
+            if below:  # summaries written before these diagnostics existed have none (seeds 0 and 1)
+                fresh = [b for r in by_seed.values() for b in r["agents"][name].get("fresh_below", [])]
+                replayed = [k for r in by_seed.values() for k in r["agents"][name]["replay_kept"]]
+                result.setdefault("replay", {})[f"{method} / {name}"] = {
+                    "kept_mean": statistics.mean(replayed),
+                    "below_frac": statistics.mean(below),
+                    "fresh_below_frac": statistics.mean(fresh) if fresh else None,
+                    "seeds": sorted(s for s, r in by_seed.items() if r["agents"][name].get("replay_below")),
+                }
     out.mkdir(parents=True, exist_ok=True)
     (out / "evidence.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "evidence.md").write_text(markdown(result, budget))
@@ -190,21 +141,13 @@ def markdown(result: dict, budget: int | None) -> str:
         "| difference | policy | mean [95 % CI] | per seed | verdict |",
         "|---|---|---|---|---|",
     ]
+    control = _control()
     for key, ci in result["pairs"].items():
         pair, name = key.split(" / ")
-        mean = "-" if ci.get("mean") is None else f"{ci['mean']:+.1f}"
-        interval = "" if ci.get("lo") is None else f" [{ci['lo']:+.1f}, {ci['hi']:+.1f}]"
-        seeds = ", ".join(f"{d:+.1f}" for d in ci.get("diffs", []))
         primary = (pair, name) == (f"{PRIMARY[0]} - {PRIMARY[1]}", PRIMARY[2])
         verdict = (ci.get("verdict") or "-") if primary else f"({ci.get('verdict') or '-'}, secondary)"
-        lines.append(f"| {pair} | {name} | {mean}{interval} (n={ci.get('n', 0)}) | {seeds} | {verdict} |")
-    lines += ["", "Success at the budget and at the run's end, by seed:", ""]
-    for key, by_seed in result["final"].items():
-        cells = ", ".join(
-            f"s{s}: {100 * a:.0f} / {100 * b:.0f}" if a is not None else f"s{s}: - / {100 * b:.0f}"
-            for s, (a, b) in sorted(by_seed.items(), key=lambda x: int(x[0]))
-        )
-        lines.append(f"- {key}: {cells}")
+        lines.append(control.pair_row(pair, name, ci, verdict))
+    lines += ["", "Success at the budget and at the run's end, by seed:", "", *control.final_lines(result["final"])]
     lines += ["", "Mappings (over every step and seed): replays kept, mean mapping error, the learned model's held-out "
               "error, foreign clip fraction:", ""]  # fmt: skip
     for key, m in result["mapping"].items():
@@ -212,34 +155,22 @@ def markdown(result: dict, budget: int | None) -> str:
         inv = "" if m["inverse_error_mean"] is None else f", inverse model {m['inverse_error_mean']:.4f}"
         clip = "-" if m["foreign_clip_frac"] is None else f"{m['foreign_clip_frac']:.2f}"
         lines.append(f"- {key}: kept {100 * m['kept_frac']:.0f} %, error {err}{inv}, clip {clip}")
+    if result.get("replay"):
+        lines += ["", "Experience buffers: buffered foreign rows kept per step, and the share of buffered against "
+                  "fresh foreign rows below 1 - delta when an update starts:", ""]  # fmt: skip
+        for key, r in result["replay"].items():
+            fresh = "-" if r["fresh_below_frac"] is None else f"{r['fresh_below_frac']:.2f}"
+            lines.append(f"- {key}: {r['kept_mean']:.1f} kept, below {r['below_frac']:.2f} (fresh {fresh}), "
+                         f"seeds {r['seeds']}")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
-    parser.add_argument("--out", help="results directory (default benchmarks/results/reach)")
-    parser.add_argument("--calibrate", action="store_true", help="only HACPO's delta (written to deltas.json)")
-    parser.add_argument("--aggregate-only", action="store_true")
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args(argv)
-    out = Path(args.out or ROOT / "benchmarks" / "results" / "reach")
-    if not args.aggregate_only:
-        print(f"== delta {calibrate(out, args.smoke)}", flush=True)
-        if args.calibrate:
-            return 0
-        for seed in args.seeds:
-            for method in args.methods:
-                path = out / "summaries" / f"{method}-s{seed}.json"
-                if path.exists():
-                    continue
-                summary = run(out, method, seed, args.smoke)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(summary, indent=1) + "\n")
-    result = aggregate(out)
-    print(f"{result['runs']} runs aggregated into {out / 'evidence.md'}")
-    return 0
+    control = _control()
+    args = control.grid_arguments(__doc__, METHODS, SEEDS, "reach").parse_args(argv)
+    return control.run_grid(
+        args, Path(args.out or ROOT / "benchmarks" / "results" / "reach"), calibrate, run, aggregate
+    )
 
 
 if __name__ == "__main__":

@@ -85,21 +85,10 @@ def test_the_views_of_an_arm_read_one_state_each():
         pull(state, 2)
 
 
-def test_unstable_physics_ends_that_episode_only(monkeypatch, tmp_path):
+def test_unstable_physics_ends_that_episode_only(unstable_physics, tmp_path):
     """A non-finite state in one arm: that arm keeps its last sound state from there on, is counted, scores 0; the
     others go on; through a run, `unstable_episodes` counts it and the run ends normally."""
-    import mujoco
-
-    real = mujoco.mj_step
-    broken = {"left": 1}
-
-    def breaking(model, data, nstep=1):
-        real(model, data, nstep=nstep)
-        if broken["left"] and data.qvel[0] != 0:
-            broken["left"] -= 1
-            data.qvel[0] = float("nan")
-
-    monkeypatch.setattr(mujoco, "mj_step", breaking)
+    broken = unstable_physics
     env = Reach("arm2")
     first = np.stack(env.reset([1, 2]))
     after = [np.stack(env.step([np.ones(2), np.ones(2)])) for _ in range(3)]
