@@ -137,6 +137,18 @@ def test_a_run_with_buffers_and_a_budget_resumes_exactly(tmp_path):
     assert all(unknown_keys(r) == [] for r in records(full_run))
 
 
+def test_turning_buffers_on_at_a_resume_is_refused_as_a_changed_setting():
+    """`sharing.replay.*` is read by every sharing policy: a resume that changes it would change the numbers."""
+    from dataclasses import asdict, replace
+
+    from hacrl.control.config import ControlConfig, ControlSharingConfig, ReplayConfig
+    from hacrl.driver.resume import resume_differences
+
+    saved = asdict(ControlConfig())
+    now = replace(ControlConfig(), sharing=ControlSharingConfig(replay=ReplayConfig(steps=2)))
+    assert resume_differences(saved, now)[0] == ["sharing.replay.steps: 0 in the checkpoint, 2 now"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

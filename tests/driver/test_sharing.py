@@ -170,6 +170,11 @@ def test_a_sharing_setting_the_policy_does_not_read_is_neither_checked_nor_compa
     refused, _ = resume_differences(saved, replace(TrainConfig(), sharing=SharingConfig(policy="correct",
                                                                                         min_reward=0.5)))  # fmt: skip
     assert refused == ["sharing.min_reward: None in the checkpoint, 0.5 now"]
+    # every policy reads the budget and the groups: a change of either is refused under any policy (it was let
+    # through as "unread" before)
+    budgeted = replace(TrainConfig(), sharing=SharingConfig(policy="correct", budget_per_prompt=4))
+    refused, _ = resume_differences(saved, budgeted)
+    assert refused == ["sharing.budget_per_prompt: None in the checkpoint, 4 now"]
 
 
 def _agent(name):

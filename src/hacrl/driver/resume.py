@@ -278,10 +278,15 @@ def resume_differences(saved: dict[str, Any], current: Any) -> tuple[list[str], 
 
 
 def _unread_sharing_setting(key: str, saved: dict[str, Any], current: Any) -> bool:
-    """`sharing.<setting>` that neither the checkpoint's policy nor the resumed one reads (`min_reward` under `all`):
-    a change of it changes no number."""
+    """`sharing.<setting>` of a sharing policy (`hacrl.core.sharing.SETTINGS`) that neither the checkpoint's policy
+    nor the resumed one reads (`min_reward` under `all`): a change of it changes no number. The settings every
+    policy reads (`budget_per_prompt`, `groups`, control's `replay.*`) are never unread."""
+    from hacrl.core.sharing import SETTINGS
+
     group, _, name = key.partition(".")
-    if group != "sharing" or name == "policy" or not hasattr(current, "sharing"):
+    if group != "sharing" or not hasattr(current, "sharing"):
+        return False
+    if not any(name in settings for settings in SETTINGS.values()):
         return False
     before = SharingConfig(policy=(saved.get("sharing") or {}).get("policy", "all"))
     return not before.reads(name) and not current.sharing.reads(name)
