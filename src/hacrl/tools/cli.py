@@ -174,10 +174,12 @@ def _add_export(sub) -> None:
 def _add_control_and_plot(sub) -> None:
     control = sub.add_parser(
         "control",
-        help="train heterogeneous control policies together on a particle environment (optional extra)",
-        description="HACPO beyond language models: the policies of CONFIG (different observations and "
-        "architectures) share their episodes on mpe2's simple_v3, with the LLM trainer's algorithms. Needs "
-        'pip install "hacrl[control]". Config groups: policies, algorithm, env, trainer, eval, logging, checkpoint.',
+        help="train heterogeneous control policies together: mpe2's particle task or MuJoCo arms (optional extra)",
+        description="HACPO beyond language models: the policies of CONFIG share their episodes, with the LLM "
+        "trainer's algorithms, on mpe2's simple_v3 (different observations and architectures) or on MuJoCo arms "
+        "that differ in their actuators (env.name=reach, through a mapping of one arm's episodes onto the other's). "
+        'Needs pip install "hacrl[control]". Config groups: policies, algorithm, env, mapping, sharing, trainer, '
+        "eval, logging, checkpoint.",
     )
     control.add_argument("config", nargs="?", default="configs/control.yaml", help="YAML config (default %(default)s)")
     control.add_argument("overrides", nargs="*", help="dotted key=value overrides")
