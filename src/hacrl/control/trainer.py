@@ -164,7 +164,7 @@ class ControlTrainer(RunLoop):
         metrics: dict[str, Any] = {}
         update_total = mapping_total = 0.0
         for k in range(n):  # 5
-            values = self._learner_step(k, sampled, past, seed_of, caps, shared, len(seeds) if drawn else None)
+            values = self._learner_step(k, sampled, pool, past, seed_of, caps, shared, len(seeds) if drawn else None)
             values["time/generate"] = generate_s[k]
             update_total += values["time/update"]
             mapping_total += values.get("time/mapping", 0.0)
@@ -191,8 +191,9 @@ class ControlTrainer(RunLoop):
                 for j in range(n)]  # fmt: skip
         return drawn, seed_of, past
 
-    def _learner_step(self, k: int, sampled: list[list[Episode]], past: list[list[Episode]], seed_of: dict[int, int],
-                      caps: torch.Tensor, shared: bool, past_from: int | None) -> dict[str, Any]:  # fmt: skip
+    def _learner_step(self, k: int, sampled: list[list[Episode]], pool: list[Episode], past: list[list[Episode]],
+                      seed_of: dict[int, int], caps: torch.Tensor, shared: bool,
+                      past_from: int | None) -> dict[str, Any]:  # fmt: skip
         """Learner k's part of step 5: its learned mapping sees its own episodes, the others' episodes (the step's,
         then the buffers') become its foreign rows (replayed across platforms), its update; its metrics."""
         n, own = len(self.policies), sampled[k]
@@ -200,7 +201,6 @@ class ControlTrainer(RunLoop):
         mapped = {}
         for mapper in self.mappers[k].values():  # a learned mapping sees the learner's own step, then maps
             mapped.update(mapper.observe_own(own))
-        pool = [e for episodes in sampled for e in episodes]
         offered = foreign_of(pool, k, shared=shared) + [e for j in range(n) if j != k for e in past[j]]
         foreign, replays = self.readable(k, offered, seed_of)
         for j, replay in replays.items():
