@@ -13,7 +13,8 @@ sequence-level ratio, clip 3e-4 / 4e-4, no KL), lr 1e-6, micro-batches of 16 row
 optimizer step per generation, gradient checkpointing off, then on (TRL's default), the same on both sides. A real
 model stops at its own EOS, so the two systems generate different amounts: each step's generated tokens are counted
 on both sides, and the rates (tokens/s) compare as well as the step seconds. Each (system, condition, round) is its
-own process (its peak RSS is the process's). Writes benchmarks/results/real_trl.md and real_trl.json.
+own process (its peak RSS is the process's); `hacrl_keep` and `trl_release` swap the one host-allocator setting
+(`runtime.host_memory`) between the two sides. Writes benchmarks/results/real_trl.md and real_trl.json.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ SCRATCH = HERE / "results" / ".runs" / "real_trl"
 AGENTS = ROOT / ".cache" / "real-agents"
 PER_STEP, G, NEW, MICRO, LR = 8, 8, 64, 16, 1e-6
 PROMPTS = 256
-SYSTEMS = ("hacrl", "trl")
+SYSTEMS = ("hacrl", "trl", "hacrl_keep", "trl_release")
+"""hacrl as it runs (`runtime.host_memory: release`, its default) and TRL as it runs; then each with the other's
+host allocator setting: hacrl with glibc's default (`keep`) and TRL with hacrl's `release` set in its process, which
+says how much of the memory ratio is the allocator setting and how much the rest."""
 CONDITIONS = ("off", "on")
 """Gradient checkpointing off (neither side's default for this comparison) and on (TRL's GRPOConfig default), the
 same on both sides."""
@@ -68,7 +72,7 @@ def system_prompt() -> str:
     return load_config(ROOT / "configs" / "real.yaml").data.system_prompt
 
 
-def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
+def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "release") -> dict:
     import torch
     import yaml
 
@@ -88,6 +92,7 @@ def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
         "eval": {"at_start": False},
         "logging": {"console": False, "tensorboard": False, "jsonl": False},
         "checkpoint": {"every": 0},
+        "runtime": {"host_memory": host_memory},
     }  # fmt: skip
     path = work / f"config-{os.getpid()}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -108,21 +113,24 @@ def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
         live = trainer.schedule.transport.learners[0].agent
         out["settings"] = {"gradient checkpointing": live.model.is_gradient_checkpointing,
                            "rows per generate call": live.settings.rows_per_call, "micro_batch_size": MICRO,
-                           "log-prob chunks": trainer.config.trainer.logprob_chunk_size}  # fmt: skip
+                           "log-prob chunks": trainer.config.trainer.logprob_chunk_size,
+                           "host memory": host_memory}  # fmt: skip
     finally:
         trainer.close()
     return out
 
 
-def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
+def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "keep") -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from hacrl.agent import guards
     from hacrl.agent.model import load_tokenizer
     from hacrl.tasks.rewards import math_reward
 
+    guards.host_memory(host_memory)  # keep: nothing changes (TRL as it runs)
     torch.set_num_threads(2)
     directory = model_dir()
     tokenizer = load_tokenizer(directory)
@@ -180,6 +188,7 @@ def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool) -> dict:
         "micro_batch_size": MICRO,
         "generation_batch_size": trainer.args.generation_batch_size,
         "trl": __import__("trl").__version__,
+        "host memory": host_memory,
     }
     return out
 
@@ -190,8 +199,9 @@ def measure(system: str, steps: int, warmup: int, condition: str) -> None:
 
     started = time.perf_counter()
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    run = run_trl if system == "trl" else run_hacrl
-    result = run(SCRATCH, steps, warmup, condition == "on")
+    run = run_trl if system.startswith("trl") else run_hacrl
+    host_memory = "release" if system in ("hacrl", "trl_release") else "keep"
+    result = run(SCRATCH, steps, warmup, condition == "on", host_memory)
     result["startup_s"] = result.pop("first_step_at") - started
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result, default=str))
@@ -238,9 +248,13 @@ def _summarize(runs: list[dict]) -> dict:
             "steps_measured": len(steps),
             "settings": mine[0]["settings"],
         }
+    keys = ("step_s", "step_s_per_1k_tokens", "sampling_tok_s", "peak_rss_mib")
     if "hacrl" in rows and "trl" in rows:
         h, t = rows["hacrl"], rows["trl"]
-        rows["ratio"] = {k: h[k] / t[k] for k in ("step_s", "step_s_per_1k_tokens", "sampling_tok_s", "peak_rss_mib")}
+        rows["ratio"] = {k: h[k] / t[k] for k in keys}
+    for mine, theirs in (("hacrl", "trl_release"), ("hacrl_keep", "trl")):
+        if mine in rows and theirs in rows:
+            rows[f"ratio {mine} / {theirs}"] = {k: rows[mine][k] / rows[theirs][k] for k in keys}
     return rows
 
 
@@ -270,6 +284,11 @@ def markdown(summaries: dict, argv: list[str]) -> str:
             lines.append(f"- checkpointing {condition}: hacrl / TRL step {q['step_s']:.2f}x, step per generated token "
                          f"{q['step_s_per_1k_tokens']:.2f}x, sampling rate {q['sampling_tok_s']:.2f}x, peak RSS "
                          f"{q['peak_rss_mib']:.2f}x (targets: <= 0.85x the step, <= 0.6x the memory)")  # fmt: skip
+        for key, q in summary.items():
+            if key.startswith("ratio "):
+                lines.append(f"- checkpointing {condition}, the same host allocator on both sides "
+                             f"({key.removeprefix('ratio ')}): step {q['step_s']:.2f}x, peak RSS "
+                             f"{q['peak_rss_mib']:.2f}x")  # fmt: skip
     lines += ["", "Settings each side ran with:", ""]
     for condition, summary in summaries.items():
         for system in SYSTEMS:

@@ -1,10 +1,13 @@
 """The stops a worker's phases end with when a device runs out of memory or a model turns non-finite: one message
 naming the agent, the phase, the peak and the knobs to turn (the run's newest checkpoint is intact: resume with the
-smaller setting)."""
+smaller setting); and what a worker's process does with host memory it frees (`host_memory`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import sys
 
 import torch
 
@@ -61,3 +64,27 @@ def device_memory(device: torch.device) -> dict[str, int]:
     peak = torch.cuda.max_memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}
+
+
+MMAP_THRESHOLD = 1 << 20
+"""`host_memory("release")`: glibc maps allocations of this many bytes or more on their own (`M_MMAP_THRESHOLD`)."""
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def host_memory(mode: str) -> bool:
+    """`runtime.host_memory` for this process; True where it changed glibc's behaviour.
+
+    By default glibc serves allocations below a threshold that rises to 32 MiB from its heap, and a heap whose top
+    is still in use cannot shrink: an update's activations (hundreds of MiB in tensors of a few MiB each, freed
+    after each backward) stay resident after they are freed, and the next phase's allocations land beside them. With
+    `release`, every allocation of MMAP_THRESHOLD bytes or more is its own mapping, returned when freed (the cost:
+    the kernel zeroes its pages when first touched). Tensors are 64-byte aligned either way (torch asks for it), so
+    no computation sees a difference. Once set it holds for the process (`keep` changes nothing)."""
+    if mode == "keep" or not sys.platform.startswith("linux"):
+        return False
+    path = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(path)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands
+        return False

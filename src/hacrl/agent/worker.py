@@ -65,6 +65,7 @@ class AgentWorker:
         `role` "sampler": the agent's sampler of its own (its sampling role only)."""
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
+        guards.host_memory(spec.host_memory)
         self.spec, self.index, self.name = spec, spec.index, spec.agent.name
         placement = spec.placement
         if rank is not None:

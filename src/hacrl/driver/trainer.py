@@ -105,6 +105,7 @@ class Trainer(RunLoop):
                 algorithm=config.algorithm,
                 weights_from=plan.weights_from(cfg),
                 torch_threads=config.runtime.torch_threads,
+                host_memory=config.runtime.host_memory,
                 eval_batch_size=config.eval.batch_size,
                 num_agents=len(config.agents),
                 sharing=config.sharing,

@@ -1,0 +1,63 @@
+"""`runtime.host_memory`: with `release` (the default) a worker's process gives freed activations back to the system,
+so its resident memory follows what is in use; the training numbers are the same with either setting. glibc's
+setting holds for a whole process, so each case runs in a process of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import records, same_numbers, same_weights, write_config
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+
+FREED = """
+import sys, torch
+from hacrl.agent import guards
+
+def rss_mib():
+    return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS')) / 1024
+
+changed = guards.host_memory(sys.argv[1])
+torch.ones(2**21).add_(1)  # 8 MiB, freed at once: glibc's own threshold rises past the tensors that follow
+big, small = [], []
+for _ in range(128):  # an update's activations (2 MiB each), small tensors allocated among them and kept
+    big.append(torch.ones(2**19).add_(1))
+    small.append(torch.ones(256))
+held = rss_mib()
+big.clear()
+print(changed, held, rss_mib())
+"""
+
+
+def freed(mode: str) -> tuple[bool, float, float]:
+    out = subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True).stdout
+    changed, held, after = out.split()
+    return changed == "True", float(held), float(after)
+
+
+def test_release_gives_freed_activations_back_and_keep_leaves_glibc_alone():
+    changed, held, after = freed("release")
+    assert changed
+    assert held - after > 200, (held, after)  # 256 MiB of tensors freed: the resident memory falls with them
+    changed, held, after = freed("keep")
+    assert not changed
+    assert held - after < 50, (held, after)  # glibc's default: freed into its heap below the small ones, resident
+
+
+@pytest.mark.slow
+def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
+    runs = {}
+    for mode in ("release", "keep"):
+        run = tmp_path / mode
+        cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
+                           runtime={"torch_threads": 2, "host_memory": mode},
+                           scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
+        train = "import sys; from hacrl.tools.cli import main; raise SystemExit(main(sys.argv[1:]))"
+        subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True)
+        runs[mode] = run
+    assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
+    same_numbers(records(runs["release"]), records(runs["keep"]))
+    same_weights(runs["release"], runs["keep"], 2)
