@@ -13,8 +13,8 @@ sequence-level ratio, clip 3e-4 / 4e-4, no KL), lr 1e-6, micro-batches of 16 row
 optimizer step per generation, gradient checkpointing off, then on (TRL's default), the same on both sides. A real
 model stops at its own EOS, so the two systems generate different amounts: each step's generated tokens are counted
 on both sides, and the rates (tokens/s) compare as well as the step seconds. Each (system, condition, round) is its
-own process (its peak RSS is the process's); `hacrl_keep` and `trl_release` swap the one host-allocator setting
-(`runtime.host_memory`) between the two sides. Writes benchmarks/results/real_trl.md and real_trl.json.
+own process (its peak RSS is the process's); `hacrl_release` and `trl_release` run with `runtime.host_memory:
+release` on each side. Writes benchmarks/results/real_trl.md and real_trl.json.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ SCRATCH = HERE / "results" / ".runs" / "real_trl"
 AGENTS = ROOT / ".cache" / "real-agents"
 PER_STEP, G, NEW, MICRO, LR = 8, 8, 64, 16, 1e-6
 PROMPTS = 256
-SYSTEMS = ("hacrl", "trl", "hacrl_keep", "trl_release")
-"""hacrl as it runs (`runtime.host_memory: release`, its default) and TRL as it runs; then each with the other's
-host allocator setting: hacrl with glibc's default (`keep`) and TRL with hacrl's `release` set in its process, which
-says how much of the memory ratio is the allocator setting and how much the rest."""
+SYSTEMS = ("hacrl", "trl", "hacrl_release", "trl_release")
+"""hacrl and TRL as they run (glibc's default allocator: `runtime.host_memory: keep`), then both with hacrl's
+`runtime.host_memory: release` (freed memory given back to the system: lower peak RSS, slower), set in TRL's process
+too: what the setting buys and costs on each side."""
 CONDITIONS = ("off", "on")
 """Gradient checkpointing off (neither side's default for this comparison) and on (TRL's GRPOConfig default), the
 same on both sides."""
@@ -72,7 +72,7 @@ def system_prompt() -> str:
     return load_config(ROOT / "configs" / "real.yaml").data.system_prompt
 
 
-def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "release") -> dict:
+def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "keep") -> dict:
     import torch
     import yaml
 
@@ -200,7 +200,7 @@ def measure(system: str, steps: int, warmup: int, condition: str) -> None:
     started = time.perf_counter()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     run = run_trl if system.startswith("trl") else run_hacrl
-    host_memory = "release" if system in ("hacrl", "trl_release") else "keep"
+    host_memory = "release" if system.endswith("_release") else "keep"
     result = run(SCRATCH, steps, warmup, condition == "on", host_memory)
     result["startup_s"] = result.pop("first_step_at") - started
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -252,7 +252,7 @@ def _summarize(runs: list[dict]) -> dict:
     if "hacrl" in rows and "trl" in rows:
         h, t = rows["hacrl"], rows["trl"]
         rows["ratio"] = {k: h[k] / t[k] for k in keys}
-    for mine, theirs in (("hacrl", "trl_release"), ("hacrl_keep", "trl")):
+    for mine, theirs in (("hacrl_release", "trl_release"), ("hacrl_release", "hacrl"), ("trl_release", "trl")):
         if mine in rows and theirs in rows:
             rows[f"ratio {mine} / {theirs}"] = {k: rows[mine][k] / rows[theirs][k] for k in keys}
     return rows
@@ -286,9 +286,8 @@ def markdown(summaries: dict, argv: list[str]) -> str:
                          f"{q['peak_rss_mib']:.2f}x (targets: <= 0.85x the step, <= 0.6x the memory)")  # fmt: skip
         for key, q in summary.items():
             if key.startswith("ratio "):
-                lines.append(f"- checkpointing {condition}, the same host allocator on both sides "
-                             f"({key.removeprefix('ratio ')}): step {q['step_s']:.2f}x, peak RSS "
-                             f"{q['peak_rss_mib']:.2f}x")  # fmt: skip
+                lines.append(f"- checkpointing {condition}, {key.removeprefix('ratio ')}: step {q['step_s']:.2f}x, "
+                             f"peak RSS {q['peak_rss_mib']:.2f}x")  # fmt: skip
     lines += ["", "Settings each side ran with:", ""]
     for condition, summary in summaries.items():
         for system in SYSTEMS:
@@ -308,10 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--condition", default="off", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--summarize-only", action="store_true", help="rewrite real_trl.md from real_trl.json's runs")
     args = parser.parse_args(argv)
     if args.measure:
         measure(args.measure, args.steps, args.warmup, args.condition)
         return 0
+    out = Path(args.out)
+    if args.summarize_only:
+        saved = json.loads((out / "real_trl.json").read_text())
+        runs, shown = saved["runs"], saved.get("argv", [])
+        return write(out, runs, shown)
     model_dir()  # fetched and converted once, before any timing
     prompts_file(SCRATCH)
     runs = []
@@ -322,12 +327,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}: {system}, checkpointing {condition} ...", flush=True)
                 result = spawn(system, args.steps, args.warmup, condition)
                 runs.append({"system": system, "condition": condition, "round": r, **result})
+    return write(out, runs, sys.argv[1:] if argv is None else argv)
+
+
+def write(out: Path, runs: list[dict], shown: list[str]) -> int:
     summary = summarize(runs)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shown = sys.argv[1:] if argv is None else argv
     (out / "real_trl.md").write_text(markdown(summary, shown))
-    (out / "real_trl.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=2, default=str) + "\n")
+    saved = {"argv": shown, "summary": summary, "runs": runs}
+    (out / "real_trl.json").write_text(json.dumps(saved, indent=2, default=str) + "\n")
     print(markdown(summary, shown))
     return 0
 

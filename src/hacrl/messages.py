@@ -87,7 +87,7 @@ class WorkerSpec:
     """A checkpoint's model directory of this agent to start from (resume); None: `agent.model`."""
     torch_threads: int | None = None
     """torch intra-op threads of the worker's process; None: leave the process's setting."""
-    host_memory: str = "release"
+    host_memory: str = "keep"
     """What the worker's process does with host memory it frees (`runtime.host_memory`, `guards.host_memory`)."""
     eval_batch_size: int = 64
     """Prompts per generation batch during evaluation."""

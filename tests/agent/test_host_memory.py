@@ -1,6 +1,6 @@
-"""`runtime.host_memory`: with `release` (the default) a worker's process gives freed activations back to the system,
-so its resident memory follows what is in use; the training numbers are the same with either setting. glibc's
-setting holds for a whole process, so each case runs in a process of its own."""
+"""`runtime.host_memory`: with `release` a worker's process gives freed activations back to the system, so its
+resident memory follows what is in use; `keep` (the default) leaves glibc alone; the training numbers are the same
+with either setting. glibc's setting holds for a whole process, so each case runs in a process of its own."""
 
 from __future__ import annotations
 
