@@ -48,10 +48,14 @@ def oom_message(name: str, index: int, device: torch.device, what: str, step: in
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
+    host = ""
+    if device.type == "cpu" and not _released:
+        host = (" or set runtime.host_memory=release (freed activations go back to the system: about 0.8x the peak "
+                "at about 1.4x the step on SmolLM2)")  # fmt: skip
     return (
         f"agent {name!r} ran out of memory on {device} during {what}{f' at step {step}' if step else ''}"
-        f"{peak}: {first_line(error)}. Lower {KNOBS[what].format(i=index)} (`hacrl plan CONFIG` shows where the "
-        "memory goes), then continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the "
+        f"{peak}: {first_line(error)}. Lower {KNOBS[what].format(i=index)}{host} (`hacrl plan CONFIG` shows where "
+        "the memory goes), then continue with `hacrl train CONFIG --resume KEY=VALUE`: this step was not saved, the "
         "newest checkpoint is intact."
     )
 
@@ -69,6 +73,8 @@ def device_memory(device: torch.device) -> dict[str, int]:
 MMAP_THRESHOLD = 1 << 20
 """`host_memory("release")`: glibc maps allocations of this many bytes or more on their own (`M_MMAP_THRESHOLD`)."""
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_released = False
+"""Whether this process gives freed memory back (`host_memory("release")` took effect): no use suggesting it."""
 
 
 def host_memory(mode: str) -> bool:
@@ -83,8 +89,10 @@ def host_memory(mode: str) -> bool:
     if mode == "keep" or not sys.platform.startswith("linux"):
         return False
     path = ctypes.util.find_library("c")
+    global _released
     try:
         libc = ctypes.CDLL(path)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+        _released = _released or bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+        return _released
     except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands
         return False
