@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import records, same_numbers, same_weights, write_config
 
@@ -55,9 +56,25 @@ def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
                            runtime={"torch_threads": 2, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = "import sys; from hacrl.tools.cli import main; raise SystemExit(main(sys.argv[1:]))"
-        subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True)
+        train = ("import sys; from hacrl.agent import guards; from hacrl.tools.cli import main; "
+                 "rc = main(sys.argv[1:]); print('released', guards._released); raise SystemExit(rc)")  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True,
+                              text=True)  # fmt: skip
+        # the config's setting reached the worker (trainer -> WorkerSpec -> AgentWorker) and took effect there
+        assert done.stdout.splitlines()[-1] == f"released {mode == 'release'}", done.stdout[-500:]
         runs[mode] = run
     assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
     same_numbers(records(runs["release"]), records(runs["keep"]))
     same_weights(runs["release"], runs["keep"], 2)
+
+
+def test_a_host_out_of_memory_names_release_unless_the_process_already_releases(monkeypatch):
+    from hacrl.agent import guards
+
+    cpu = torch.device("cpu")
+    error = RuntimeError("DefaultCPUAllocator: can't allocate memory")
+    monkeypatch.setattr(guards, "_released", False)
+    assert "runtime.host_memory=release" in guards.oom_message("qwen", 1, cpu, "the update", 2, error)
+    monkeypatch.setattr(guards, "_released", True)
+    message = guards.oom_message("qwen", 1, cpu, "the update", 2, error)
+    assert "runtime.host_memory" not in message and "trainer.micro_batch_size" in message

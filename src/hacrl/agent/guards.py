@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import sys
 
 import torch
@@ -88,11 +87,9 @@ def host_memory(mode: str) -> bool:
     no computation sees a difference. Once set it holds for the process (`keep` changes nothing)."""
     if mode == "keep" or not sys.platform.startswith("linux"):
         return False
-    path = ctypes.util.find_library("c")
     global _released
-    try:
-        libc = ctypes.CDLL(path)
-        _released = _released or bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-        return _released
+    try:  # the process's own symbols: its C library's mallopt, without a search for the library
+        _released = _released or bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands
         return False
+    return _released
