@@ -149,14 +149,15 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
     """The driver's memory for one step's pool of n agents x `answers` answers of `tokens` tokens (module doc)."""
     import random
     import tracemalloc
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from hacrl.core import get_algorithm
     from hacrl.core.capability import CapabilityTracker
+    from hacrl.core.sharing import foreign_of
     from hacrl.driver.pipeline import Pending
-    from hacrl.driver.schedule import Schedule
     from hacrl.driver.scoring import ScoreResult
-    from hacrl.driver.trainer import Trainer
+    from hacrl.driver.trainer import Schedule, Trainer
     from hacrl.messages import Sampled, Trajectory
 
     tracemalloc.start()
@@ -176,13 +177,15 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
     pool, _, calls = Trainer._learn_calls(trainer, Pending(1, sampled, scored))
     after_calls, peak_calls = tracemalloc.get_traced_memory()
     store = _Transport(n)
-    specs = [SimpleNamespace(placement=SimpleNamespace(sampler_device=None)) for _ in range(n)]
-    Schedule(store, specs)._submit_learns(calls)
+    specs = [SimpleNamespace(placement=SimpleNamespace(sampler_device=None), agent=SimpleNamespace(frozen=False))
+             for _ in range(n)]  # fmt: skip
+    Schedule(store, specs)._submit_learns(calls, pool)
     sent = store.sent
     _, peak_ray = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     text = sum(len(t.text.encode()) for s in sampled for t in s.trajectories)
-    one_call = len(__import__("pickle").dumps(calls[0], protocol=5))
+    naive = replace(calls[0], foreign=foreign_of(pool, 0))  # a call carrying the others' answers itself
+    one_call = len(__import__("pickle").dumps(naive, protocol=5))
     import resource
 
     mib = 2**20

@@ -236,7 +236,7 @@ def test_ray_workers_sample_at_the_same_time(tiny_agents, tmp_path):
     """Both actors are inside `sample` at once: each reports when it entered and left, and the spans overlap."""
     from hacrl.config import load_config
     from hacrl.driver.backends import start_transport
-    from hacrl.driver.schedule import Schedule
+    from hacrl.driver.trainer import Schedule
     from hacrl.messages import SampleCall, WorkerSpec
 
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run"))

@@ -1,6 +1,6 @@
 """The step's pool is shared once (`Transport.share`: one object in Ray's store): each learner's call carries it,
 not its own copy of every other agent's answers (N copies would grow as N^2 in the object store), and the learner
-rebuilds exactly the foreign list the driver computed (`foreign_of`). A scripted transport, no Ray started: the
+takes its foreign answers from it (`foreign_of`, applied in the worker only). A scripted transport, no Ray started: the
 end-to-end identity of the two backends is `test_backends.py`'s."""
 
 from __future__ import annotations
@@ -33,33 +33,37 @@ class _Transport:
         return f"obj-{len(self.shared) - 1}"
 
 
-def _schedule(transport, n):
-    from hacrl.driver.schedule import Schedule
+def _schedule(transport, n, frozen=()):
+    from hacrl.driver.trainer import Schedule
 
-    specs = [SimpleNamespace(placement=SimpleNamespace(sampler_device=None)) for _ in range(n)]
+    specs = [
+        SimpleNamespace(placement=SimpleNamespace(sampler_device=None), agent=SimpleNamespace(frozen=i in frozen))
+        for i in range(n)
+    ]
     return Schedule(transport, specs)
 
 
-def test_the_pool_is_shared_once_and_each_learner_rebuilds_its_foreign_answers():
+def test_the_pool_is_shared_once_and_each_learner_takes_its_foreign_answers_from_it():
     pool, transport, frozen = _pool(), _Transport(), 2
-    calls = [
-        LearnCall(1, [1.0, 0.0], [] if k == frozen else foreign_of(pool, k, shared=True), [0.5] * 3) for k in range(3)
-    ]
-    assert _schedule(transport, 3)._submit_learns(calls) == [1, 2, 3]
-    (shared,) = transport.shared  # one copy of the pool
-    assert [t.source for t in shared] == [0, 0, 1, 1, 2, 2]
+    calls = [LearnCall(1, [1.0, 0.0], [], [0.5] * 3) for _ in range(3)]
+    assert _schedule(transport, 3, frozen=(frozen,))._submit_learns(calls, pool) == [1, 2, 3]
+    (shared,) = transport.shared  # one copy of the pool, the whole of it
+    assert shared is pool
     for k, (agent, role, method, args) in enumerate(transport.sent):
         assert (agent, role, method) == (k, "learner", "learn")
-        if k == frozen:  # nothing to share: the call as it is, no reference
+        if k == frozen:  # a frozen learner trains on nothing: the call as it is, no reference
             assert args == (calls[k],)
             continue
-        call, ref = args
-        assert call.foreign == [] and ref == "obj-0"
-        assert foreign_of(shared, k) == calls[k].foreign  # what `AgentWorker.learn(call, pool)` takes
+        assert args == (calls[k], "obj-0")
+        assert [(t.source, t.group) for t in foreign_of(shared, k)] == [  # what `AgentWorker.learn(call, pool)` takes
+            (s, g) for s in (0, 1, 2) if s != k for g in (0, 1)
+        ]
 
 
 def test_a_step_where_no_learner_takes_foreign_answers_sends_the_calls_as_they_are():
-    transport = _Transport()
-    calls = [LearnCall(1, [1.0], [], [0.5, 0.5]) for _ in range(2)]
-    _schedule(transport, 2)._submit_learns(calls)
-    assert transport.shared == [] and [args for *_, args in transport.sent] == [(c,) for c in calls]
+    """No sharing (pool None), one agent (no other agent's answer), or every learner frozen: no reference."""
+    for pool, n, frozen in [(None, 2, ()), (_pool()[:2], 1, ()), (_pool()[:4], 2, (0, 1))]:
+        transport = _Transport()
+        calls = [LearnCall(1, [1.0], [], [0.5] * n) for _ in range(n)]
+        _schedule(transport, n, frozen)._submit_learns(calls, pool)
+        assert transport.shared == [] and [args for *_, args in transport.sent] == [(c,) for c in calls]

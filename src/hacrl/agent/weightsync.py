@@ -12,12 +12,12 @@ sampler, and three kinds (`Placement.weight_link` and where the roles run pick o
     BroadcastLink      `weight_sync: broadcast`: a torch.distributed broadcast from the learner to its sampler in a
                        group of their own (NCCL between GPUs, gloo otherwise), both ends at the step's end.
 
-A link whose ends `meet` is run by the schedule (`hacrl.driver.schedule`) at the end of each step, once the learner's
-update and the sampler's batch are done; the other kind works inside the two roles' own calls. A LoRA agent hands
-over its adapters only (`Agent.handed_over`). A sampler never samples with half-written weights: the shared slots are
-stamped after the last tensor and checked before and after the read, and a sampler whose last transfer failed holds
-no version and refuses to sample (`refuse`). A learner that dies mid-transfer stops the run; the sampler of the
-resumed run loads the checkpoint's weights.
+A link whose ends `meet` is run by the schedule (`hacrl.driver.trainer.Schedule`) at the end of each step, once the
+learner's update and the sampler's batch are done; the other kind works inside the two roles' own calls. A LoRA
+agent hands over its adapters only (`Agent.handed_over`). A sampler never samples with half-written weights: the
+shared slots are stamped after the last tensor and checked before and after the read, and a sampler whose last
+transfer failed holds no version and refuses to sample (`refuse`). A learner that dies mid-transfer stops the run;
+the sampler of the resumed run loads the checkpoint's weights.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ link). Which part of each batch it handles is a strategy both roles are given (`
     AgentWorker(spec, role="sampler")    a sampler of its own (`agents.<i>.sampler_devices`): the sampling role only,
                                          on its own device, every rank's share of a group's batch
 
-The driver (`hacrl.driver.schedule`) calls it in the driver's process, a rank's process or a Ray actor, with the
-same typed messages (`hacrl.messages`):
+The driver (`hacrl.driver.trainer.Schedule`) calls it in the driver's process, a rank's process or a Ray actor, with
+the same typed messages (`hacrl.messages`):
 
     sample(SampleCall)      -> Sampled: its trajectories (text, source log-prob sum and token count, finish reason);
                                keeps them, the sampled ids and per-token old log-probs for `learn`
@@ -110,8 +110,8 @@ class AgentWorker:
 
     def learn(self, call: LearnCall, pool: list[Trajectory] | None = None) -> Learned:
         """One training step's update of this learner on its pool (`LearningRole.learn`). `pool`: the step's whole
-        pool, sent once for every learner (`hacrl.driver.schedule`), of which it takes the other agents' answers as
-        its foreign ones (`foreign_of`)."""
+        pool, sent once for every learner (`hacrl.driver.trainer.Schedule`), of which it takes the other agents'
+        answers as its foreign ones (`foreign_of`: the one place a learner's foreign rows are chosen from a pool)."""
         if self.learning is None:
             raise RuntimeError(f"the sampler of agent {self.name!r} does not learn")
         if pool is not None:

@@ -1,16 +1,36 @@
-"""The driver: the training loop (spec 2) for N >= 1 agents and any registered algorithm, calling agent workers.
+"""The driver: the training loop (spec 2) for N >= 1 agents and any registered algorithm, and the one owner of a
+step at any lag (`trainer.lag` = k; lag 0 is k = 0).
 
 The driver owns the data stream, scoring, the capability tracker, pool assembly, logging, the evaluation schedule
-and checkpoint coordination; each agent's tensors live in its worker (`hacrl.agent.worker`), which runs in this process
-or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities and metrics cross. One step:
-    1. take B prompts
-    2. every worker samples G responses per prompt and keeps its pre-update log-probs (all sample before any
-       update; concurrently on Ray)
-    3. score every response on its decoded text (in time-limited scoring processes: `hacrl.driver.scoring`)
-    4. update the capability tracker from this step's rewards
-    5. give each learner its pool (own first, then the others in config order, when the algorithm shares); every
-       worker computes its advantages and takes its mini-batch updates (concurrently on Ray)
-    6. log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
+and checkpoint coordination; each agent's tensors live in its worker (`hacrl.agent.worker`), which runs in this process,
+in processes of this machine or as a Ray actor (`runtime.backend`). Only prompts, trajectories, capabilities and
+metrics cross. One step (`Trainer.train_step`) trains on batch t, sampled k steps ago, and samples batch t + k:
+
+    k = 0     prompts -> sample t -> score t -> capabilities -> learn t
+    k >= 1    capabilities (batch t was scored a step ago) -> the proximal pass -> sample t + k and learn t at once,
+              prompts t + k scored beside the learns -> the weight link
+    then      log; evaluate every `eval.every` steps; checkpoint every `checkpoint.every` steps
+
+    prompts             the stream's next B prompts
+    sample              every agent's sampling role (its sampler of its own, else its learner): G responses per
+                        prompt and their behaviour log-probs; every agent samples before any update
+    score               every response on its decoded text, in time-limited scoring processes (`hacrl.driver.scoring`);
+                        at k >= 1 in a thread of the driver while the learners learn
+    capabilities        the tracker takes the batch's rewards (spec 3.1)
+    learn               every learning role: its own rows first, then the others' scored answers when the algorithm
+                        shares (the step's pool sent once for all, `Transport.share`, each learner taking its foreign
+                        rows from it); mini-batch updates
+    the proximal pass   an agent's sampler of its own computes the proximal log-probs of its learner's own rows after
+                        the first mini-batch (it holds the weights the update starts from) while that mini-batch trains
+    the weight link     the learner's weights after update t to its sampler, for a link whose two ends meet
+                        (`hacrl.agent.weightsync`: a broadcast, or Ray's handed copy); shared memory is read by the
+                        sampler itself just before the batch that needs it
+
+`Trainer` decides what a step does; `Schedule` sends its calls, in that order, through a transport
+(`hacrl.driver.backends`), which only carries them: on Ray the proximal pass, the samples and the learns all run at
+once (an actor runs its calls in order), on the local backend the learners run in the driver while the samplers'
+processes sample. A checkpoint takes each sampler's random stream into its learner's part (`Schedule.save`), so a
+checkpoint is the same with or without samplers and resumes either way.
 
 Around the loop (`hacrl.driver.runloop.RunLoop`, shared with `hacrl control`; docs/reliability.md, "Failure and
 safety"): the run directory is locked for the trainer's lifetime; a resume takes the newest checkpoint that passes
@@ -22,9 +42,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,17 +56,18 @@ from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_co
 from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
-from hacrl.core.sharing import foreign_of
+from hacrl.driver.backends import Handle, Transport, start_transport
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace, run_shape
 from hacrl.driver.pipeline import Pending, read_pending, write_pending
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
-from hacrl.driver.schedule import Schedule
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
-from hacrl.messages import LearnCall, SampleCall, Sampled, Trajectory, WorkerSpec
+from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, Trajectory, WorkerSpec
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
+
+T = TypeVar("T")
 
 
 class Trainer(RunLoop):
@@ -161,14 +184,14 @@ class Trainer(RunLoop):
     # -- one step --------------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
-        """One step at `trainer.lag` = k (`hacrl.driver.schedule`): train on batch t, sampled k steps ago, while
+        """One step at `trainer.lag` = k (the module's order): train on batch t, sampled k steps ago, while
         batch t + k is sampled by the weights before this update and scored on the driver meanwhile. At k = 0 batch t
         is sampled and scored first (every agent samples before any update); at k >= 1 the run's first step first
         samples batches 1..k by the starting weights (a resumed run has them from its checkpoint)."""
         step, k = self.step + 1, self.config.trainer.lag
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
-        if k == 0:  # 1-3. prompts; every agent samples (keeping its old log-probs); rewards on decoded text
+        if k == 0:  # prompts; every agent samples (keeping its old log-probs); rewards on decoded text
             batch, sampled = self._sample(step)
             totals["sampling"] = (began := time.perf_counter()) - start
             self.pending.append(Pending(step, sampled, self._score_all(batch, [s.trajectories for s in sampled])))
@@ -182,10 +205,11 @@ class Trainer(RunLoop):
         current = self.pending.popleft()
         if current.step != step:
             raise RuntimeError(f"the pipeline holds batch {current.step} where step {step} should train")
-        pool, capabilities, calls = self._learn_calls(current)  # 4. capabilities; 5. each learner's pool
+        pool, capabilities, calls = self._learn_calls(current)  # capabilities; each learner's call
+        shared = pool if self.algorithm.pool_is_shared(self.params) else None
         if k == 0:
             began = time.perf_counter()
-            learned = self.schedule.learn(calls)
+            learned = self.schedule.learn(calls, shared)
             totals["update"] = time.perf_counter() - began
             return self._step_metrics(pool, current.sampled, current.scored, learned, capabilities, totals)
         batch, sample_start = self.stream.next_batch(self.config.trainer.prompts_per_step), time.perf_counter()
@@ -198,7 +222,7 @@ class Trainer(RunLoop):
             return scored, began, time.perf_counter()
 
         new, (scored, scoring_began, scoring_ended), learned = self.schedule.step(
-            [SampleCall(step + k, prompts, g) for g in self.group_sizes], calls, score
+            [SampleCall(step + k, prompts, g) for g in self.group_sizes], calls, shared, score
         )
         end = time.perf_counter()
         self.pending.append(Pending(step + k, new, scored))
@@ -215,8 +239,8 @@ class Trainer(RunLoop):
 
     def _learn_calls(self, batch: Pending) -> tuple[list[Trajectory], torch.Tensor, list[LearnCall]]:
         """The scored pool of `batch`, the capabilities after its rewards (the tracker takes them here, once per
-        step) and each learner's call: its own rewards (and rollout, when it waited), the others' scored answers
-        when the algorithm shares."""
+        step) and each learner's call: its own rewards (and rollout, when it waited). The others' scored answers
+        are not in the calls: the schedule sends the pool once and each learner takes its own (`Schedule.learn`)."""
         n, sampled, scored = len(self.names), batch.sampled, batch.scored
         pool = [
             replace(t, reward=reward)
@@ -227,17 +251,8 @@ class Trainer(RunLoop):
         all_sources = torch.tensor([t.source for t in pool])
         self.tracker.update(step_mean_rewards(all_rewards, all_sources, n))
         capabilities = self.tracker.capabilities()
-        shared, caps = self.algorithm.pool_is_shared(self.params), capabilities.tolist()
-        calls = [
-            LearnCall(
-                batch.step,
-                list(scored[k].rewards),
-                [] if self.frozen[k] else foreign_of(pool, k, shared=shared),
-                caps,
-                rollout=sampled[k].rollout,
-            )
-            for k in range(n)
-        ]
+        caps = capabilities.tolist()
+        calls = [LearnCall(batch.step, list(scored[k].rewards), [], caps, rollout=sampled[k].rollout) for k in range(n)]
         return pool, capabilities, calls
 
     def _step_metrics(self, pool, sampled, scored, learned, capabilities, totals, *, now=None) -> dict[str, Any]:
@@ -404,3 +419,154 @@ class Trainer(RunLoop):
             keep_last=self.config.checkpoint.keep_last,
             config_yaml=config_to_yaml(self.config),
         )
+
+
+class Schedule:
+    """The calls of a run's steps, evaluations and checkpoints, in the module's order, over `transport` (started for
+    `specs`): which role of which agent does what, and when."""
+
+    def __init__(self, transport: Transport, specs: Sequence[WorkerSpec]) -> None:
+        self.transport, self.specs = transport, list(specs)
+        self.concurrent = transport.concurrent
+        self.apart = [s.placement.sampler_device is not None for s in specs]
+        """Each agent: whether it has a sampler of its own."""
+        self.meets = [False] * len(specs)
+        """Each agent: whether its weight link's two ends meet at the step's end (the schedule runs them)."""
+        what = "opening the weight link to its sampler"
+        for i in (i for i, apart in enumerate(self.apart) if apart):  # the learner opens it, its sampler is given it
+            link = self._call(i, "learner", "open_weight_link", (transport.across_machines,), what)
+            self._call(i, "sampler", "attach_weight_link", (link,), what)
+            self.meets[i] = link.meets
+
+    @classmethod
+    def start(cls, runtime, specs: Sequence[WorkerSpec]) -> Schedule:
+        """Start the agents' processes on `runtime.backend` and open their weight links."""
+        transport = start_transport(runtime, list(specs))
+        try:
+            return cls(transport, specs)
+        except BaseException:
+            transport.close(force=True)
+            raise
+
+    def _call(self, i: int, role: str, method: str, args: tuple, what: str) -> Any:
+        return self.transport.gather([self.transport.submit(i, role, method, args, what)])[0]
+
+    # -- a step ------------------------------------------------------------------------------------------------------
+
+    def sample(self, calls: Sequence[SampleCall]) -> list[Sampled]:
+        """Every agent's batch, on its sampling role."""
+        return self.transport.gather(self._submit_samples(calls))
+
+    def learn(self, calls: Sequence[LearnCall], pool: list[Trajectory] | None) -> list[Learned]:
+        """Every learner's update (lag 0: on the batch it sampled; `pool`: `_submit_learns`)."""
+        return self.transport.gather(self._submit_learns(calls, pool))
+
+    def step(
+        self,
+        samples: Sequence[SampleCall],
+        learns: Sequence[LearnCall],
+        pool: list[Trajectory] | None,
+        between: Callable[[list[Sampled]], T],
+    ) -> tuple[list[Sampled], T, list[Learned]]:
+        """Lag k >= 1, in the module's order: the proximal pass, sample t + k and learn t at once, the weight link.
+        `between(sampled)` (the driver's scoring) runs in a thread of the driver once every sample is in, while the
+        learners learn; its error comes first (the learns' own is raised after it)."""
+        learns = self._with_proximal(learns)
+        sampling = self._submit_samples(samples)
+        learning = self._submit_learns(learns, pool)
+        sampled = self.transport.gather(sampling)
+        with ThreadPoolExecutor(1, thread_name_prefix="hacrl-between") as thread:
+            future = thread.submit(between, sampled)
+            try:
+                learned = self.transport.gather(learning)
+            finally:
+                extra = future.result()
+        self._link(learns)
+        return sampled, extra, learned
+
+    def _submit_samples(self, calls: Sequence[SampleCall]) -> list[Handle]:
+        return [
+            self.transport.submit(i, "sampler", "sample", (c,), f"sampling at step {c.step}")
+            for i, c in enumerate(calls)
+        ]
+
+    def _submit_learns(self, calls: Sequence[LearnCall], pool: list[Trajectory] | None) -> list[Handle]:
+        """The learn calls, with the step's scored `pool` (None: the algorithm does not share) sent once for all
+        (`Transport.share`): each learner takes its foreign answers from it (`AgentWorker.learn(call, pool)`,
+        `foreign_of`) instead of its own copy of every other agent's (N copies of the pool, one per learner, would grow
+        as N^2). A learner with none to take (frozen, or no other agent's answer in the pool) gets its call alone."""
+        takes = [
+            pool is not None and not spec.agent.frozen and any(t.source != i for t in pool)
+            for i, spec in enumerate(self.specs)
+        ]
+        shared = self.transport.share(pool) if any(takes) else None
+        return [
+            self.transport.submit(
+                i, "learner", "learn", (c, shared) if takes[i] else (c,), f"learning at step {c.step}"
+            )
+            for i, c in enumerate(calls)
+        ]
+
+    def _with_proximal(self, learns: Sequence[LearnCall]) -> list[LearnCall]:
+        """The proximal pass: each learner's call, with the reply of its sampler's proximal pass where it has a
+        sampler of its own and rows after its first mini-batch (the learner takes it after its first optimizer step,
+        `SamplingRole.proximal`); as it was for a worker group (its ranks compute theirs) and a frozen agent."""
+        out = list(learns)
+        for i, call in enumerate(learns):
+            spec = self.specs[i]
+            first = spec.trainer.mini_batch_size
+            if not self.apart[i] or spec.placement.group or spec.agent.frozen or call.rollout is None:
+                continue
+            if len(call.rollout.response_ids) > first:
+                what = f"computing proximal log-probs for step {call.step}"
+                handle = self.transport.submit(i, "sampler", "proximal", (call.step, call.rollout, first), what)
+                out[i] = replace(call, proximal=handle)
+        return out
+
+    def _link(self, learns: Sequence[LearnCall]) -> None:
+        """The weight link: each meeting link's transfer of the weights after this step's update, both ends at once (the
+        learner's reply is what the sampler receives: Ray hands it over by reference)."""
+        handles = []
+        for i, call in enumerate(learns):
+            if not self.meets[i] or self.specs[i].agent.frozen:
+                continue
+            what = f"handing over the weights after update {call.step}"
+            if self.specs[i].placement.broadcasts:  # the two ends of one collective
+                receive = self.transport.submit(i, "sampler", "receive_weights", (call.step,), what)
+                handles += [receive, self.transport.submit(i, "learner", "send_weights", (call.step,), what)]
+            else:  # the sampler's call waits for the learner's reply, which the driver never fetches (a failure of
+                # the learner's end is raised by the sampler's)
+                sent = self.transport.submit(i, "learner", "send_weights", (call.step,), what)
+                handles.append(self.transport.submit(i, "sampler", "receive_weights", (call.step, sent), what))
+        if handles:
+            self.transport.gather(handles, peers=True)
+
+    # -- around the steps ----------------------------------------------------------------------------------------------
+
+    def generate(self, calls: Sequence[GenerateCall], *, what: str) -> list[list[Completion]]:
+        """Evaluation: each agent's learner (it holds the newest weights)."""
+        return self.transport.gather([self.transport.submit(i, "learner", "generate", (c,), what)
+                                      for i, c in enumerate(calls)])  # fmt: skip
+
+    def save(self, directory: str, *, what: str) -> None:
+        """Each learner saves its agent's part, a sampler's stream in it as the agent's (`AgentWorker.adopt_stream`;
+        a worker group's ranks each take their own)."""
+        for i in (i for i, apart in enumerate(self.apart) if apart):
+            stream = self._call(i, "sampler", "stream", (), what)
+            self._call(i, "learner", "adopt_stream", (stream,), what)
+        self._all("learner", "save", (directory,), what)
+
+    def load(self, directory: str) -> None:
+        what = "loading its checkpoint part"
+        self._all("learner", "load", (directory,), what)
+        self._all("sampler", "load", (directory,), what, only=self.apart)
+
+    def _all(self, role: str, method: str, args: tuple, what: str, only: Sequence[bool] | None = None) -> list:
+        agents = [i for i in range(len(self.specs)) if only is None or only[i]]
+        return self.transport.gather([self.transport.submit(i, role, method, args, what) for i in agents])
+
+    def pids(self) -> list[int]:
+        return self.transport.pids()
+
+    def close(self, *, force: bool = False) -> None:
+        self.transport.close(force=force)

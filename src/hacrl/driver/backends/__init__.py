@@ -8,8 +8,8 @@ A transport starts each agent's processes as its `Placement` says (a learner: on
 ranks that answer as one, rank 0 replying; a sampler of its own: one more process) and carries one kind of thing:
 `submit(agent, role, method, args, what)` sends a role's call and returns a `Handle` at once, `gather(handles)` waits
 for their values. It knows nothing of steps, lag, proximal passes or weight links: the schedule
-(`hacrl.driver.schedule`) decides which call goes to which role, and when. Only the messages of `hacrl.messages` and
-checkpoint paths cross. Backends load lazily: the local backend and `hacrl.core` never import Ray.
+(`hacrl.driver.trainer.Schedule`) decides which call goes to which role, and when. Only the messages of
+`hacrl.messages` and checkpoint paths cross. Backends load lazily: the local backend and `hacrl.core` never import Ray.
 """
 
 from __future__ import annotations
