@@ -17,8 +17,9 @@ Compared: metrics.jsonl record by record without the keys that measure time; eve
 for byte, except state.json (it holds the others' digests, so a file that differs shows there first) where the
 step, the capability history and the data position are compared instead. A file whose bytes differ is then read:
 a torch file's tensors and numbers, a sharded optimizer's tensor records (its `.metadata` holds the run's own
-storage id), a config without the run's directory (keys added since the base are listed); the verdict asks for
-equal records and equal values. Prints a table and writes benchmarks/results/same_numbers.json and .md (`--out`).
+storage id), a config without the run's directory (keys added since the base are listed; a setting whose saved
+value differs, such as a default renamed since, is listed, not counted as a number); the verdict asks for equal
+records and equal values. Prints a table and writes benchmarks/results/same_numbers.json and .md (`--out`).
 """
 
 from __future__ import annotations
@@ -153,7 +154,18 @@ def same_values(a: Path, b: Path) -> str | None:
         added = sorted(_keys(y) - _keys(x))
         if _common(x, y):
             return "same values" + (f"; keys added since: {', '.join(added)}" if added else "")
+        DIFFERING_KEYS.update(_differing(x, y))
     return None
+
+
+DIFFERING_KEYS: set[str] = set()
+"""The config keys both sides know whose values differ (reported beside the verdict)."""
+
+
+def _differing(x, y, prefix: str = "") -> set[str]:
+    if isinstance(x, dict) and isinstance(y, dict):
+        return {k for key in x.keys() & y.keys() for k in _differing(x[key], y[key], f"{prefix}.{key}".strip("."))}
+    return set() if x == y else {f"{prefix}: {x!r} -> {y!r}"}
 
 
 def _equal(x, y) -> bool:
@@ -191,14 +203,18 @@ def compare(base: Path, head: Path) -> dict:
     fa, fb = files(base), files(head)
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     explained, unexplained = {}, []
+    DIFFERING_KEYS.clear()
     for name in differing:
         why = same_values(base / name, head / name) if name in fa and name in fb else None
+        if why is None and name.endswith("config.yaml") and name in fa and name in fb:
+            why = "a setting's value differs (listed below)"  # not a number: reported, not counted as one
         if why is None:
             unexplained.append(name)
         else:
             explained.setdefault(why, []).append(name)
     return {"records": len(b), "records_equal": a == b, "differing_steps": differing_records, "files": len(fb),
             "files_equal": not differing, "values_equal": not unexplained, "differing_files": unexplained[:10],
+            "differing_config_keys": sorted(DIFFERING_KEYS),
             "same_values_other_bytes": {why: len(names) for why, names in explained.items()}}  # fmt: skip
 
 
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# Numbers unchanged: {args.base} -> {label}", "",
-             "| case | records equal | checkpoint files: bytes equal | values equal | bytes differ, values equal |",
+             "| case | records equal | checkpoint files: bytes equal | values equal | bytes differ: why |",
              "|---|---|---|---|---|"]  # fmt: skip
     for case, r in results.items():
         why = "; ".join(f"{n}: {w}" for w, n in r.get("same_values_other_bytes", {}).items()) or "-"
@@ -242,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r.get('files_equal', 'error')} ({r.get('files', '-')}) | {r.get('values_equal', 'error')} | "
                      f"{why} |")  # fmt: skip
     verdict = "every logged number and checkpoint value equal" if same else "DIFFERENT"
-    lines += ["", f"{args.base} -> {label}: {verdict}.", "",
+    lines += ["", f"{args.base} -> {label}: {verdict}."]
+    keys = sorted({k for r in results.values() for k in r.get("differing_config_keys", [])})
+    if keys:
+        lines += ["", "Settings the saved config.yaml holds with another value (a default renamed or changed since "
+                  "the base; the numbers above say whether it changed anything): " + "; ".join(keys) + "."]  # fmt: skip
+    lines += ["",
               f"Reproduce: `python benchmarks/same_numbers.py --base {args.base}`", ""]  # fmt: skip
     text = "\n".join(lines)
     args.out.with_suffix(".md").write_text(text)
