@@ -601,15 +601,21 @@ def test_chunked_logprobs_memory_does_not_grow_with_vocabulary_times_positions()
 
 def test_auto_log_prob_chunks_only_where_the_full_logits_are_large():
     """`trainer.logprob_chunk_size: auto` (the default): the full path for small vocabularies (the demo's numbers
-    do not move), chunks once rows x positions x vocabulary float32 logits pass 256 MiB."""
+    do not move), chunks once rows x positions x vocabulary float32 logits pass 256 MiB on an accelerator, 64 MiB
+    on the CPU (its resident memory is what a run runs out of)."""
     from hacrl.agent.logprobs import auto_chunk_size
     from hacrl.config import TrainConfig
 
     assert TrainConfig().trainer.logprob_chunk_size == "auto"
-    assert auto_chunk_size(64, 300, 80) is None  # a demo-sized batch
-    assert auto_chunk_size(1, 400, 151_936) is None  # 232 MiB
-    assert auto_chunk_size(4, 2048, 151_936) == 441  # 4.6 GiB of logits: chunks of 441 positions (256 MiB)
-    assert auto_chunk_size(64, 5120, 10**7) == 16  # at least 16 positions per chunk
+    for cpu in (False, True):
+        assert auto_chunk_size(64, 300, 80, cpu=cpu) is None  # a demo-sized batch: 5.9 MiB
+        assert auto_chunk_size(64, 5120, 10**7, cpu=cpu) == 16  # at least 16 positions per chunk
+    assert auto_chunk_size(1, 400, 151_936, cpu=False) is None  # 232 MiB
+    assert auto_chunk_size(4, 2048, 151_936, cpu=False) == 441  # 4.6 GiB of logits: chunks of 441 positions (256 MiB)
+    assert auto_chunk_size(1, 400, 151_936, cpu=True) == 110  # 232 MiB: chunks of 110 positions (64 MiB)
+    assert auto_chunk_size(16, 128, 49_152, cpu=True) == 341  # SmolLM2's micro-batch: 341 positions, not 1,365
+    for vocab in (32_000, 49_152, 128_256, 151_936, 262_144):  # a CPU chunk's logits: above glibc's largest mmap
+        assert auto_chunk_size(16, 4096, vocab, cpu=True) * vocab * 4 > 32 * 2**20  # threshold, never in its heap
 
 
 def test_auto_rows_fit_the_pool_beside_the_update():

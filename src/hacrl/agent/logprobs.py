@@ -5,7 +5,7 @@
 2. With `chunk_size`, log-probs never hold a (rows x positions x vocabulary) tensor: the final hidden states of
    the response positions go through the output layer a chunk of positions at a time, each chunk recomputed in
    the backward pass (a selective log-softmax); the values are the full computation's. `auto` (the default of
-   `trainer.logprob_chunk_size`) chunks only where the full logits would be large.
+   `trainer.logprob_chunk_size`) chunks only where the full logits would be large (smaller chunks on the CPU).
 """
 
 from __future__ import annotations
@@ -41,15 +41,25 @@ class TokenBatch:
 
 
 AUTO_LOGITS_BYTES = 256 * 2**20
-"""`chunk_size="auto"`: the full logits while they stay within this many bytes (float32), else chunks of this size."""
+"""`chunk_size="auto"` on an accelerator: the full logits while they stay within this many bytes (float32), else
+chunks of this size."""
+AUTO_LOGITS_BYTES_CPU = 64 * 2**20
+"""The same on the CPU, where the host's resident memory is what a run runs out of: chunks of 341 positions for
+SmolLM2's 49k vocabulary instead of 1,365 (a lower update peak, docs/benchmarks.md). Above glibc's largest
+mmap threshold (32 MiB) on purpose: each chunk's logits are then a mapping of their own, returned when freed,
+whatever `runtime.host_memory` says. Chunks just under it land in glibc's heap among small tensors and fragment it:
+chunks of 55 positions (31.5 MiB of logits) peaked at 2.8 GiB where 64 (36.6 MiB) peaked at 0.3
+(`tests/agent/test_samplers.py`'s probe)."""
 
 
-def auto_chunk_size(rows: int, positions: int, vocab: int) -> int | None:
+def auto_chunk_size(rows: int, positions: int, vocab: int, *, cpu: bool) -> int | None:
     """The `auto` rule: None (the full logits, faster for small vocabularies) while rows x positions x vocabulary
-    float32 logits fit in AUTO_LOGITS_BYTES, else the positions per chunk whose logits fit in it (at least 16)."""
-    if rows * positions * vocab * 4 <= AUTO_LOGITS_BYTES:
+    float32 logits fit in AUTO_LOGITS_BYTES (`cpu`: AUTO_LOGITS_BYTES_CPU), else the positions per chunk whose
+    logits fit in it (at least 16)."""
+    budget = AUTO_LOGITS_BYTES_CPU if cpu else AUTO_LOGITS_BYTES
+    if rows * positions * vocab * 4 <= budget:
         return None
-    return max(16, AUTO_LOGITS_BYTES // (vocab * 4))
+    return max(16, budget // (vocab * 4))
 
 
 def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | str | None = None) -> Tensor:
@@ -63,7 +73,7 @@ def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: 
     if chunk_size == "auto":
         head = model.get_output_embeddings()
         vocab = getattr(head, "out_features", None) or model.config.vocab_size
-        chunk_size = auto_chunk_size(*batch.input_ids.shape, vocab)
+        chunk_size = auto_chunk_size(*batch.input_ids.shape, vocab, cpu=batch.input_ids.device.type == "cpu")
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     if chunk_size is None or not _plain_output_layer(model):
         logits = model(

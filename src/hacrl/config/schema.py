@@ -652,10 +652,10 @@ class TrainerConfig:
     """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
     logprob_chunk_size: int | str | None = field(default="auto", metadata=NOT_EXACT)
     """`auto`: the full logits while a batch's (rows x positions x vocabulary) float32 logits stay within 256 MiB
-    (tiny vocabularies: the faster path), else chunks of 256 MiB / (vocabulary x 4 bytes) positions (441 for a
-    152k vocabulary). An int: only response positions go through the output layer, this many at a time,
-    recomputed in the backward pass, so memory no longer grows with vocabulary x positions. null: always the full
-    logits."""
+    (64 MiB on the CPU; tiny vocabularies: the faster path), else chunks of that many bytes / (vocabulary x 4 bytes)
+    positions (441 for a 152k vocabulary, 110 on the CPU). An int: only response positions go through the output
+    layer, this many at a time, recomputed in the backward pass, so memory no longer grows with vocabulary x
+    positions. null: always the full logits."""
     old_logprobs: Literal["auto", "recompute", "sampler", "corrected"] = "auto"
     """Where the pre-update log-probs of an agent's own responses come from, when they are needed (rows trained
     after the learner's first optimizer step, and the log-prob sums other learners read under sharing):

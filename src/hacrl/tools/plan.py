@@ -228,13 +228,14 @@ def activation_bytes(shape: Shape, rows: int, tokens: int, *, checkpointing: boo
     return kept + full_layer
 
 
-def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | None) -> int:
+def logprob_head_bytes(shape: Shape, rows: int, tokens: int, chunk: int | str | None, *, cpu: bool) -> int:
     """The output layer's share of a training forward and backward: float32 logits, their softmax and gradient
-    for one chunk of positions (or all of them), and the model-dtype logits of the full path."""
+    for one chunk of positions (or all of them), and the model-dtype logits of the full path (`cpu`: the device is
+    the CPU, where `auto` chunks smaller)."""
     from hacrl.agent.logprobs import auto_chunk_size
 
     if chunk == "auto":
-        chunk = auto_chunk_size(rows, tokens, shape.vocab)
+        chunk = auto_chunk_size(rows, tokens, shape.vocab, cpu=cpu)
     if chunk is None:
         return rows * tokens * shape.vocab * (3 * 4 + shape.dtype_bytes)
     return min(chunk, rows * tokens) * shape.vocab * 3 * 4
@@ -285,7 +286,8 @@ def _plan_agent(config: TrainConfig, i: int, agent, device_memory: float | None,
     micro = config.trainer.micro_batch_size
     p.parts["activations, one micro-batch"] = activation_bytes(shape, micro, tokens, checkpointing=False) * learns
     p.parts["activations, gradient checkpointing"] = activation_bytes(shape, micro, tokens, checkpointing=True) * learns
-    p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, config.trainer.logprob_chunk_size)
+    chunk, cpu = config.trainer.logprob_chunk_size, str(p.devices[0]).startswith("cpu")
+    p.parts["log-prob head"] = logprob_head_bytes(shape, micro, tokens, chunk, cpu=cpu)
     held = (
         p.parts["weights"] + p.parts["reference model (KL)"] + p.parts["master weights (float32)"]
         + p.parts["optimizer state (AdamW)"] + p.parts["KV cache (sampling)"]
