@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,6 +45,13 @@ print(sum(int(x.split()[1]) for x in open('/proc/self/smaps') if x.startswith('A
 """
 
 
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_BY_MADVISE = THP.is_file() and "[madvise]" in THP.read_text()
+"""Huge pages where a program asks for them (`always` gives them to every large mapping, `never` to none)."""
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+"""A subprocess's environment without a huge-page setting this process may have taken from `release`."""
+
+
 def freed(mode: str) -> tuple[bool, float, float]:
     out = subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True).stdout
     changed, held, after = out.split()
@@ -63,19 +71,16 @@ def test_release_backs_large_tensors_by_huge_pages_where_the_kernel_allows_it():
     """A fresh mapping costs a fault per page touched: with `release` torch's large tensors ask for 2 MiB pages
     (`THP_MEM_ALLOC_ENABLE`), so an update's activations, mapped anew each micro-batch, cost 512 times fewer faults;
     `keep` leaves torch as it is."""
-    from pathlib import Path
-
-    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not setting.is_file() or "[never]" in setting.read_text():
+    if not THP.is_file() or "[never]" in THP.read_text():
         pytest.skip("this kernel gives no transparent huge pages")
 
     def huge_kib(mode: str) -> int:
-        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-        done = subprocess.run([sys.executable, "-c", HUGE, mode], capture_output=True, text=True, check=True, env=env)
+        done = subprocess.run([sys.executable, "-c", HUGE, mode], capture_output=True, text=True, check=True,
+                              env=CLEAN_ENV)  # fmt: skip
         return int(done.stdout.split()[-1])
 
     assert huge_kib("release") >= 32 * 1024  # most of the 64 MiB tensor in huge pages
-    if "[madvise]" in setting.read_text():  # (a kernel set to `always` backs every large mapping by huge pages)
+    if THP_BY_MADVISE:  # (a kernel set to `always` backs every large mapping by huge pages)
         assert huge_kib("keep") < 8 * 1024
 
 
@@ -87,12 +92,16 @@ def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
                            runtime={"torch_threads": 2, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = ("import sys; from hacrl.agent import guards; from hacrl.tools.cli import main; "
-                 "rc = main(sys.argv[1:]); print('released', guards._released); raise SystemExit(rc)")  # fmt: skip
+        train = ("import sys, torch; from hacrl.agent import guards; from hacrl.tools.cli import main; "
+                 "rc = main(sys.argv[1:]); print('released', guards._released); x = torch.ones(16 * 2**20); "
+                 "print('huge', sum(int(l.split()[1]) for l in open('/proc/self/smaps') "
+                 "if l.startswith('AnonHugePages:')) >= 32 * 1024); raise SystemExit(rc)")  # fmt: skip
         done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True,
-                              text=True)  # fmt: skip
+                              text=True, env=CLEAN_ENV)  # fmt: skip
         # the config's setting reached the worker (trainer -> WorkerSpec -> AgentWorker) and took effect there
-        assert done.stdout.splitlines()[-1] == f"released {mode == 'release'}", done.stdout[-500:]
+        assert done.stdout.splitlines()[-2] == f"released {mode == 'release'}", done.stdout[-500:]
+        if THP_BY_MADVISE:  # and huge pages with it: set before the trainer's process allocated its first tensor
+            assert done.stdout.splitlines()[-1] == f"huge {mode == 'release'}", done.stdout[-500:]
         runs[mode] = run
     assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
     same_numbers(records(runs["release"]), records(runs["keep"]))

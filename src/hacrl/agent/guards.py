@@ -87,8 +87,9 @@ def host_memory(mode: str) -> bool:
     the kernel's work on a fresh mapping's first touch (a fault and zeroed pages); torch's tensors of 2 MiB or more
     are then also asked to be backed by transparent huge pages (`THP_MEM_ALLOC_ENABLE`, where the kernel allows
     `madvise`), one fault per 2 MiB instead of per 4 KiB: on SmolLM2's update this cut the cost from 1.24x to 1.07x
-    the step (docs/benchmarks.md). torch reads that setting at its first such allocation, so `release` must come
-    before the process allocates one (a worker sets it before its model loads). Tensors are 64-byte aligned either
+    the step (docs/benchmarks.md). torch reads that setting at the process's first allocation, so `release` must
+    come before the process allocates a tensor (the trainer sets it first thing for the workers in its own process,
+    `hacrl.driver.backends.host_workers_here`; a worker's process as it starts). Tensors are 64-byte aligned either
     way (2 MiB-aligned with huge pages), so no computation sees a difference. Once set it holds for the process
     (`keep` changes nothing)."""
     if mode == "keep" or not sys.platform.startswith("linux"):

@@ -56,7 +56,7 @@ from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_co
 from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
-from hacrl.driver.backends import Handle, Transport, start_transport
+from hacrl.driver.backends import Handle, Transport, host_workers_here, start_transport
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace, run_shape
@@ -82,8 +82,8 @@ class Trainer(RunLoop):
 
     def _setup(self, resume: str) -> None:
         config = self.config
-        self.algorithm = get_algorithm(config.algorithm.name)
-        self.params = config.algorithm.params()
+        host_workers_here(config.runtime)  # before this process allocates a tensor
+        self.algorithm, self.params = get_algorithm(config.algorithm.name), config.algorithm.params()
         remove_stale_temporaries(self.run_dir, self.notice)
         self.plan = plan = plan_resume(config, self.run_dir, resume, self.notice)
         names = [a.name for a in config.agents]

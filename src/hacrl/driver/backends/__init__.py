@@ -78,3 +78,13 @@ def start_transport(runtime, specs: list) -> Transport:
         raise ConfigError(f"runtime.backend={runtime.backend!r} is not one of {sorted(BACKENDS)}")
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)(runtime, specs)
+
+
+def host_workers_here(runtime) -> None:
+    """This process is about to host workers (`runtime.backend: local`: the learners run in the driver's process):
+    its allocator setting, `runtime.host_memory`, before it allocates a tensor (torch reads its huge-page setting at
+    its first allocation: `hacrl.agent.guards.host_memory`). Elsewhere each worker's process sets its own."""
+    if runtime.backend == "local":
+        from hacrl.agent import guards
+
+        guards.host_memory(runtime.host_memory)
