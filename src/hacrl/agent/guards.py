@@ -50,8 +50,8 @@ def oom_message(name: str, index: int, device: torch.device, what: str, step: in
         peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
     host = ""
     if device.type == "cpu" and not _released:
-        host = (" or set runtime.host_memory=release (freed activations go back to the system: about 0.8x the peak "
-                "at about 1.4x the step on SmolLM2)")  # fmt: skip
+        host = (" or set runtime.host_memory=release (freed activations go back to the system: about 0.76x the "
+                "peak at about 1.2x the step on SmolLM2)")  # fmt: skip
     return (
         f"agent {name!r} ran out of memory on {device} during {what}{f' at step {step}' if step else ''}"
         f"{peak}: {first_line(error)}. Lower {KNOBS[what].format(i=index)}{host} (`hacrl plan CONFIG` shows where "
@@ -86,8 +86,8 @@ def host_memory(mode: str) -> bool:
     `release`, every allocation of MMAP_THRESHOLD bytes or more is its own mapping, returned when freed. The cost is
     the kernel's work on a fresh mapping's first touch (a fault and zeroed pages); torch's tensors of 2 MiB or more
     are then also asked to be backed by transparent huge pages (`THP_MEM_ALLOC_ENABLE`, where the kernel allows
-    `madvise`), one fault per 2 MiB instead of per 4 KiB: on SmolLM2's update this cut the cost from 1.24x to 1.07x
-    the step (docs/benchmarks.md). torch reads that setting at the process's first allocation, so `release` must
+    `madvise`), one fault per 2 MiB instead of per 4 KiB: on SmolLM2 the cost fell from 1.46x to 1.22x keep's step
+    (docs/benchmarks.md). torch reads that setting at the process's first allocation, so `release` must
     come before the process allocates a tensor (the trainer sets it first thing for the workers in its own process,
     `hacrl.driver.backends.host_workers_here`; a worker's process as it starts). Tensors are 64-byte aligned either
     way (2 MiB-aligned with huge pages), so no computation sees a difference. Once set it holds for the process

@@ -899,10 +899,10 @@ class RuntimeConfig:
     """What a worker's process does with host memory it frees (glibc on Linux; elsewhere nothing changes). `keep`:
     glibc's default, which keeps freed activations in its heap and reuses them (the fastest); `release`: every
     allocation of 1 MiB or more is mapped on its own and given back to the system when freed, so the resident memory
-    follows what is in use, at the price of the kernel zeroing those pages again on every use. Measured on SmolLM2
-    (`benchmarks/results/real_trl.md`, one update of 64 answers on 2 cores): peak RSS 4010 -> 3285 MiB and the step
-    74 -> 103 s with gradient checkpointing, 6143 -> 5445 MiB and 62 -> 84 s without. For a host that would
-    otherwise run out of memory. The numbers are the same either way."""
+    follows what is in use, at the price of the kernel's work on every fresh mapping (torch's large tensors then ask
+    for huge pages to cut it). Measured on SmolLM2 (`benchmarks/results/real_trl_release.md`, a step of 64 answers on
+    2 cores, gradient checkpointing on): peak RSS 3948 -> 3005 MiB, the step 81 -> 99 s (1.22x). For a host that
+    would otherwise run out of memory. The numbers are the same either way."""
     ray: RayConfig = field(default_factory=RayConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
 
