@@ -170,8 +170,9 @@ class LearnCall:
     rewards: list[float]
     """The reward of each of the worker's own responses, in the order `Sampled.trajectories` gave them."""
     foreign: list[Trajectory]
-    """The other agents' scored trajectories this learner trains on, sources in config order (empty when the
-    algorithm does not share)."""
+    """The other agents' scored trajectories this learner trains on, sources in config order, for a caller that
+    gives them itself; the trainer leaves it empty and sends the step's pool once beside the call instead
+    (`AgentWorker.learn(call, pool)` takes its foreign rows from it)."""
     capabilities: list[float]
     """P_hat of every agent after this step's update (spec 3.1)."""
     rollout: OwnRollout | None = None

@@ -495,10 +495,8 @@ class Schedule:
         (`Transport.share`): each learner takes its foreign answers from it (`AgentWorker.learn(call, pool)`,
         `foreign_of`) instead of its own copy of every other agent's (N copies of the pool, one per learner, would grow
         as N^2). A learner with none to take (frozen, or no other agent's answer in the pool) gets its call alone."""
-        takes = [
-            pool is not None and not spec.agent.frozen and any(t.source != i for t in pool)
-            for i, spec in enumerate(self.specs)
-        ]
+        sources = {t.source for t in pool} if pool is not None else set()  # once, not once per learner
+        takes = [not spec.agent.frozen and bool(sources - {i}) for i, spec in enumerate(self.specs)]
         shared = self.transport.share(pool) if any(takes) else None
         return [
             self.transport.submit(
