@@ -7,6 +7,12 @@
                                                          # in separate processes and a stop loses none
     python benchmarks/real_learning.py --seeds           # render the runs logged so far
 
+The log, benchmarks/results/real-learning-runs.jsonl, is committed: a seed takes ~2 hours alone on 2 cores, so the
+round runs in parts, in different sessions and possibly on different machines. Every row names the commit it ran
+from, the machine's CPU and the partner's warm-start accuracy (`hacrl bootstrap --recipe real` rebuilds the partner
+bit for bit on one machine, but float sums differ between CPUs: the warm-start can differ by a few points between
+machines; the comparisons are paired by seed, and a seed's arms run on one machine).
+
 Arms, each from `configs/real.yaml` with evaluation at the end only (256 held-out prompts, greedy pass@1):
     A  HACPO, both agents together
     B  GSPO, SmolLM2 alone
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +38,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 AGENTS = ROOT / ".cache" / "real-agents"
+LOG = RESULTS / "real-learning-runs.jsonl"
+"""Every finished run of the round (committed: see the module docstring)."""
 STEPS = 40
 """Steps of every arm (from the pilot: analysis.md)."""
 ARMS = {"A": ("hacpo", [0, 1]), "B": ("gspo", [0]), "C": ("gspo", [1])}
@@ -84,18 +93,30 @@ def pilot(steps: int) -> dict:
     return {"steps": steps, "timing": timing}
 
 
+def provenance() -> dict:
+    """What a logged run ran from: the commit (with `+` where the work tree differed), the CPU and the partner's
+    warm-start accuracy (`bootstrap.json`)."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+    warm = json.loads((AGENTS / "bootstrap.json").read_text())["agents"]
+    return {"commit": commit + ("+" if dirty.stdout.strip() else ""), "cpu": cpu,
+            "warm_start": {name: a["eval_pass@1"] for name, a in warm.items()}}  # fmt: skip
+
+
 def learning(seeds: list[int]) -> dict:
     scratch = RESULTS / ".runs" / "real-learning"
     scratch.mkdir(parents=True, exist_ok=True)
-    log = scratch / "runs.jsonl"
     for seed in seeds:
         for arm in ["A", "B", "C"][seed % 3 :] + ["A", "B", "C"][: seed % 3]:
             row = {"seed": seed, "arm": arm, "steps": STEPS,
-                   **run(arm_config(arm, scratch, STEPS, seed, at_start=arm == "A"))}  # fmt: skip
-            with log.open("a") as f:
+                   **run(arm_config(arm, scratch, STEPS, seed, at_start=arm == "A")), **provenance()}  # fmt: skip
+            with LOG.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    runs = [json.loads(line) for line in LOG.read_text().splitlines()] if LOG.is_file() else []
     return {"runs": runs, "agents": [a["name"] for a in yaml.safe_load((ROOT / "configs" / "real.yaml").read_text())
                                      ["agents"]]}  # fmt: skip
 
@@ -105,8 +126,10 @@ def paired(runs: list[dict], agent: str, arm: str, base: str) -> str | None:
     value = {(r["seed"], r["arm"]): r[f"{agent}/pass@1"] for r in runs if f"{agent}/pass@1" in r}
     seeds = sorted({s for s, _ in value})
     diffs = [value[(s, arm)] - value[(s, base)] for s in seeds if (s, arm) in value and (s, base) in value]
-    if len(diffs) < 2:
+    if not diffs:
         return None
+    if len(diffs) == 1:
+        return f"{agent}: {arm} - {base} = {100 * diffs[0]:+.1f} points (1 seed: no verdict before the round is run)"
     mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
     low, high = mean - 2 * se, mean + 2 * se
     verdict = ("equivalent within +-3 points" if low > -0.03 and high < 0.03 else
@@ -122,14 +145,19 @@ def render(result: dict) -> str:
              f"benchmarks/real_learning.py --seeds ...`. Every arm {STEPS} steps of `configs/real.yaml`: (A) HACPO, "
              "both agents; (B) GSPO, SmolLM2 alone; (C) GSPO, the partner alone. Final greedy pass@1 on 256 held-out "
              "prompts (start: A's step-0 evaluation).", "",
-             "| seed | arm | training s | " + " | ".join(f"{a} start | {a} final" for a in names) + " |",
-             "|---" * (3 + 2 * len(names)) + "|"]  # fmt: skip
+             "| seed | arm | commit | CPU | partner warm-start | training s | "
+             + " | ".join(f"{a} start | {a} final" for a in names) + " |",
+             "|---" * (6 + 2 * len(names)) + "|"]  # fmt: skip
     for r in sorted(runs, key=lambda r: (r["seed"], r["arm"])):
         cells = []
         for a in names:
             cells += [f"{100 * r[k]:.1f} %" if k in r else "" for k in (f"{a}/start", f"{a}/pass@1")]
-        lines.append(f"| {r['seed']} | {r['arm']} | {r['train_s']:.0f} | " + " | ".join(cells) + " |")
-    lines.append("")
+        warm = ", ".join(f"{100 * v:.1f} %" for v in r.get("warm_start", {}).values())
+        lines.append(f"| {r['seed']} | {r['arm']} | {r.get('commit', '')} | {r.get('cpu', '')} | {warm} | "
+                     f"{r['train_s']:.0f} | " + " | ".join(cells) + " |")  # fmt: skip
+    missing = sorted({0, 1, 2} - {r["seed"] for r in runs if sum(x["seed"] == r["seed"] for x in runs) == 3})
+    lines += ["", f"Seeds still to run (the pre-registered 0-2): {', '.join(map(str, missing))}." if missing else
+              "All three pre-registered seeds have run."]  # fmt: skip
     for agent, base in zip(names, ("B", "C"), strict=False):
         line = paired(runs, agent, "A", base)
         if line:
