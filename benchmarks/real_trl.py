@@ -73,7 +73,9 @@ def system_prompt() -> str:
     return load_config(ROOT / "configs" / "real.yaml").data.system_prompt
 
 
-def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "keep") -> dict:
+def run_hacrl(
+    work: Path, steps: int, warmup: int, checkpointing: bool, host_memory: str = "keep", order: str = "pool"
+) -> dict:
     import torch
     import yaml
 
@@ -89,7 +91,8 @@ def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_mem
         "data": {"source": "file", "train_file": str(prompts_file(work)), "system_prompt": system_prompt()},
         "scoring": {"builtin": "math"},
         "trainer": {"steps": steps + warmup, "prompts_per_step": PER_STEP, "mini_batch_size": rows,
-                    "micro_batch_size": MICRO, "output_dir": str(work / f"run-{os.getpid()}")},
+                    "micro_batch_size": MICRO, "micro_batch_order": order,
+                    "output_dir": str(work / f"run-{os.getpid()}")},
         "eval": {"at_start": False},
         "logging": {"console": False, "tensorboard": False, "jsonl": False},
         "checkpoint": {"every": 0},
@@ -115,7 +118,7 @@ def run_hacrl(work: Path, steps: int, warmup: int, checkpointing: bool, host_mem
         out["settings"] = {"gradient checkpointing": live.model.is_gradient_checkpointing,
                            "rows per generate call": live.settings.rows_per_call, "micro_batch_size": MICRO,
                            "log-prob chunks": trainer.config.trainer.logprob_chunk_size,
-                           "host memory": host_memory}  # fmt: skip
+                           "host memory": host_memory, "micro-batch order": order}  # fmt: skip
     finally:
         trainer.close()
     return out
@@ -194,7 +197,7 @@ def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memor
     return out
 
 
-def measure(system: str, steps: int, warmup: int, condition: str) -> None:
+def measure(system: str, steps: int, warmup: int, condition: str, order: str) -> None:
     """In a child process: one system in one condition, its JSON result on stdout."""
     import resource
 
@@ -202,17 +205,18 @@ def measure(system: str, steps: int, warmup: int, condition: str) -> None:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     run = run_trl if system.startswith("trl") else run_hacrl
     host_memory = "release" if system.endswith("_release") else "keep"
-    result = run(SCRATCH, steps, warmup, condition == "on", host_memory)
+    result = run(SCRATCH, steps, warmup, condition == "on", host_memory, **({} if run is run_trl else
+                                                                           {"order": order}))  # fmt: skip
     result["startup_s"] = result.pop("first_step_at") - started
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result, default=str))
 
 
-def spawn(system: str, steps: int, warmup: int, condition: str) -> dict:
+def spawn(system: str, steps: int, warmup: int, condition: str, order: str = "pool") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--measure", system, "--steps", str(steps),
-                           "--warmup", str(warmup), "--condition", condition], cwd=HERE, env=env, capture_output=True,
-                          text=True)  # fmt: skip
+                           "--warmup", str(warmup), "--condition", condition, "--micro-batch-order", order], cwd=HERE,
+                          env=env, capture_output=True, text=True)  # fmt: skip
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"{system} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
@@ -309,11 +313,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
     parser.add_argument("--condition", default="off", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument(
+        "--micro-batch-order",
+        default="pool",
+        choices=("pool", "length"),
+        help="hacrl's trainer.micro_batch_order (TRL's micro-batches are consecutive rows)",
+    )
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--summarize-only", action="store_true", help="rewrite real_trl.md from real_trl.json's runs")
     args = parser.parse_args(argv)
     if args.measure:
-        measure(args.measure, args.steps, args.warmup, args.condition)
+        measure(args.measure, args.steps, args.warmup, args.condition, args.micro_batch_order)
         return 0
     out = Path(args.out)
     if args.summarize_only:
@@ -328,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         for condition in args.conditions:
             for system in order:
                 print(f"round {r + 1}: {system}, checkpointing {condition} ...", flush=True)
-                result = spawn(system, args.steps, args.warmup, condition)
+                result = spawn(system, args.steps, args.warmup, condition, args.micro_batch_order)
                 runs.append({"system": system, "condition": condition, "round": r, **result})
     return write(out, runs, sys.argv[1:] if argv is None else argv)
 

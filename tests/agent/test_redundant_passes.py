@@ -248,3 +248,73 @@ def test_a_groups_shares_join_their_proximal_log_probs_and_gaps_in_rank_order():
     assert joined.gap_metrics() == {"sampler_logp_gap": pytest.approx(0.1), "sampler_logp_gap_max": 0.5}
     assert OwnSamples.joined(1, [part(1, (0.0, 0, 0.0), False)]).proximal_logp is None
     assert OwnSamples.joined(1, [part(1, (0.0, 0, 0.0), False)]).gap_metrics() == {}
+
+
+def test_length_ordered_micro_batches_group_rows_of_like_length():
+    """`trainer.micro_batch_order: length`: a mini-batch of more than one micro-batch is taken longest first (ties
+    in pool order); one that fits in a single micro-batch, and `pool`, keep the pool order."""
+    from types import SimpleNamespace
+
+    from hacrl.agent.learning import micro_batches
+
+    lengths = [(3, 2), (3, 9), (4, 1), (3, 9), (2, 6), (3, 3)]  # prompt, response tokens: 5 12 5 12 8 6
+    rows = [SimpleNamespace(prompt_ids=[0] * p, response_ids=[1] * r) for p, r in lengths]
+    assert micro_batches(rows, [0, 1, 2, 3, 4, 5], 2, "pool") == [[0, 1], [2, 3], [4, 5]]
+    assert micro_batches(rows, [0, 1, 2, 3, 4, 5], 2, "length") == [[1, 3], [4, 5], [0, 2]]
+    assert micro_batches(rows, [5, 1, 0], 3, "length") == [[5, 1, 0]]  # one micro-batch: as it came
+    assert micro_batches(rows, [], 2, "length") == []
+
+
+@pytest.mark.slow
+def test_length_ordered_micro_batches_pad_less_for_the_same_gradient(tiny_agents, tmp_path, monkeypatch):
+    """Through `hacrl train` (GSPO, one optimizer step an update: every row in one mini-batch, before any update):
+    `length` trains the same rows as `pool`, with the same loss and gradient norm up to float rounding, in fewer
+    padded positions, each micro-batch no longer than the one before."""
+    import hacrl.agent.sampling as sampling
+    from hacrl.agent.learning import LearningRole
+
+    sample = sampling.generate
+
+    def varied(agent, prompt_ids, group_size, *, logprobs=False):  # tiny agents run to the limit: cut them
+        samples = sample(agent, prompt_ids, group_size, logprobs=logprobs)
+        for i, s in enumerate(samples):
+            s.response_ids = s.response_ids[: 1 + (5 * i) % len(s.response_ids)]
+            s.text, s.finished = agent.decode(s.response_ids), False
+            s.logprobs = s.logprobs[: len(s.response_ids)] if s.logprobs is not None else None
+        return samples
+
+    monkeypatch.setattr(sampling, "generate", varied)
+    widths: dict[str, list[list[int]]] = {}
+    real = LearningRole._micro_batch_loss
+
+    def record(self, rows, *args, **kwargs):
+        widths[order].append([len(r.prompt_ids) + len(r.response_ids) for r in rows])
+        return real(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(LearningRole, "_micro_batch_loss", record)
+    runs = {}
+    for order in ("pool", "length"):
+        widths[order], runs[order] = [], tmp_path / order
+        cfg = write_config(
+            tmp_path / f"{order}.yaml", tiny_agents, ["llama", "qwen"], runs[order], algorithm={"name": "gspo"},
+            rollout={"group_size": 4, "max_new_tokens": 12},
+            trainer={"steps": 1, "prompts_per_step": 4, "mini_batch_size": 16, "micro_batch_size": 4,
+                     "micro_batch_order": order},
+            scoring={"function": "tests.reward_fixtures:digits"}, checkpoint={"every": 0},
+        )  # fmt: skip
+        assert main(["train", str(cfg)]) == 0
+    pool, length = records(runs["pool"])[-1], records(runs["length"])[-1]
+    for name in ("llama", "qwen"):
+        assert length[f"{name}/trained_sequences"] == pool[f"{name}/trained_sequences"] == 16
+        for key in ("loss", "grad_norm", "own_ratio_mean"):
+            assert length[f"{name}/{key}"] == pytest.approx(pool[f"{name}/{key}"], rel=1e-5, abs=1e-7), key
+    assert sorted(map(sorted, widths["pool"])) != sorted(map(sorted, widths["length"]))  # other micro-batches
+    assert sorted(x for m in widths["pool"] for x in m) == sorted(x for m in widths["length"] for x in m)
+
+    def padded(micros):
+        return sum(len(m) * max(m) for m in micros)
+
+    assert padded(widths["length"]) < padded(widths["pool"])
+    for agent_micros in (widths["length"][:4], widths["length"][4:]):  # each learner: 4 micro-batches of 4
+        tops = [max(m) for m in agent_micros]
+        assert tops == sorted(tops, reverse=True)

@@ -243,9 +243,7 @@ class LearningRole(WeightsPublisher):
             self._accumulate_share(rows, adv, mini, capabilities, m, reducer)
             return
         num_own = sum(rows[i].source == self.index for i in mini)
-        size = self.spec.trainer.micro_batch_size
-        for micro_start in range(0, len(mini), size):
-            micro = mini[micro_start : micro_start + size]
+        for micro in micro_batches(rows, mini, self.spec.trainer.micro_batch_size, self.spec.trainer.micro_batch_order):
             reducer.add(self._micro_backward(rows, adv, micro, capabilities, m, len(mini), num_own))
 
     def _accumulate_share(self, rows, adv, mini: list[int], capabilities, m: int, reducer: MetricReducer) -> None:
@@ -254,11 +252,12 @@ class LearningRole(WeightsPublisher):
         rank's metrics in rank order."""
         num_own = sum(rows[i].source == self.index for i in mini)
         size = self.spec.trainer.micro_batch_size
-        mine = [mini[i] for i in self.share.part(len(mini), self.share.rank)]
-        micro_batches = math.ceil(math.ceil(len(mini) / self.share.world) / size)  # the same on every rank
+        mine = micro_batches(rows, [mini[i] for i in self.share.part(len(mini), self.share.rank)], size,
+                             self.spec.trainer.micro_batch_order)  # fmt: skip
+        passes = math.ceil(math.ceil(len(mini) / self.share.world) / size)  # the same on every rank
         collected = []
-        for j in range(micro_batches):
-            micro = mine[j * size : (j + 1) * size]
+        for j in range(passes):
+            micro = mine[j] if j < len(mine) else []
             if not micro:  # this rank's rows ran out: a zero-weight pass keeps the collectives in step
                 self._idle_backward()
                 continue
@@ -403,6 +402,15 @@ class LearningRole(WeightsPublisher):
     def _guarded(self, phase: str, step: int | None):
         """Out of memory or NaN / inf in `phase` of `step`: one clear stop (`hacrl.agent.guards.phase`)."""
         return guards.phase(self.name, self.index, self.agent.device, phase, step)
+
+
+def micro_batches(rows, mini: list[int], size: int, order: str) -> list[list[int]]:
+    """The row indices `mini` in micro-batches of `size` (`trainer.micro_batch_order`): consecutive in pool order,
+    or, with `length` and more than one micro-batch, longest first (prompt + response tokens; ties keep pool order),
+    so that each micro-batch pads its rows to about their own length."""
+    if order == "length" and len(mini) > size:
+        mini = sorted(mini, key=lambda i: -(len(rows[i].prompt_ids) + len(rows[i].response_ids)))
+    return [mini[start : start + size] for start in range(0, len(mini), size)]
 
 
 def _take_deferred(name: str, own_rows: list[LearnerRow], rows: list[LearnerRow], first: int, handle) -> None:

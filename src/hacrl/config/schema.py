@@ -648,6 +648,13 @@ class TrainerConfig:
     step in pool order (own first), which is what makes clipping and the stepwise bound act."""
     micro_batch_size: int = field(default=32, metadata=NOT_EXACT)
     """Responses per forward/backward; gradients accumulate up to the mini-batch (bounds memory)."""
+    micro_batch_order: Literal["pool", "length"] = field(default="pool", metadata=NOT_EXACT)
+    """Which rows of a mini-batch share a micro-batch when it takes more than one. `pool`: consecutive rows in pool
+    order. `length`: the rows longest first (prompt + response, in the learner's tokens), so that each micro-batch
+    is padded to about its own rows' length rather than to the longest answer among consecutive rows (answers that
+    stop at EOS vary in length; one that runs to the limit pads its whole micro-batch). The gradient is the same sum
+    in another order (float rounding differs); the first micro-batch is the largest, so memory runs out at once if it
+    does. Measured on SmolLM2 (`benchmarks/real_trl.py`): see docs/benchmarks.md."""
     logprob_batch_size: int = field(default=64, metadata=NOT_EXACT)
     """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
     logprob_chunk_size: int | str | None = field(default="auto", metadata=NOT_EXACT)
