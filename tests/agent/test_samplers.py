@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from hacrl.agent.logprobs import TokenBatch, token_logprobs
 from hacrl.agent.model import Agent
@@ -528,6 +529,65 @@ def test_chunked_logprobs_equal_the_full_computation_in_value_and_gradient(name,
         torch.testing.assert_close(values, full_values, rtol=0, atol=1e-12)
         for a, b in zip(grads, full_grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_chunk_gradient_is_autograds_bit_for_bit(temperature, bias):
+    """`_SelectedLogprobs` (the gradient formed in the recomputed logits' buffer) against autograd through a
+    checkpoint of the same chunk: equal values and equal gradients of the hidden states, the weight and the bias,
+    bit for bit in float32 (the same operations in the same order)."""
+    from hacrl.agent.logprobs import _selected_logprobs, _SelectedLogprobs
+
+    g = torch.Generator().manual_seed(11)
+    head = torch.nn.Linear(16, 1000, bias=bias)
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    targets, weights = torch.randint(0, 1000, (37,), generator=g), torch.randn(37, generator=g)
+    results = []
+    for fused in (True, False):
+        hidden.grad = None
+        head.zero_grad(set_to_none=True)
+        if fused:
+            out = _SelectedLogprobs.apply(hidden, head.weight, head.bias, targets, temperature)
+        else:
+            out = checkpoint(_selected_logprobs, hidden, targets, head, temperature, use_reentrant=False)
+        (out * weights).sum().backward()
+        results.append([out.detach(), hidden.grad, *(p.grad for p in head.parameters())])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_output_layer_that_is_not_a_plain_linear_takes_autograds_path(monkeypatch):
+    """A wrapped output layer (a LoRA adapter on it computes more than its weight's product) is called as a module,
+    and so is a sharded model's (`fused=False`): the fused chunk reads the weight only of a plain `nn.Linear`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hacrl.agent.logprobs as logprobs
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
+    batch = TokenBatch.build([[5, 6, 7]] * 2, [[8, 9], [10]], 0, torch.device("cpu"))
+    fused_calls = []
+    real = logprobs._SelectedLogprobs.apply
+    monkeypatch.setattr(logprobs._SelectedLogprobs, "apply", lambda *a: fused_calls.append(1) or real(*a))
+    plain = token_logprobs(model, batch, 1.0, chunk_size=1)
+    assert len(fused_calls) == 3  # one per response position
+    assert torch.equal(token_logprobs(model, batch, 1.0, chunk_size=1, fused=False), plain)
+
+    class Wrapped(torch.nn.Module):  # what a LoRA layer looks like to the chunked path
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) + 1.0
+
+    model.lm_head = Wrapped(model.lm_head)
+    model.get_output_embeddings = lambda: model.lm_head
+    fused_calls.clear()
+    shifted = token_logprobs(model, batch, 1.0, chunk_size=1)
+    assert not fused_calls
+    torch.testing.assert_close(shifted, plain)  # +1 on every logit leaves the log-softmax as it was
 
 
 MEMORY_PROBE = """

@@ -126,7 +126,7 @@ def root_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, *, ch
     """`token_logprobs` of the sharded `model`, computed inside the root module's call (choice 3)."""
 
     def forward(*args, **kwargs):
-        return token_logprobs(_Unhooked(model), batch, temperature, chunk_size=chunk_size)
+        return token_logprobs(_Unhooked(model), batch, temperature, chunk_size=chunk_size, fused=False)
 
     model.forward = forward  # an instance attribute: the root's FSDP hooks run around it
     try:

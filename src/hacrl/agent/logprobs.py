@@ -62,13 +62,18 @@ def auto_chunk_size(rows: int, positions: int, vocab: int, *, cpu: bool) -> int 
     return max(16, budget // (vocab * 4))
 
 
-def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: int | str | None = None) -> Tensor:
+def token_logprobs(
+    model, batch: TokenBatch, temperature: float, *, chunk_size: int | str | None = None, fused: bool = True
+) -> Tensor:
     """(B, L - 1) log pi(token_{t+1} | tokens_<=t) at temperature T; read it where `batch.response_mask` is set.
 
     `chunk_size=None`: the model's logits over every position (B x L x vocabulary floats). An int: only the response
     positions go through the output layer, `chunk_size` positions at a time, and each chunk's logits are recomputed
     in the backward pass instead of kept: memory O(chunk_size x vocabulary); positions outside the response read 0.
-    `"auto"`: `auto_chunk_size` decides from the batch's shape and the model's vocabulary.
+    `"auto"`: `auto_chunk_size` decides from the batch's shape and the model's vocabulary. `fused` (a plain linear
+    output layer): each chunk's gradient is formed in the buffer of its recomputed logits (`_SelectedLogprobs`); else
+    autograd's, through a checkpoint (a sharded model's output layer must be called as a module: its hooks gather
+    the weight).
     """
     if chunk_size == "auto":
         head = model.get_output_embeddings()
@@ -89,10 +94,13 @@ def token_logprobs(model, batch: TokenBatch, temperature: float, *, chunk_size: 
     selected = hidden[mask]  # (N, H): the positions whose next token is a response token
     targets = batch.input_ids[:, 1:][mask]  # (N,)
     head = model.get_output_embeddings()
+    fused = fused and type(head) is torch.nn.Linear  # (a LoRA-wrapped head computes more than its weight's product)
     parts = []
     for start in range(0, selected.shape[0], chunk_size):
         h, t = selected[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if fused:
+            parts.append(_SelectedLogprobs.apply(h, head.weight, head.bias, t, temperature))
+        elif torch.is_grad_enabled() and h.requires_grad:
             parts.append(checkpoint(_selected_logprobs, h, t, head, temperature, use_reentrant=False))
         else:
             parts.append(_selected_logprobs(h, t, head, temperature))
@@ -104,6 +112,47 @@ def _selected_logprobs(hidden: Tensor, targets: Tensor, head, temperature: float
     """log softmax(head(hidden) / T)[target] for (N, H) hidden states: the logits live only inside this call."""
     logits = head(hidden).float() / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _scaled_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """float32 logits / T of (N, H) hidden states (a new tensor: the caller may write into it)."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _SelectedLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ weight.T + bias) / T)[target] for a chunk of (N, H) hidden states, the values of
+    `_selected_logprobs`, with one (N x vocabulary) float32 tensor alive at a time: the forward keeps only the
+    log-normalisers; the backward recomputes the logits and turns them into their gradient in place, (onehot -
+    softmax) x grad / T, before the two products of the linear layer's backward (a fused linear cross-entropy, as
+    Liger's, without a kernel of its own). Autograd through a checkpoint keeps three to five such tensors alive in the
+    backward (the logits, their scaled copy, the softmax, the gather's scattered gradient and the sum): on SmolLM2's
+    49k vocabulary at 341 positions a chunk, 67 MiB each. The same operations in the same order as autograd's, so
+    float32 values and gradients agree to rounding (double: exactly, `tests/agent/test_samplers.py`)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature):
+        logits = _scaled_logits(hidden, weight, bias, temperature)
+        normaliser = logits.logsumexp(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, normaliser)
+        ctx.temperature = temperature
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, bias, targets, normaliser = ctx.saved_tensors
+        temperature = ctx.temperature
+        g = _scaled_logits(hidden, weight, bias, temperature)
+        g.sub_(normaliser.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # the normaliser's part: -grad x softmax
+        g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1).to(g.dtype))  # the target's: + grad
+        if temperature != 1.0:
+            g.div_(temperature)
+        g = g.to(hidden.dtype)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = g.mm(weight) if need_hidden else None
+        grad_weight = hidden.t().mm(g).t() if need_weight else None
+        grad_bias = g.sum(0) if bias is not None and need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def _plain_output_layer(model) -> bool:
