@@ -14,7 +14,8 @@ optimizer step per generation, gradient checkpointing off, then on (TRL's defaul
 model stops at its own EOS, so the two systems generate different amounts: each step's generated tokens are counted
 on both sides, and the rates (tokens/s) compare as well as the step seconds. Each (system, condition, round) is its
 own process (its peak RSS is the process's); `hacrl_release` and `trl_release` run with `runtime.host_memory:
-release` on each side (glibc's mmap threshold at 1 MiB, torch's large tensors on transparent huge pages). Writes
+release` on each side (glibc's mmap threshold at 1 MiB, torch's large tensors on transparent huge pages), and
+`hacrl_mimalloc` and `trl_mimalloc` on mimalloc (`runtime.host_memory: mimalloc`, preloaded in each process). Writes
 benchmarks/results/real_trl.md and real_trl.json.
 """
 
@@ -36,10 +37,11 @@ SCRATCH = HERE / "results" / ".runs" / "real_trl"
 AGENTS = ROOT / ".cache" / "real-agents"
 PER_STEP, G, NEW, MICRO, LR = 8, 8, 64, 16, 1e-6
 PROMPTS = 256
-SYSTEMS = ("hacrl", "trl", "hacrl_release", "trl_release")
+SYSTEMS = ("hacrl", "trl", "hacrl_release", "trl_release", "hacrl_mimalloc", "trl_mimalloc")
 """hacrl and TRL as they run (glibc's default allocator: `runtime.host_memory: keep`), then both with hacrl's
 `runtime.host_memory: release` (freed memory given back to the system: lower peak RSS, slower), set in TRL's process
-too: what the setting buys and costs on each side."""
+too, then both on mimalloc (`runtime.host_memory: mimalloc`; TRL's process started with the same preload): what each
+setting buys and costs on each side."""
 CONDITIONS = ("off", "on")
 """Gradient checkpointing off (neither side's default for this comparison) and on (TRL's GRPOConfig default), the
 same on both sides."""
@@ -204,7 +206,7 @@ def measure(system: str, steps: int, warmup: int, condition: str, order: str) ->
     started = time.perf_counter()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     run = run_trl if system.startswith("trl") else run_hacrl
-    host_memory = "release" if system.endswith("_release") else "keep"
+    host_memory = system.partition("_")[2] or "keep"
     result = run(SCRATCH, steps, warmup, condition == "on", host_memory, **({} if run is run_trl else
                                                                            {"order": order}))  # fmt: skip
     result["startup_s"] = result.pop("first_step_at") - started
@@ -214,6 +216,10 @@ def measure(system: str, steps: int, warmup: int, condition: str, order: str) ->
 
 def spawn(system: str, steps: int, warmup: int, condition: str, order: str = "pool") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    if system.endswith("_mimalloc"):  # the allocator is preloaded as the process starts (`hacrl.agent.allocator`)
+        from hacrl.agent.allocator import preloaded
+
+        env = preloaded(env)
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--measure", system, "--steps", str(steps),
                            "--warmup", str(warmup), "--condition", condition, "--micro-batch-order", order], cwd=HERE,
                           env=env, capture_output=True, text=True)  # fmt: skip
@@ -258,7 +264,8 @@ def _summarize(runs: list[dict]) -> dict:
         h, t = rows["hacrl"], rows["trl"]
         rows["ratio"] = {k: h[k] / t[k] for k in keys}
     pairs = (("hacrl_release", "trl"), ("hacrl_release", "trl_release"), ("hacrl_release", "hacrl"),
-             ("trl_release", "trl"))  # fmt: skip
+             ("trl_release", "trl"), ("hacrl_mimalloc", "trl"), ("hacrl_mimalloc", "trl_mimalloc"),
+             ("hacrl_mimalloc", "hacrl"), ("trl_mimalloc", "trl"))  # fmt: skip
     for mine, theirs in pairs:  # the first: hacrl's lower-memory setting against TRL as it runs (the targets)
         if mine in rows and theirs in rows:
             rows[f"ratio {mine} / {theirs}"] = {k: rows[mine][k] / rows[theirs][k] for k in keys}

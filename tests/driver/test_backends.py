@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -295,3 +296,19 @@ def test_ray_places_a_two_rank_agent_beside_a_one_device_agent(tiny_agents, tmp_
     same_numbers(records(runs["ray"]), records(runs["local"]))
     same_weights(runs["ray"], runs["local"], 2)
     assert records(runs["ray"])[-1]["qwen/optimizer_steps"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mimalloc is preloaded on Linux")
+def test_ray_actors_start_on_mimalloc_where_the_run_asks_for_it(tiny_agents, tmp_path, capsys, monkeypatch):
+    """`runtime.host_memory: mimalloc` on Ray: each actor's process starts with the allocator preloaded (its
+    `runtime_env`), which its worker requires; the driver's process needs none. Without the preload the worker stops
+    the run with the fix (so the run that passes did run on it)."""
+    from hacrl.agent import allocator
+
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1},
+                       runtime={"backend": "ray", "host_memory": "mimalloc"}, checkpoint={"every": 0})  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    monkeypatch.setattr(allocator, "ray_options", lambda host_memory: {})
+    assert main(["train", str(cfg), "trainer.output_dir=" + str(tmp_path / "bare")]) == 2
+    assert "does not run on mimalloc" in capsys.readouterr().err

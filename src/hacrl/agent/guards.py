@@ -74,7 +74,8 @@ MMAP_THRESHOLD = 1 << 20
 """`host_memory("release")`: glibc maps allocations of this many bytes or more on their own (`M_MMAP_THRESHOLD`)."""
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 _released = False
-"""Whether this process gives freed memory back (`host_memory("release")` took effect): no use suggesting it."""
+"""Whether this process gives freed memory back (`host_memory("release")` took effect, or it runs on mimalloc): no
+use suggesting it."""
 
 
 def host_memory(mode: str) -> bool:
@@ -91,10 +92,17 @@ def host_memory(mode: str) -> bool:
     come before the process allocates a tensor (the trainer sets it first thing for the workers in its own process,
     `hacrl.driver.backends.host_workers_here`; a worker's process as it starts). Tensors are 64-byte aligned either
     way (2 MiB-aligned with huge pages), so no computation sees a difference. Once set it holds for the process
-    (`keep` changes nothing)."""
+    (`keep` changes nothing). `mimalloc`: the process must run on that allocator, preloaded at its start
+    (`hacrl.agent.allocator`); a clear stop where it does not."""
+    global _released
+    if mode == "mimalloc":
+        from hacrl.agent import allocator
+
+        allocator.require()
+        _released = True
+        return True
     if mode == "keep" or not sys.platform.startswith("linux"):
         return False
-    global _released
     try:  # the process's own symbols: its C library's mallopt, without a search for the library
         _released = _released or bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands

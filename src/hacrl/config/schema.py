@@ -902,14 +902,17 @@ class RuntimeConfig:
     torch_threads: int | None = field(default=None, metadata=NOT_EXACT)
     """torch intra-op threads in each worker's process; None: the process's default (local: this process's; a Ray
     actor: its num_cpus). Set it to compare backends bit for bit (the thread count changes float sums)."""
-    host_memory: Literal["keep", "release"] = field(default="keep", metadata=SAFE)
+    host_memory: Literal["keep", "release", "mimalloc"] = field(default="keep", metadata=SAFE)
     """What a worker's process does with host memory it frees (glibc on Linux; elsewhere nothing changes). `keep`:
     glibc's default, which keeps freed activations in its heap and reuses them (the fastest); `release`: every
     allocation of 1 MiB or more is mapped on its own and given back to the system when freed, so the resident memory
     follows what is in use, at the price of the kernel's work on every fresh mapping (torch's large tensors then ask
     for huge pages to cut it). Measured on SmolLM2 (`benchmarks/results/real_trl_release.md`, a step of 64 answers on
     2 cores, gradient checkpointing on): peak RSS 3948 -> 3005 MiB, the step 81 -> 99 s (1.22x). For a host that
-    would otherwise run out of memory. The numbers are the same either way."""
+    would otherwise run out of memory. `mimalloc` (Linux; `pip install "hacrl[mimalloc]"`): every worker's process
+    runs on Microsoft's mimalloc allocator, which reuses freed memory without fragmenting and gives unused pages
+    back to the system (`hacrl train` restarts itself with it preloaded; `hacrl.agent.allocator`): on SmolLM2 the
+    peak RSS of `release` at `keep`'s speed (docs/benchmarks.md). The numbers are the same either way."""
     ray: RayConfig = field(default_factory=RayConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
 

@@ -206,6 +206,7 @@ def _gib(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
+    args.whole_process = argv is None  # the process's own command (it may restart itself: `_train`)
     # `hacrl train c.yaml --resume trainer.steps=9`: overrides after an option are overrides too
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = [*(args.overrides or []), *extra]
@@ -380,6 +381,10 @@ def _train(args) -> int:
         print("hacrl train: give a YAML config file (see configs/)", file=sys.stderr)
         return 2
     config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+    if config.runtime.host_memory == "mimalloc" and args.whole_process:
+        from hacrl.agent.allocator import restart_with_mimalloc
+
+        restart_with_mimalloc()  # this command again on that allocator (nothing if it runs on it already)
     _quiet_transformers()
     from hacrl.driver.trainer import Trainer
 

@@ -158,7 +158,10 @@ class RayTransport:
             raise
 
     def _actor(self, placement: Placement, owner: tuple, **options: Any):
-        options = {**placement.resources(), "max_restarts": 0, **options}
+        from hacrl.agent.allocator import ray_options
+
+        options = {**placement.resources(), "max_restarts": 0, **ray_options(self.specs[owner[0]].host_memory),
+                   **options}  # fmt: skip
         actor = self._ray.remote(_Actor).options(**options).remote()
         self.actors.append(actor)
         self.owners.append(owner)
