@@ -911,8 +911,9 @@ class RuntimeConfig:
     2 cores, gradient checkpointing on): peak RSS 3948 -> 3005 MiB, the step 81 -> 99 s (1.22x). For a host that
     would otherwise run out of memory. `mimalloc` (Linux; `pip install "hacrl[mimalloc]"`): every worker's process
     runs on Microsoft's mimalloc allocator, which reuses freed memory without fragmenting and gives unused pages
-    back to the system (`hacrl train` restarts itself with it preloaded; `hacrl.agent.allocator`): on SmolLM2 the
-    peak RSS of `release` at `keep`'s speed (docs/benchmarks.md). The numbers are the same either way."""
+    back to the system (`hacrl train` restarts itself with it preloaded; `hacrl.agent.allocator`): on SmolLM2 peak
+    RSS 3854 -> 3238 MiB at 0.99x keep's step (`benchmarks/results/real_trl_mimalloc.md`). The numbers are the same
+    with every setting."""
     ray: RayConfig = field(default_factory=RayConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
 
