@@ -531,17 +531,18 @@ def test_chunked_logprobs_equal_the_full_computation_in_value_and_gradient(name,
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_fused_chunk_gradient_is_autograds_bit_for_bit(temperature, bias):
+def test_the_fused_chunk_gradient_is_autograds_bit_for_bit(temperature, bias, dtype):
     """`_SelectedLogprobs` (the gradient formed in the recomputed logits' buffer) against autograd through a
     checkpoint of the same chunk: equal values and equal gradients of the hidden states, the weight and the bias,
-    bit for bit in float32 (the same operations in the same order)."""
+    bit for bit, with float32 and bfloat16 weights (the same operations in the same order)."""
     from hacrl.agent.logprobs import _selected_logprobs, _SelectedLogprobs
 
     g = torch.Generator().manual_seed(11)
-    head = torch.nn.Linear(16, 1000, bias=bias)
-    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    head = torch.nn.Linear(16, 1000, bias=bias).to(dtype)
+    hidden = torch.randn(37, 16, generator=g).to(dtype).requires_grad_()
     targets, weights = torch.randint(0, 1000, (37,), generator=g), torch.randn(37, generator=g)
     results = []
     for fused in (True, False):

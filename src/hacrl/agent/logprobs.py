@@ -121,14 +121,14 @@ def _scaled_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperat
 
 
 class _SelectedLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ weight.T + bias) / T)[target] for a chunk of (N, H) hidden states, the values of
+    """log softmax((hidden @ weight.T + bias) / T)[target] for a chunk of (N, H) hidden states, the values of
     `_selected_logprobs`, with one (N x vocabulary) float32 tensor alive at a time: the forward keeps only the
     log-normalisers; the backward recomputes the logits and turns them into their gradient in place, (onehot -
     softmax) x grad / T, before the two products of the linear layer's backward (a fused linear cross-entropy, as
     Liger's, without a kernel of its own). Autograd through a checkpoint keeps three to five such tensors alive in the
     backward (the logits, their scaled copy, the softmax, the gather's scattered gradient and the sum): on SmolLM2's
     49k vocabulary at 341 positions a chunk, 67 MiB each. The same operations in the same order as autograd's, so
-    float32 values and gradients agree to rounding (double: exactly, `tests/agent/test_samplers.py`)."""
+    values and gradients equal its bit for bit, float32 and bfloat16 weights alike (`tests/agent/test_samplers.py`)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature):
