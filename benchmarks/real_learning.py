@@ -42,6 +42,8 @@ LOG = RESULTS / "real-learning-runs.jsonl"
 """Every finished run of the round (committed: see the module docstring)."""
 STEPS = 40
 """Steps of every arm (from the pilot: analysis.md)."""
+SEEDS = (0, 1, 2)
+"""The pre-registered seeds (`trainer.seed`): the rule is applied once all have run."""
 ARMS = {"A": ("hacpo", [0, 1]), "B": ("gspo", [0]), "C": ("gspo", [1])}
 """arm -> (algorithm, the agents of configs/real.yaml it trains)."""
 
@@ -132,8 +134,10 @@ def paired(runs: list[dict], agent: str, arm: str, base: str) -> str | None:
     diffs = [value[(s, arm)] - value[(s, base)] for s in seeds if (s, arm) in value and (s, base) in value]
     if not diffs:
         return None
-    if len(diffs) == 1:
-        return f"{agent}: {arm} - {base} = {100 * diffs[0]:+.1f} points (1 seed: no verdict before the round is run)"
+    if len(diffs) < len(SEEDS):
+        each = ", ".join(f"{100 * d:+.1f}" for d in diffs)
+        return (f"{agent}: {arm} - {base} = {each} points ({len(diffs)} of the {len(SEEDS)} seeds: no verdict before "
+                "the round is run)")  # fmt: skip
     mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
     low, high = mean - 2 * se, mean + 2 * se
     verdict = ("equivalent within +-3 points" if low > -0.03 and high < 0.03 else
@@ -159,7 +163,7 @@ def render(result: dict) -> str:
         warm = ", ".join(f"{100 * v:.1f} %" for v in r.get("warm_start", {}).values())
         lines.append(f"| {r['seed']} | {r['arm']} | {r.get('commit', '')} | {r.get('cpu', '')} | {warm} | "
                      f"{r['train_s']:.0f} | " + " | ".join(cells) + " |")  # fmt: skip
-    missing = sorted({0, 1, 2} - {r["seed"] for r in runs if sum(x["seed"] == r["seed"] for x in runs) == 3})
+    missing = sorted(set(SEEDS) - {r["seed"] for r in runs if sum(x["seed"] == r["seed"] for x in runs) == 3})
     lines += ["", f"Seeds still to run (the pre-registered 0-2): {', '.join(map(str, missing))}." if missing else
               "All three pre-registered seeds have run."]  # fmt: skip
     for agent, base in zip(names, ("B", "C"), strict=False):
