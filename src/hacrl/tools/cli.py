@@ -282,6 +282,8 @@ def _run(args) -> int:
         from hacrl.config import load_config
 
         config = load_config(args.config, args.overrides)
+        if args.measure:  # runs steps of the config in this process: on its allocator
+            _on_its_allocator(config, args)
         _quiet_transformers()
         if args.measure:
             return _measure(config, args.slack, args.runs)
@@ -371,6 +373,16 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
     return _default_format(message, category, filename, lineno, line)
 
 
+def _on_its_allocator(config, args) -> None:
+    """A command that hosts `config`'s workers in this process (`train`, `plan --measure`) with
+    `runtime.host_memory: mimalloc`: this command again on that allocator (nothing if it runs on it already, or when
+    `main` was called from Python, where the worker stops with the fix)."""
+    if config.runtime.host_memory == "mimalloc" and args.whole_process:
+        from hacrl.agent.allocator import restart_with_mimalloc
+
+        restart_with_mimalloc()
+
+
 def _train(args) -> int:
     from hacrl.config import describe, load_config
 
@@ -381,10 +393,7 @@ def _train(args) -> int:
         print("hacrl train: give a YAML config file (see configs/)", file=sys.stderr)
         return 2
     config = load_config(args.config, args.overrides)  # fails fast, before torch loads
-    if config.runtime.host_memory == "mimalloc" and args.whole_process:
-        from hacrl.agent.allocator import restart_with_mimalloc
-
-        restart_with_mimalloc()  # this command again on that allocator (nothing if it runs on it already)
+    _on_its_allocator(config, args)
     _quiet_transformers()
     from hacrl.driver.trainer import Trainer
 
