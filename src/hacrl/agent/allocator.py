@@ -10,8 +10,8 @@ serves both: the numbers are in docs/benchmarks.md.
 An allocator must be in place before the process's first allocation, so it is preloaded (`LD_PRELOAD`) when the
 process starts: `hacrl train` and `hacrl plan --measure` restart themselves with it (`restart_with_mimalloc`, before
 torch loads); processes the run starts inherit it (ranks, samplers) or are given it (Ray actors: `runtime_env`); a
-process that does not run on it stops with the fix (`require`). The library comes from the `cmeel-mimalloc` wheel (`pip install
-"hacrl[mimalloc]"`, 0.5 MB, MIT). Linux only. Nothing here imports torch.
+process that does not run on it stops with the fix (`require`). The library comes from the `cmeel-mimalloc` wheel
+(`pip install "hacrl[mimalloc]"`, or `hacrl[gguf]`; 0.5 MB, MIT). Linux only. Nothing here imports torch.
 """
 
 from __future__ import annotations
