@@ -1105,3 +1105,22 @@ def test_reach_benchmark_runs_every_method_and_aggregates(tmp_path):
     assert replay["agents"]["arm3"]["replay_kept"]
     text = (tmp_path / "evidence.md").read_text()
     assert "The primary: hacpo_defined - gspo on arm3" in text and "| hacpo_defined | gspo |" not in text
+
+
+def test_the_real_round_keeps_its_preregistered_settings_and_draws_no_verdict_before_its_seeds(tmp_path):
+    """benchmarks/real_learning.py runs every arm with the settings seed 0 ran with (pool order, glibc), whatever
+    configs/real.yaml says now, so a later seed's float sums are those of the first; with fewer than the three
+    pre-registered seeds it lists the paired differences and draws no verdict."""
+    from hacrl.config import load_config
+
+    round_ = _script("real_learning", "real_learning")
+    for arm in round_.ARMS:
+        config = load_config(round_.arm_config(arm, tmp_path, steps=3, seed=1, at_start=False))
+        assert (config.trainer.micro_batch_order, config.runtime.host_memory) == ("pool", "keep")
+        assert config.trainer.seed == 1 and config.trainer.steps == 3
+    runs = [{"seed": s, "arm": arm, "smollm2/pass@1": p} for s, arm, p in
+            [(0, "A", 1.0), (0, "B", 0.9), (1, "A", 0.95), (1, "B", 0.9), (2, "A", 0.9), (2, "B", 0.88)]]  # fmt: skip
+    two = round_.paired(runs[:4], "smollm2", "A", "B")
+    assert "+10.0, +5.0 points (2 of the 3 seeds: no verdict" in two
+    three = round_.paired(runs, "smollm2", "A", "B")
+    assert three.startswith("smollm2: A - B = +5.7 points") and three.endswith("better")

@@ -282,11 +282,11 @@ def _run(args) -> int:
         from hacrl.config import load_config
 
         config = load_config(args.config, args.overrides)
-        if args.measure:  # runs steps of the config in this process: on its allocator
-            _on_its_allocator(config, args)
-        _quiet_transformers()
         if args.measure:
+            _on_its_allocator(config, args)  # it runs steps of the config in this process
+            _quiet_transformers()
             return _measure(config, args.slack, args.runs)
+        _quiet_transformers()
         if args.devices is not None:
             return _place(config, args.devices, args.device_memory, args.slack)
         from hacrl.tools.plan import plan, plan_ranks, pool_summary, render, render_ranks
