@@ -201,6 +201,25 @@ def test_skipped_steps_are_announced_on_the_console(capsys):
     assert "SKIPPED non-finite grad: a x2" in capsys.readouterr().out
 
 
+def test_a_learner_whose_foreign_rows_are_all_clipped_for_five_steps_is_told_once_per_streak(capsys):
+    """The real bed's round: every foreign row clipped, so sharing gave no gradient and only the optimizer's
+    momentum step was left of it. The console says so after 5 such steps in a row, once, and again after a break."""
+    from hacrl.config import LoggingConfig
+    from hacrl.driver.logger import MetricsLogger
+
+    logger = MetricsLogger(LoggingConfig(console=False, jsonl=False, tensorboard=False), None, 20, ["a", "b"])
+    a_clipped = [1.0, 1.0, 1.0, 1.0, 0.99, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    told = []
+    for step, clipped in enumerate(a_clipped, start=1):
+        logger.step_done(step, {"a/reward_mean": 0.5, "a/foreign_clip_frac": clipped, "b/reward_mean": 0.1,
+                                "b/foreign_clip_frac": 0.2})  # fmt: skip
+        out = capsys.readouterr().out
+        told += [(step, line) for line in out.splitlines() if line.startswith("note: every foreign row")]
+    assert [step for step, _ in told] == [10, 20]  # streaks: steps 1-4 (too short), 6-14, 16-20: their 5th steps
+    assert "'a'" in told[0][1] and "no gradient" in told[0][1] and "docs/design.md" in told[0][1]
+    logger.close()
+
+
 def test_every_agents_rewards_come_back_with_its_own_timeouts_and_errors():
     """All agents' completions are scored in one call; the result is split back per agent, timeout and error
     indexes made relative to each agent's rows."""

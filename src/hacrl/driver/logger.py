@@ -34,6 +34,7 @@ class MetricsLogger:
         interrupted earlier attempt wrote. `config`: the resolved config, for the trackers."""
         self.cfg = cfg
         self.agent_names = agent_names
+        self._all_clipped = dict.fromkeys(agent_names, 0)  # steps in a row whose every foreign row was clipped
         self._jsonl = open(run_dir / "metrics.jsonl", "a") if cfg.jsonl else None  # noqa: SIM115 - closed in close()
         self._tb = None
         if cfg.tensorboard:
@@ -111,8 +112,23 @@ class MetricsLogger:
         if "time/step" in metrics:
             parts.append(f"{metrics['time/step']:.1f}s" + _slowest(metrics, self.agent_names))
         self.print(" | ".join(parts))
+        self._note_all_clipped(metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=step)
+
+    def _note_all_clipped(self, metrics: dict[str, Any]) -> None:
+        """Say once per streak when a learner's foreign rows have all been clipped for `ALL_CLIPPED_STEPS` steps in a
+        row: the real bed's round found sharing idle that way, with only the optimizer's momentum step left of it."""
+        for name in self.agent_names:
+            clipped = metrics.get(agent_key(name, "foreign_clip_frac"))
+            self._all_clipped[name] = self._all_clipped[name] + 1 if clipped is not None and clipped >= 1.0 else 0
+            if self._all_clipped[name] == ALL_CLIPPED_STEPS:
+                self.print(
+                    f"note: every foreign row of {name!r} has been outside its clipping window for "
+                    f"{ALL_CLIPPED_STEPS} steps: sharing gives it no gradient, but each mini-batch of foreign rows "
+                    "still takes an optimizer step (AdamW's momentum moves the weights again); see docs/design.md, "
+                    '"When every foreign row is clipped"'
+                )
 
     def close(self) -> None:
         """Close every sink, even when one fails (a full disk): the first error is raised after all were tried."""
@@ -132,6 +148,8 @@ class MetricsLogger:
 
 
 _QUIET = False
+ALL_CLIPPED_STEPS = 5
+"""Steps in a row with `foreign_clip_frac` 1.0 after which the console says so, once per streak."""
 
 
 def _slowest(metrics: dict[str, Any], names: list[str]) -> str:
