@@ -6,6 +6,8 @@
     python benchmarks/real_learning.py --seeds 0 1 2     # the round; each finished run is logged, so seeds can run
                                                          # in separate processes and a stop loses none
     python benchmarks/real_learning.py --seeds           # render the runs logged so far
+    python benchmarks/real_learning.py --probe-momentum  # after the round: arm C with and without one extra
+                                                         # zero-gradient optimizer step an update (analysis.md)
 
 The log, benchmarks/results/real-learning-runs.jsonl, is committed: a seed takes ~2 hours alone on 2 cores, so the
 round runs in parts, in different sessions and possibly on different machines. Every row names the commit it ran
@@ -66,9 +68,10 @@ def arm_config(arm: str, scratch: Path, steps: int, seed: int, at_start: bool) -
     return path
 
 
-def run(config: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "hacrl", "train", str(config)], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+def run(config: Path, command: list[str] | None = None) -> dict:
+    """`hacrl train CONFIG` (or `command`) in a process of its own; the run's seconds and evaluations."""
+    command = command or [sys.executable, "-m", "hacrl", "train", str(config)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"hacrl train {config} failed:\n{done.stderr[-3000:]}")
     run_dir = Path(yaml.safe_load(config.read_text())["trainer"]["output_dir"])
@@ -173,11 +176,59 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_momentum_step(update):
+    """`hacrl.learner.update` with one more mini-batch at the end whose gradient is exactly zero: the step a
+    HACPO learner takes on a mini-batch of foreign rows that are all clipped (analysis.md, Real-bed round 1)."""
+    import torch
+
+    def patched(optimizer, mini_batches, backward, clip_grad_norm, on_step=lambda: None):
+        batches = list(mini_batches)
+
+        def accumulate(m, batch, reducer):
+            if batch is None:
+                for p in optimizer.params:
+                    p.grad = torch.zeros_like(p)
+            else:
+                backward(m, batch, reducer)
+
+        return update(optimizer, [*batches, (batches[-1][0] + 1, None)] if batches else [], accumulate,
+                      clip_grad_norm, on_step)  # fmt: skip
+
+    return patched
+
+
+def probe_momentum() -> dict:
+    """Arm C (the partner alone, GSPO) for each seed as the round ran it, and the same with `with_momentum_step`:
+    does that step alone cost the partner what HACPO did?"""
+    scratch = RESULTS / ".runs" / "real-learning-probe"
+    scratch.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in SEEDS:
+        for extra in (False, True):
+            config = arm_config("C", scratch, STEPS, seed, at_start=False)
+            row = run(config, [sys.executable, __file__, "--train-with-momentum-step", str(config)] if extra else None)
+            rows.append({"seed": seed, "momentum_step": extra, **row})
+            print(json.dumps(rows[-1]), flush=True)
+    return {**provenance(), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pilot", type=int, metavar="STEPS", help="time STEPS steps of each arm")
     parser.add_argument("--seeds", type=int, nargs="*", default=None, help="the round's seeds (none: render)")
+    parser.add_argument("--probe-momentum", action="store_true", help="arm C with and without a zero-gradient step")
+    parser.add_argument("--train-with-momentum-step", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.train_with_momentum_step:
+        from hacrl.agent import learning as agent_learning
+        from hacrl.tools.cli import main as hacrl_main
+
+        agent_learning.update = with_momentum_step(agent_learning.update)  # the local backend's learners: this process
+        return hacrl_main(["train", args.train_with_momentum_step])
+    if args.probe_momentum:
+        result = probe_momentum()
+        (RESULTS / "real-learning-probe.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     if args.pilot:
         result = pilot(args.pilot)
         (RESULTS / "real-learning-pilot.json").write_text(json.dumps(result, indent=2) + "\n")

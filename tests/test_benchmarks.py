@@ -1124,3 +1124,33 @@ def test_the_real_round_keeps_its_preregistered_settings_and_draws_no_verdict_be
     assert "+10.0, +5.0 points (2 of the 3 seeds: no verdict" in two
     three = round_.paired(runs, "smollm2", "A", "B")
     assert three.startswith("smollm2: A - B = +5.7 points") and three.endswith("better")
+
+
+def test_the_momentum_probe_adds_one_zero_gradient_step_that_still_moves_the_weights():
+    """benchmarks/real_learning.py --probe-momentum: `with_momentum_step` gives an update one more optimizer step on
+    an exactly zero gradient (what a learner's all-clipped foreign mini-batch is), and AdamW's momentum moves the
+    weights on it, along the first step's direction."""
+    import torch
+
+    from hacrl.learner import update
+
+    round_ = _script("real_learning", "real_learning")
+    weights = {}
+    for name, step in (("plain", update), ("probe", round_.with_momentum_step(update))):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.0)
+        optimizer.params = list(layer.parameters())
+        start = layer.weight.detach().clone()
+
+        def backward(m, batch, reducer, layer=layer):
+            layer(torch.ones(2, 3)).sum().backward()
+
+        clip = lambda layer=layer: torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)  # noqa: E731
+        metrics = step(optimizer, [(0, [0, 1])], backward, clip)
+        weights[name] = (start, layer.weight.detach().clone(), metrics["optimizer_steps"])
+    (start, plain, plain_steps), (_, probe, probe_steps) = weights["plain"], weights["probe"]
+    assert (plain_steps, probe_steps) == (1, 2)
+    first, second = plain - start, probe - plain
+    assert torch.all(first < 0) and torch.all(second < 0)  # the zero-gradient step goes the first step's way
+    assert 0.5 < (second / first).mean().item() < 1.0  # ~0.67x at AdamW's second step (bias corrections)
