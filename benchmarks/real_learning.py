@@ -6,6 +6,7 @@
     python benchmarks/real_learning.py --seeds 0 1 2     # the round; each finished run is logged, so seeds can run
                                                          # in separate processes and a stop loses none
     python benchmarks/real_learning.py --seeds           # render the runs logged so far
+    python benchmarks/real_learning.py --steps RUN_DIR.. # the runs' per-step paths (real-learning-steps.json)
     python benchmarks/real_learning.py --probe-momentum  # after the round: arm C with and without one extra
                                                          # zero-gradient optimizer step an update (analysis.md)
 
@@ -212,13 +213,34 @@ def probe_momentum() -> dict:
     return {**provenance(), "rows": rows}
 
 
+STEP_KEYS = ("reward_mean", "response_length_mean", "foreign_clip_frac", "foreign_ratio_p90", "optimizer_steps")
+"""What `steps` keeps of each agent's step records."""
+
+
+def steps(run_dirs: list[Path]) -> dict:
+    """Each run's per-step path, per agent (`STEP_KEYS`), from its metrics.jsonl: the evidence behind the analysis's
+    reading of the round (which rows entered a gradient), small enough to commit where whole logs are not."""
+    paths = {}
+    for run_dir in run_dirs:
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        records = [r for r in records if "time/step" in r]
+        keys = {k for r in records for k in r if k.count("/") == 1}  # `<agent>/<metric>`, not `eval/<agent>/...`
+        names = sorted(k.split("/")[0] for k in keys if k.endswith("/reward_mean"))
+        paths[run_dir.name] = {n: {key: [r.get(f"{n}/{key}") for r in records] for key in STEP_KEYS} for n in names}
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pilot", type=int, metavar="STEPS", help="time STEPS steps of each arm")
     parser.add_argument("--seeds", type=int, nargs="*", default=None, help="the round's seeds (none: render)")
     parser.add_argument("--probe-momentum", action="store_true", help="arm C with and without a zero-gradient step")
     parser.add_argument("--train-with-momentum-step", metavar="CONFIG", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=Path, nargs="+", metavar="RUN_DIR", help="write the runs' per-step paths")
     args = parser.parse_args(argv)
+    if args.steps:
+        (RESULTS / "real-learning-steps.json").write_text(json.dumps(steps(args.steps)) + "\n")
+        return 0
     if args.train_with_momentum_step:
         from hacrl.agent import learning as agent_learning
         from hacrl.tools.cli import main as hacrl_main

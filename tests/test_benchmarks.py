@@ -1154,3 +1154,21 @@ def test_the_momentum_probe_adds_one_zero_gradient_step_that_still_moves_the_wei
     first, second = plain - start, probe - plain
     assert torch.all(first < 0) and torch.all(second < 0)  # the zero-gradient step goes the first step's way
     assert 0.5 < (second / first).mean().item() < 1.0  # ~0.67x at AdamW's second step (bias corrections)
+
+
+def test_the_round_s_step_paths_keep_each_agent_s_clipping_and_steps(tmp_path):
+    """`real_learning.py --steps`: each run's per-step path per agent, from its metrics.jsonl (evaluations and the
+    step-0 record left out), the evidence for "no foreign row entered a gradient"."""
+    round_ = _script("real_learning", "real_learning")
+    run = tmp_path / "run-A-2-1"
+    run.mkdir()
+    lines = [{"step": 0, "eval/a/pass@1": 0.3},
+             {"step": 1, "time/step": 2.0, "a/reward_mean": 0.1, "a/foreign_clip_frac": 1.0, "a/optimizer_steps": 2,
+              "b/reward_mean": 0.6, "b/foreign_clip_frac": 0.5},
+             {"step": 2, "time/step": 2.0, "a/reward_mean": 0.2, "a/foreign_clip_frac": 1.0, "a/optimizer_steps": 2,
+              "b/reward_mean": 0.7, "eval/a/reward_mean": 0.4}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path = round_.steps([run])["run-A-2-1"]
+    assert set(path) == {"a", "b"}
+    assert path["a"]["reward_mean"] == [0.1, 0.2] and path["a"]["foreign_clip_frac"] == [1.0, 1.0]
+    assert path["a"]["optimizer_steps"] == [2, 2] and path["b"]["foreign_clip_frac"] == [0.5, None]
