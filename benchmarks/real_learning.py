@@ -198,26 +198,11 @@ def with_momentum_step(update):
     return patched
 
 
-def probe_momentum() -> dict:
-    """Arm C (the partner alone, GSPO) for each seed as the round ran it, and the same with `with_momentum_step`:
-    does that step alone cost the partner what HACPO did?"""
-    scratch = RESULTS / ".runs" / "real-learning-probe"
-    scratch.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for seed in SEEDS:
-        for extra in (False, True):
-            config = arm_config("C", scratch, STEPS, seed, at_start=False)
-            row = run(config, [sys.executable, __file__, "--train-with-momentum-step", str(config)] if extra else None)
-            rows.append({"seed": seed, "momentum_step": extra, **row})
-            print(json.dumps(rows[-1]), flush=True)
-    return {**provenance(), "rows": rows}
-
-
 STEP_KEYS = ("reward_mean", "response_length_mean", "foreign_clip_frac", "foreign_ratio_p90", "optimizer_steps")
-"""What `steps` keeps of each agent's step records."""
+"""What `step_paths` keeps of each agent's step records."""
 
 
-def steps(run_dirs: list[Path]) -> dict:
+def step_paths(run_dirs: list[Path]) -> dict:
     """Each run's per-step path, per agent (`STEP_KEYS`), from its metrics.jsonl: the evidence behind the analysis's
     reading of the round (which rows entered a gradient), small enough to commit where whole logs are not."""
     paths = {}
@@ -230,6 +215,25 @@ def steps(run_dirs: list[Path]) -> dict:
     return paths
 
 
+def probe_momentum() -> dict:
+    """Arm C (the partner alone, GSPO) for each seed as the round ran it, and the same with `with_momentum_step`:
+    does that step alone cost the partner what HACPO did?"""
+    scratch = RESULTS / ".runs" / "real-learning-probe"
+    scratch.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in SEEDS:
+        for extra in (False, True):
+            config = arm_config("C", scratch, STEPS, seed, at_start=False)
+            row = run(config, [sys.executable, __file__, "--train-with-momentum-step", str(config)] if extra else None)
+            run_dir = Path(yaml.safe_load(config.read_text())["trainer"]["output_dir"])
+            taken = {n: set(path["optimizer_steps"]) for n, path in step_paths([run_dir])[run_dir.name].items()}
+            if any(counts != {1 + extra} for counts in taken.values()):  # a patch that missed the learner: refused
+                raise SystemExit(f"{run_dir}: optimizer steps an update {taken}, expected {1 + extra}")
+            rows.append({"seed": seed, "momentum_step": extra, **row})
+            print(json.dumps(rows[-1]), flush=True)
+    return {**provenance(), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pilot", type=int, metavar="STEPS", help="time STEPS steps of each arm")
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=Path, nargs="+", metavar="RUN_DIR", help="write the runs' per-step paths")
     args = parser.parse_args(argv)
     if args.steps:
-        (RESULTS / "real-learning-steps.json").write_text(json.dumps(steps(args.steps)) + "\n")
+        (RESULTS / "real-learning-steps.json").write_text(json.dumps(step_paths(args.steps)) + "\n")
         return 0
     if args.train_with_momentum_step:
         from hacrl.agent import learning as agent_learning

@@ -1168,7 +1168,33 @@ def test_the_round_s_step_paths_keep_each_agent_s_clipping_and_steps(tmp_path):
              {"step": 2, "time/step": 2.0, "a/reward_mean": 0.2, "a/foreign_clip_frac": 1.0, "a/optimizer_steps": 2,
               "b/reward_mean": 0.7, "eval/a/reward_mean": 0.4}]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    path = round_.steps([run])["run-A-2-1"]
+    path = round_.step_paths([run])["run-A-2-1"]
     assert set(path) == {"a", "b"}
     assert path["a"]["reward_mean"] == [0.1, 0.2] and path["a"]["foreign_clip_frac"] == [1.0, 1.0]
     assert path["a"]["optimizer_steps"] == [2, 2] and path["b"]["foreign_clip_frac"] == [0.5, None]
+
+
+def test_the_momentum_probe_refuses_a_run_whose_learner_the_patch_missed(tmp_path, monkeypatch):
+    """`--probe-momentum` checks each run's optimizer steps an update (1 plain, 2 with the extra step) from its
+    metrics: a patched run that took 1 (the patch missed the learner, e.g. in another process) stops the probe
+    instead of being reported as the extra step's effect."""
+    import yaml
+
+    round_ = _script("real_learning", "real_learning")
+    monkeypatch.setattr(round_, "RESULTS", tmp_path)
+    monkeypatch.setattr(round_, "provenance", lambda: {"commit": "x"})
+
+    def fake_run(config, command=None, taken=None):
+        run_dir = Path(yaml.safe_load(config.read_text())["trainer"]["output_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        count = taken or (2 if command else 1)
+        line = {"step": 1, "time/step": 1.0, "qwen-bpe-4m/reward_mean": 0.5, "qwen-bpe-4m/optimizer_steps": count}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+        return {"qwen-bpe-4m/pass@1": 0.4}
+
+    monkeypatch.setattr(round_, "run", fake_run)
+    result = round_.probe_momentum()
+    assert [(r["seed"], r["momentum_step"]) for r in result["rows"]] == [(s, e) for s in (0, 1, 2) for e in (0, 1)]
+    monkeypatch.setattr(round_, "run", lambda config, command=None: fake_run(config, command, taken=1))
+    with pytest.raises(SystemExit, match="expected 2"):
+        round_.probe_momentum()
