@@ -17,6 +17,7 @@ reads a GGUF's shape from its metadata alone (`gguf_config`), without dequantizi
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -111,16 +112,19 @@ def _convert(file: Path, digest: str, target: Path, key: str) -> None:
           f"{target}", file=sys.stderr, flush=True)  # fmt: skip
     start = time.monotonic()
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in target.parent.glob(f"{glob.escape(target.name)}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # a conversion killed mid-write (this one holds the lock)
     hf_logging.disable_progress_bar()
     try:
         try:
             with _quiet_dequantization():
                 tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
-                loaded = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name,
-                                                              dtype=torch.float32)  # fmt: skip
+                loaded, report = AutoModelForCausalLM.from_pretrained(
+                    str(file.parent), gguf_file=file.name, dtype=torch.float32, output_loading_info=True
+                )
         except Exception as e:  # noqa: BLE001 - cut short, no tokenizer, an architecture it cannot dequantize
             raise ModelError(_unreadable(file, key, e)) from None
+        _require_every_parameter(report, file, key)
         if not tokenizer.chat_template:
             raise ModelError(f"{key}: {str(file)!r} holds no chat template in its metadata "
                              "(tokenizer.chat_template); hacrl renders every prompt with the agent's template: use a "
@@ -144,6 +148,25 @@ def _convert(file: Path, digest: str, target: Path, key: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(f"hacrl: converted {file.name} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _require_every_parameter(report: dict, file: Path, key: str) -> None:
+    """Every parameter of the model comes from the file: transformers initialises what the file lacks (or holds in
+    another shape) at random and only reports it, so a GGUF missing tensors would otherwise train random weights
+    under SOURCE.md's word that they are the file's."""
+    missing = sorted(report.get("missing_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in report.get("mismatched_keys") or ())
+    if not missing and not mismatched:
+        return
+    parts = []
+    for what, names in (("lacks", missing), ("holds in another shape", mismatched)):
+        if names:
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            parts.append(f"{what} {len(names)} of the model's tensors ({shown})")
+    raise ModelError(
+        f"{key}: the GGUF file {str(file)!r} {' and '.join(parts)}, which would be initialised at random: it is "
+        "incomplete or not a whole model of its architecture. Nothing was converted; use a complete copy of the file"
+    )
 
 
 def _describe(directory: Path, file: Path, digest: str, size: int) -> None:
@@ -179,18 +202,21 @@ def _unreadable(file: Path, key: str, error: Exception) -> str:
 
 @contextmanager
 def _quiet_dequantization():
-    """transformers' GGUF reader draws a tqdm bar of its own per file (not behind its progress-bar switch): silenced,
-    our line above says what happens."""
+    """transformers' GGUF reader draws a tqdm bar of its own per file (not behind its progress-bar switch), and its
+    loader prints a table of the tensors a file lacks: both silenced, our lines say what happens."""
     from functools import partial
 
     import transformers.modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
 
-    bar = reader.tqdm
+    bar, level = reader.tqdm, hf_logging.get_verbosity()
     reader.tqdm = partial(bar, disable=True)
+    hf_logging.set_verbosity_error()  # its load report of missing tensors: _require_every_parameter names them
     try:
         yield
     finally:
         reader.tqdm = bar
+        hf_logging.set_verbosity(level)
 
 
 @contextmanager

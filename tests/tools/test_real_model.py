@@ -15,9 +15,16 @@ from hacrl.errors import ModelError
 from hacrl.tools.cli import main
 from tests.conftest import records, write_config
 
+_LAYER = {"token_embd.weight": (4, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+          "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
+          "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,), "blk.0.ffn_gate.weight": (16, 8),
+          "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}  # fmt: skip
+"""Every tensor of a one-layer llama of width 8 in GGUF's names (the output matrix tied to the embedding)."""
 
-def _write_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = False) -> Path:
-    """A GGUF file of a one-layer model's metadata and its embedding (no tokenizer unless asked)."""
+
+def _write_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = False, tensors=("token_embd.weight",)) -> Path:
+    """A GGUF file of a one-layer model's metadata and the named `tensors` of `_LAYER` (only its embedding unless
+    asked; no tokenizer unless asked, else a 4-token one with a chat template)."""
     import gguf
     import numpy as np
 
@@ -35,7 +42,15 @@ def _write_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = False) -> 
         w.add_tokenizer_model("gpt2")
         w.add_token_list(["a", "b", "c", "d"])
         w.add_token_types([1, 1, 1, 1])
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+        w.add_token_scores([0.0] * 4)
+        w.add_token_merges([])
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(3)
+        w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    rng = np.random.default_rng(0)
+    for name in tensors:
+        w.add_tensor(name, rng.standard_normal(_LAYER[name]).astype(np.float32) if "embd" not in name or tokenizer
+                     else np.zeros(_LAYER[name], dtype=np.float32))  # fmt: skip
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -67,6 +82,77 @@ def test_a_gguf_that_cannot_be_converted_is_one_paragraph_and_leaves_nothing(tmp
         assert message.startswith(f"agents.0.model: cannot read the GGUF file {str(file)!r}") and cause in message
         assert "use another copy or another file" in message and "\n" not in message
     assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_gguf_that_lacks_tensors_is_refused_not_filled_with_random_weights(tmp_path, cache):
+    """Issue 87.1: a llama GGUF holding only its embedding (tokenizer and template whole) was converted with the
+    layer's nine tensors and the final norm initialised at random, under SOURCE.md's word that the weights are the
+    file's. Refused, naming what is missing, with nothing cached; the whole file converts, and every converted value
+    is the file's."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hacrl.gguf import plain_directory
+
+    partial = _write_gguf(tmp_path / "partial" / "m.gguf", tokenizer=True)
+    with pytest.raises(ModelError) as raised:
+        plain_directory(partial, "agents.0.model")
+    message = str(raised.value)
+    assert message.startswith(f"agents.0.model: the GGUF file {str(partial)!r} lacks 10 of the model's tensors (")
+    assert "model.layers.0.input_layernorm.weight" in message and "and 4 more)" in message and "\n" not in message
+    assert "would be initialised at random" in message
+    assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []
+
+    whole = plain_directory(_write_gguf(tmp_path / "whole" / "m.gguf", tokenizer=True, tensors=_LAYER), "key")
+    weights = load_file(whole / "model.safetensors")
+    import gguf
+
+    reader = gguf.GGUFReader(str(tmp_path / "whole" / "m.gguf"))
+    values = {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
+    assert torch.equal(weights["model.layers.0.mlp.down_proj.weight"], values["blk.0.ffn_down.weight"])
+    assert torch.equal(weights["model.norm.weight"], values["output_norm.weight"])
+
+
+def test_a_conversion_killed_mid_write_leaves_nothing_a_later_one_keeps(tmp_path, cache):
+    """Issue 87.9: a conversion killed mid-write left its `.tmp-<pid>` directory (514 MB for SmolLM2) in the cache
+    for good. The next conversion of the same file removes it (it holds the lock, so no other is writing)."""
+    from hacrl.gguf import plain_directory
+
+    file = _write_gguf(tmp_path / "m" / "m.gguf", tokenizer=True, tensors=_LAYER)
+    first = plain_directory(file, "key")
+    stale = first.with_name(first.name + ".tmp-99999999")
+    import shutil
+
+    shutil.rmtree(first)  # as if the conversion had been killed before its rename
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"x" * 1000)
+    assert plain_directory(file, "key") == first and (first / "hacrl_source.json").is_file()
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name, first.name + ".lock"]
+
+
+def test_a_read_only_cache_is_named_as_hacrl_cache(tmp_path, cache, capsys, monkeypatch):
+    """Issue 87.10: a read-only HACRL_CACHE was reported as 'choose another trainer.output_dir'. Through `hacrl
+    train` on a GGUF agent whose conversion cannot write the cache: the message names HACRL_CACHE; a read-only
+    run directory still names trainer.output_dir."""
+    import errno
+
+    from hacrl.tools.cli import _os_error_message
+    from tests.conftest import fails_cleanly
+
+    file = _write_gguf(tmp_path / "m" / "m.gguf", tokenizer=True, tensors=_LAYER)
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if str(self).startswith(str(cache)):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    cfg = write_config(tmp_path / "c.yaml", {"m": file}, ["m"], tmp_path / "run", algorithm={"name": "gspo"})
+    fails_cleanly(capsys, ["train", str(cfg)], "Read-only file system", "point HACRL_CACHE (hacrl's cache; now "
+                  f"{cache}) at a writable directory")  # fmt: skip
+    run = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "run" / "metrics.jsonl"))
+    assert _os_error_message(run).endswith("read-only: point trainer.output_dir at a writable directory")
 
 
 def test_gguf_agents_are_found_and_named(tmp_path, capsys):

@@ -16,6 +16,7 @@ import errno
 import os
 import sys
 import warnings
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -335,14 +336,28 @@ def _kind(e: Exception) -> str:
 
 def _os_error_message(e: OSError) -> str:
     where = f" {e.filename!r}" if e.filename else ""
+    place = _whose_path(e.filename)
     fix = {
-        errno.ENOSPC: "free disk space (or point trainer.output_dir elsewhere)" + _resume_hint(e),
+        errno.ENOSPC: f"free disk space (or point {place} elsewhere)" + _resume_hint(e),
         errno.EDQUOT: "free space within your quota" + _resume_hint(e),
-        errno.EACCES: "check the permissions, or choose a directory you can write to",
-        errno.EPERM: "check the permissions, or choose a directory you can write to",
-        errno.EROFS: "the file system is read-only: choose another trainer.output_dir",
+        errno.EACCES: f"check the permissions, or point {place} at a directory you can write to",
+        errno.EPERM: f"check the permissions, or point {place} at a directory you can write to",
+        errno.EROFS: f"the file system is read-only: point {place} at a writable directory",
     }.get(e.errno, "check the path")
     return f"{e.strerror}{where}: {fix}"
+
+
+def _whose_path(filename) -> str:
+    """The setting that chose where `filename` lies: hacrl's cache (converted GGUF agents, fetched wheels) is
+    HACRL_CACHE's, anything else the run's directory."""
+    from hacrl.gguf import cache_root
+
+    try:
+        if filename and Path(os.fsdecode(filename)).resolve().is_relative_to(cache_root().resolve()):
+            return "HACRL_CACHE (hacrl's cache; now " + str(cache_root()) + ")"
+    except (OSError, ValueError):
+        pass
+    return "trainer.output_dir"
 
 
 def _resume_hint(e: OSError) -> str:
@@ -444,8 +459,6 @@ def _control(args) -> int:
 
 
 def _eval(args) -> int:
-    from pathlib import Path
-
     from hacrl.config import load_config
 
     config = load_config(args.config, args.overrides)
