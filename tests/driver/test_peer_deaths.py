@@ -149,6 +149,29 @@ def test_a_calls_deadline_is_the_first_call_allowance_then_a_multiple_of_its_kin
     deadlines.observe(kind, 2.0)  # the slowest answer counts
     assert deadlines.limit(kind) == 40 and "(4.0 s)" in deadlines.rule(kind)
     assert deadlines.limit("evaluating at step #") == 600  # each kind its own
+    huge = Deadlines(DeadlineConfig(factor=1e300))  # issue 87.2: never past what the operating system can wait
+    huge.observe(kind, 2.0)
+    assert huge.limit(kind) == DeadlineConfig.LONGEST == 1e6
+
+
+def test_a_deadline_longer_than_any_wait_is_refused_before_the_run(tiny_agents, tmp_path, capsys):
+    """Issue 87.2: `runtime.deadline.first_call=1e7` (anything over ~2.1e6 s, also 1e300 or inf) was accepted, then
+    the first call to a worker died with `OverflowError: timeout is too large`."""
+    from tests.conftest import fails_cleanly, pair_config
+
+    cfg = pair_config(tiny_agents, tmp_path)
+    for key, value in (("first_call", "1e7"), ("first_call", "1e300"), ("minimum", "3e6")):
+        fails_cleanly(capsys, ["train", str(cfg), f"runtime.deadline.{key}={value}"], f"runtime.deadline.{key} is",
+                      "over the longest deadline hacrl can wait (1e+06 s, 11.6 days): set it to at most")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    from multiprocessing import Pipe
+    from multiprocessing.connection import wait
+
+    mine, theirs = Pipe()
+    theirs.send("answer")  # the wait a worker group's call makes (ranks.py) takes the longest deadline
+    assert wait([mine], timeout=DeadlineConfig.LONGEST) == [mine]
+    with pytest.raises(OverflowError):
+        wait([mine], timeout=1e7)
 
 
 def test_a_rank_that_does_not_answer_is_named_and_the_group_killed_at_the_deadline():

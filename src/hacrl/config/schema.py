@@ -883,11 +883,20 @@ class DeadlineConfig:
     minimum: float = 300.0
     """...and never less than this many seconds."""
 
+    LONGEST: ClassVar[float] = 1e6
+    """The longest deadline, in seconds (11.6 days): the operating system's waits take no more than ~2.1e6 s, so a
+    longer one failed at the first call instead of waiting."""
+
     def check(self, where: str = "runtime.deadline") -> None:
         for key in ("first_call", "factor", "minimum"):
             value = getattr(self, key)
             if not value > 0:
                 raise ConfigError(f"{where}.{key} must be positive, got {value}")
+        for key in ("first_call", "minimum"):
+            if getattr(self, key) > self.LONGEST:
+                raise ConfigError(f"{where}.{key} is {getattr(self, key):g} s, over the longest deadline hacrl can "
+                                  f"wait ({self.LONGEST:g} s, 11.6 days): set it to at most {self.LONGEST:g} for a "
+                                  "deadline that never comes in practice")  # fmt: skip
         if self.factor < 1:
             raise ConfigError(f"{where}.factor must be >= 1 (a call may take as long as its kind did): {self.factor}")
 

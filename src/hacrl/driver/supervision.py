@@ -51,8 +51,8 @@ class Deadlines:
         """Seconds a call of kind `key` may go unanswered."""
         seen = self.slowest.get(key)
         if seen is None:
-            return self.settings.first_call
-        return max(self.settings.minimum, self.settings.factor * seen)
+            return min(self.settings.first_call, self.settings.LONGEST)
+        return min(max(self.settings.minimum, self.settings.factor * seen), self.settings.LONGEST)
 
     def observe(self, key: Hashable, seconds: float) -> None:
         """A call of kind `key` answered after `seconds`."""
