@@ -571,16 +571,24 @@ def write_optimizer(file: Path, state: dict[str, Any]) -> None:
     torch.save(state, file)
 
 
-def read_optimizer(file: Path, who: str, map_location: Any = "cpu") -> dict[str, Any]:
+def read_optimizer(file: Path, who: str, map_location: Any = "cpu", settings: dict | None = None) -> dict[str, Any]:
     """The `state_dict()` that `write_optimizer` wrote, read as tensors only (never unpickled as code) onto
-    `map_location`; a CheckpointError naming the file and `who` otherwise."""
+    `map_location`; a CheckpointError naming the file and `who` otherwise. `settings` (the run's lr, betas,
+    weight_decay) replace the saved ones in every parameter group: torch's `load_state_dict` restores a group's
+    hyper-parameters from the file, so a resume whose lr was changed (`checkpoint.strict_resume=false`, which
+    announces the change) kept training at the checkpoint's lr."""
     try:
-        return torch.load(file, weights_only=True, map_location=map_location)
+        state = torch.load(file, weights_only=True, map_location=map_location)
     except Exception as e:  # noqa: BLE001 - named, with what to do; never retried with weights_only=False
         raise CheckpointError(
             f"{file}: cannot load the optimizer state of {who} ({type(e).__name__}: {first_line(e)}); resume from an "
             "earlier checkpoint (checkpoint.resume=<its directory>)"
         ) from e
+    if settings:
+        for group in state.get("param_groups", []) if isinstance(state, dict) else []:
+            if isinstance(group, dict):
+                group.update(settings)
+    return state
 
 
 def adapter_base(directory: str | Path) -> str | None:

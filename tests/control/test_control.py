@@ -256,6 +256,14 @@ def test_resume_refuses_a_changed_setting(tmp_path, capsys):
     with pytest.warns(HacrlWarning, match="resuming with a changed setting .*policies.0.lr: 0.003 in the checkpoint"):
         assert main(["control", CONFIG, *SMALL, "trainer.steps=3", f"trainer.output_dir={run}", "policies.0.lr=0.1",
                      "checkpoint.strict_resume=false", "--resume"]) == 0  # fmt: skip
+    # the changed lr is the one it trains at (torch's load_state_dict restored the checkpoint's: found in issue 87)
+    from hacrl.control.trainer import ControlTrainer
+
+    config = load_control_config(CONFIG, [*SMALL, f"trainer.output_dir={run}", "policies.0.lr=0.5",
+                                          "checkpoint.strict_resume=false"])  # fmt: skip
+    with pytest.warns(HacrlWarning):
+        trainer = ControlTrainer(config, resume="auto")
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == [0.5] and trainer.step == 3
 
 
 def test_without_the_extra_the_message_names_it_before_the_run_directory_exists(monkeypatch, tmp_path, capsys):
@@ -302,3 +310,92 @@ def test_every_seed_of_a_control_run_is_a_named_stream_none_twice(tmp_path, monk
     assert pcg == [seeds.prompts(3, 0)]
     assert set(seeded) | set(pcg) <= set(seeds.streams(3, agents=2, steps=0, epochs=1).values())
     assert len(set(seeded) | set(pcg)) == 5
+
+
+# -- a diverging policy and a hostile checkpoint (issue 87.3-5) ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_diverging_policy_stops_naming_it_before_the_simulator_and_no_checkpoint_holds_it(tmp_path, capsys):
+    """Issue 87.3: at `policies.0.lr=100` (here 1e30, which diverges within the small run's steps; or
+    `trainer.temperature=1e300`) the control trainer died after a step or two with `ValueError: logp contains ...
+    non-finite` from the core. Now: one paragraph naming the policy, the cause and the keys; the newest checkpoint
+    stays the last finite state."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    args = [*SMALL, f"trainer.output_dir={run}", "checkpoint.every=1", "eval.every=0"]
+    err = fails_cleanly(capsys, ["control", "configs/reach.yaml", *args, "trainer.steps=4", "policies.0.lr=1e30"],
+                        "policy 'arm2'", "lower policies.0.lr (now 1e+30) or policies.0.grad_clip",
+                        f"its newest checkpoint ({run / 'checkpoints'}")  # fmt: skip
+    assert "at step 2:" in err or "at step 3:" in err or "at step 4:" in err
+    for step in sorted((run / "checkpoints").iterdir()):
+        weights = load_file(step / "agents" / "arm2" / "model.safetensors")
+        assert all(bool(v.isfinite().all()) for v in weights.values())
+    hot = tmp_path / "hot"
+    fails_cleanly(capsys, ["control", "configs/reach.yaml", *SMALL, f"trainer.output_dir={hot}", "trainer.steps=2",
+                           "trainer.temperature=1e300"], "policy 'arm2' drew NaN or inf actions at step 1",
+                  "its outputs at trainer.temperature=1e+300 are not", "this run has no checkpoint yet")  # fmt: skip
+
+
+def test_a_non_finite_log_prob_skips_the_step_and_counts_it(tmp_path):
+    """As in the LLM trainer: a non-finite log-prob in the loss gives a non-finite gradient norm, and the optimizer
+    step is skipped and counted (`skipped_steps`), the weights untouched."""
+    trainer = _trainer(tmp_path, "trainer.steps=1")
+    before = {k: v.clone() for k, v in trainer.policies[0].state_dict().items()}
+    episodes = trainer.sample(0, [1, 2], 4)
+    caps = torch.ones(2) / 2
+    import hacrl.control.trainer as control
+
+    real = control.token_logprobs
+    control.token_logprobs = lambda *a, **k: real(*a, **k) * float("nan")
+    try:
+        metrics = trainer.learn(0, episodes, caps)
+    finally:
+        control.token_logprobs = real
+    assert metrics["skipped_steps"] == 2 and metrics["optimizer_steps"] == 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.policies[0].state_dict().items())
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_nan_weights_or_hostile_buffers_is_refused_on_resume(tmp_path, capsys):
+    """Issue 87.4-5: a control checkpoint whose policy weights are NaN (digests made to match) was resumed, and
+    MuJoCo's "Nan, Inf or huge value" and a ValueError followed; its buffers.pt values were not checked (a NaN reward
+    or `source` 7: tracebacks; NaN states or group 10^6: taken silently). Each is refused in one paragraph naming the
+    file and what to do; the untouched checkpoint still resumes."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.driver.test_untrusted_files import redigest
+
+    run = tmp_path / "run"
+    args = [*SMALL, f"trainer.output_dir={run}", "checkpoint.every=1", "eval.every=0", "algorithm.name=hacpo",
+            "sharing.replay.steps=2", "sharing.replay.groups=1"]  # fmt: skip
+    assert main(["control", CONFIG, *args, "trainer.steps=2"]) == 0
+    checkpoint = run / "checkpoints" / "step_000002"
+    good = {p: p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()}
+
+    def restore() -> None:
+        for path, data in good.items():
+            path.write_bytes(data)
+
+    weights = checkpoint / "agents" / "mlp-full" / "model.safetensors"
+    values = load_file(weights)
+    values[next(iter(values))][0] = float("nan")
+    save_file(values, str(weights))
+    redigest(checkpoint)
+    resume = ["control", CONFIG, *args, "trainer.steps=3", "--resume"]
+    fails_cleanly(capsys, resume, "policy 'mlp-full''s weights hold NaN or inf", "resume from an earlier checkpoint")
+    restore()
+    buffers = checkpoint / "buffers.pt"
+    for field, index, value, expected in (("reward", 0, float("nan"), "its reward hold NaN or inf"),
+                                          ("source", 0, 7, "must be the policy's own (source 0)"),
+                                          ("states", 0, float("nan"), "its states hold NaN or inf"),
+                                          ("group", 0, 10**6, "its groups must index its")):  # fmt: skip
+        state = torch.load(buffers, weights_only=True)
+        state["held"][0][0][field][index] = value
+        torch.save(state, buffers)
+        redigest(checkpoint)
+        fails_cleanly(capsys, resume, "cannot load its experience buffers (buffers.pt: ValueError: policy 0's "
+                      "buffer, step", expected)  # fmt: skip
+        restore()
+    assert main(resume) == 0

@@ -452,7 +452,8 @@ def _load_optimizer(agent: Agent, part) -> None:
         else:
             # offloaded: the state stays on the host (read onto the device first, a 4B agent's 32 GB would be)
             where = "cpu" if optimizer.offload else agent.device
-            optimizer.load_state_dict(read_optimizer(file, f"agent {agent.name!r}", where))
+            settings = {"lr": agent.cfg.lr, "betas": tuple(agent.cfg.betas), "weight_decay": agent.cfg.weight_decay}
+            optimizer.load_state_dict(read_optimizer(file, f"agent {agent.name!r}", where, settings))
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - named, with what to do

@@ -91,7 +91,18 @@ class Buffers:
             "held": [[pack(s) for s in held] for held in self.held],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], shapes: list[tuple[tuple, tuple]] | None = None) -> None:
+        """Restore `state_dict()`'s buffers. Every value is checked first (`shapes`: each policy's episode states'
+        and actions' shapes), since a file is untrusted input: a NaN reward, a foreign `source` or a group past its
+        step's initial states would stop a later step with a traceback or quietly change the resumed run."""
+        if len(state["held"]) != len(self.held):
+            raise ValueError(f"the buffers of {len(state['held'])} policies, this run has {len(self.held)}")
+        added = state["added"]
+        if not isinstance(added, int) or added < 0:
+            raise ValueError(f"'added' must be a step count, got {added!r}")
+        for j, held in enumerate(state["held"]):
+            _check_policy(j, held, added, self.steps, self.max_episodes, shapes[j] if shapes else None)
+
         def unpack(p: dict[str, Any]) -> Stored:
             episodes = [
                 Episode(
@@ -108,8 +119,47 @@ class Buffers:
             ]
             return Stored(int(p["step"]), [int(s) for s in p["seeds"]], episodes)
 
-        if len(state["held"]) != len(self.held):
-            raise ValueError(f"the buffers of {len(state['held'])} policies, this run has {len(self.held)}")
         self.added = int(state["added"])
         self.rng.bit_generator.state = state["rng"]
         self.held = [[unpack(p) for p in held] for held in state["held"]]
+
+
+def _check_policy(j: int, held: list, added: int, steps: int, max_episodes: int, shapes: tuple | None) -> None:
+    """Policy j's stored steps are what `Buffers.add` could have left: at most `steps` of them, distinct and before
+    `added`, within `max_episodes`; each step's episodes its own (source j), of groups within its initial states, with
+    finite states, actions, rewards and log-probs of the run's shapes."""
+    where = f"policy {j}'s buffer"
+    if not isinstance(held, list) or len(held) > steps:
+        raise ValueError(f"{where} must be a list of at most {steps} steps (sharing.replay.steps)")
+    seen, total = set(), 0
+    for p in held:
+        step = p.get("step") if isinstance(p, dict) else None
+        if not isinstance(step, int) or not 0 <= step < added or step in seen:
+            raise ValueError(f"{where} holds a step {step!r} that is not a distinct step before {added}")
+        seen.add(step)
+        here = f"{where}, step {step}"
+        tensors = {k: p.get(k) for k in ("seeds", "group", "states", "actions", "reward", "source", "logp_sum",
+                                         "success", "unstable")}  # fmt: skip
+        if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise ValueError(f"{here}: every field must be a tensor ({', '.join(tensors)})")
+        n = len(tensors["group"])
+        total += n
+        if n < 1 or any(t.dim() < 1 or len(t) != n for k, t in tensors.items() if k != "seeds"):
+            raise ValueError(f"{here}: its fields must hold one value per episode, and it at least one")
+        seeds, group, source = tensors["seeds"], tensors["group"], tensors["source"]
+        if seeds.dim() != 1 or len(seeds) < 1 or seeds.is_floating_point() or bool((seeds < 0).any()):
+            raise ValueError(f"{here}: its seeds must be non-negative integers")
+        if group.is_floating_point() or bool((group < 0).any()) or bool((group >= len(seeds)).any()):
+            raise ValueError(f"{here}: its groups must index its {len(seeds)} initial states")
+        if source.is_floating_point() or bool((source != j).any()):
+            raise ValueError(f"{here}: its episodes must be the policy's own (source {j})")
+        for key in ("states", "actions", "reward", "logp_sum"):
+            if not bool(tensors[key].double().isfinite().all()):
+                raise ValueError(f"{here}: its {key} hold NaN or inf")
+        if shapes is not None:
+            for key, shape in zip(("states", "actions"), shapes, strict=True):
+                if tuple(tensors[key].shape[1:]) != tuple(shape):
+                    raise ValueError(f"{here}: its {key} have shape {tuple(tensors[key].shape[1:])} an episode, this "
+                                     f"run's have {tuple(shape)}")  # fmt: skip
+    if len(held) > 1 and total > max_episodes:
+        raise ValueError(f"{where} holds {total} episodes, over sharing.replay.max_episodes={max_episodes}")

@@ -94,6 +94,7 @@ class Simple:
 
     discrete = True
     action_size = NUM_ACTIONS
+    state_size = len(STATE_FIELDS)
 
     def __init__(self, max_cycles: int = 25, success_distance: float = 0.1) -> None:
         self.max_cycles, self.success_distance = max_cycles, success_distance

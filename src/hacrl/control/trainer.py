@@ -21,15 +21,17 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
 from hacrl import seeds
+from hacrl.agent.model import first_nonfinite
 from hacrl.checkpoint import (
     agent_part,
     driver_state,
+    latest_checkpoint,
     read_optimizer,
     read_rng,
     remove_stale_temporaries,
@@ -48,7 +50,7 @@ from hacrl.core.sharing import foreign_of, in_pool_order, select_foreign, within
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
-from hacrl.errors import CheckpointError
+from hacrl.errors import CheckpointError, NonFiniteError
 from hacrl.learner import loss_inputs, update
 
 EVAL_SEED_BASE = 2**30
@@ -241,6 +243,8 @@ class ControlTrainer(RunLoop):
                 obs = torch.from_numpy(np.stack([observe(s[None])[0] for s in states[-1]]))
                 out, hidden = policy.step(obs, hidden)
                 action = draw(policy, out, temperature, self.generators[j], greedy)
+                if not (bool(out.isfinite().all()) and bool(action.float().isfinite().all())):
+                    self._diverged(j, "drew NaN or inf actions")  # never handed to the simulator
                 actions.append(action.numpy())
                 states.append(env.step(action.tolist()))
         trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, state size)
@@ -260,6 +264,30 @@ class ControlTrainer(RunLoop):
                 episode.source_logp_sum = float(row.double().sum())
                 episode.old_logp = row
         return episodes
+
+    def _diverged(self, j: int, what: str) -> NoReturn:
+        """Policy j's numbers left the finite range (its weights, or its actions at this temperature): the run stops
+        before they reach the simulator, an optimizer step or a checkpoint, so the newest checkpoint is the last
+        finite state."""
+        bad = first_nonfinite(self.policies[j])
+        cause = (
+            f"its weights hold NaN or inf (first: {bad}) after {self.optimizer_steps[j]} optimizer steps"
+            if bad is not None
+            else f"its weights are finite, its outputs at trainer.temperature={self.config.trainer.temperature:g} "
+            "are not"
+        )
+        newest = latest_checkpoint(self.run_dir)
+        where = (
+            f"its newest checkpoint ({newest}) is the last finite state: continue from it with {self.command} "
+            "CONFIG --resume"
+            if newest is not None
+            else "this run has no checkpoint yet: start it again"
+        )
+        raise NonFiniteError(
+            f"policy {self.names[j]!r} {what} at step {self.step + 1}: {cause}. Nothing is written from this state; "
+            f"lower policies.{j}.lr (now {self.config.policies[j].lr:g}) or policies.{j}.grad_clip, or "
+            f"trainer.temperature; {where}"
+        )
 
     def readable(self, k: int, foreign: list[Episode], seeds: dict[int, int]) -> tuple[list[Episode], dict[int, Any]]:
         """Learner k's foreign episodes as it trains on them, in their order: a source on its platform as it is (the
@@ -328,8 +356,10 @@ class ControlTrainer(RunLoop):
         def backward(m: int, rows: list[int], reducer: MetricReducer) -> None:
             # every step of an episode is in the loss (an episode has no padding)
             logp = token_logprobs(policy, obs[rows], actions[rows], cfg.trainer.temperature)
+            # check_values=False: a non-finite log-prob shows as a non-finite gradient norm, and `update` skips the
+            # step and counts it (`skipped_steps`), as in the LLM trainer
             inputs = loss_inputs([pool[i] for i in rows], logp, torch.ones_like(logp, dtype=torch.bool), old[rows],
-                                 adv[rows], k, caps)  # fmt: skip
+                                 adv[rows], k, caps, check_values=False)  # fmt: skip
             out = self.algorithm.loss(inputs, params=self.params, step_index=m)
             out.loss.backward()
             reducer.add(out.metrics)
@@ -345,6 +375,8 @@ class ControlTrainer(RunLoop):
             lambda: torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.policies[k].grad_clip),
             stepped,
         )
+        if first_nonfinite(policy) is not None:  # a finite gradient at a huge learning rate
+            self._diverged(k, "was updated to non-finite weights")
         metrics["trained_sequences"] = len(pool)
         metrics["advantage_abs_mean"] = float(adv.abs().mean())
         if offered:
@@ -424,6 +456,12 @@ class ControlTrainer(RunLoop):
             config_yaml=control_config_to_yaml(self.config),
         )  # fmt: skip
 
+    def _episode_shapes(self) -> list[tuple[tuple, tuple]]:
+        """Each policy's episode record: its states' shape (T + 1, state size) and its actions' ((T,) discrete, or
+        (T, actuators))."""
+        t = self.config.env.max_cycles
+        return [((t + 1, env.state_size), (t,) if env.discrete else (t, env.action_size)) for env in self.envs]
+
     def _load(self, checkpoint: Path, state: dict[str, Any]) -> None:
         from safetensors.torch import load_file
 
@@ -431,7 +469,14 @@ class ControlTrainer(RunLoop):
             part = agent_part(checkpoint, name)
             try:
                 self.policies[j].load_state_dict(load_file(str(part.weights_dir / "model.safetensors")))
-                self.optimizers[j].load_state_dict(read_optimizer(part.optimizer_file, f"policy {name!r}"))
+                if (bad := first_nonfinite(self.policies[j])) is not None:
+                    raise CheckpointError(
+                        f"{checkpoint}: policy {name!r}'s weights hold NaN or inf (first: {bad}), so it cannot be "
+                        "resumed; resume from an earlier checkpoint (checkpoint.resume=<its directory>)"
+                    )
+                settings = {"lr": self.config.policies[j].lr, "weight_decay": self.config.policies[j].weight_decay}
+                self.optimizers[j].load_state_dict(read_optimizer(part.optimizer_file, f"policy {name!r}", "cpu",
+                                                                  settings))  # fmt: skip
                 rng, self.optimizer_steps[j] = read_rng(part.rng_file, f"policy {name!r}")
                 self.generators[j].set_state(rng["cpu"])
                 if self.replay_noise[j] is not None:
@@ -448,7 +493,8 @@ class ControlTrainer(RunLoop):
                 ) from e
         if self.buffers is not None:
             try:
-                self.buffers.load_state_dict(torch.load(Path(checkpoint) / BUFFERS_FILE, weights_only=True))
+                self.buffers.load_state_dict(torch.load(Path(checkpoint) / BUFFERS_FILE, weights_only=True),
+                                             shapes=self._episode_shapes())  # fmt: skip
             except Exception as e:  # noqa: BLE001 - named, with what to do
                 raise CheckpointError(
                     f"{checkpoint}: cannot load its experience buffers ({BUFFERS_FILE}: {type(e).__name__}: {e}); "
