@@ -82,8 +82,19 @@ def clip(text: str, limit: int = 60) -> str:
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:
-    """An exception's first message line, cut to `limit` characters (its type's name when it has no message)."""
+    """An exception's first message line, cut to `limit` characters (its type's name when it has no message).
+    torch's refusal to unpickle code (`torch.load(weights_only=True)` on a file holding other objects) is said in
+    hacrl's words: its own first line advises loading with `weights_only=False`, which runs whatever the file holds."""
     text = str(error).strip()
+    if text.startswith("Weights only load failed"):
+        cause = next((line.strip() for line in text.splitlines() if "WeightsUnpickler error:" in line), "")
+        cause = cause.replace("WeightsUnpickler error:", "").split(". Please use")[0].strip()
+        text = (
+            "it holds objects other than tensors and plain values"
+            + (f" ({cause})" if cause else "")
+            + ", which hacrl never unpickles: the file is damaged or was not written by hacrl"
+        )
+        return text[: max(limit, 300)]
     return text.splitlines()[0][:limit] if text else type(error).__name__
 
 

@@ -15,7 +15,8 @@ A digest proves the bytes are those written, not that they are right: a file re-
 failed steps later as a traceback. Here every value is held to what the checkpoint's own run allows: its steps
 (step + 1 .. step + trainer.lag), one entry per agent, prompts_per_step x the agent's G answers, token ids within
 the agent's vocabulary (its `config.json` in the checkpoint), rewards finite in [0, algorithm.r_max], log-probs
-finite and <= 0, answers no longer than the agent's max_new_tokens.
+and each answer's log-prob sum finite and <= 0, prompts no longer than the agent's max_prompt_tokens, answers no
+longer than its max_new_tokens.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def pending_problems(checkpoint: Path, state: dict[str, Any]) -> list[str]:
 
     try:
         data = torch.load(file, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - damaged: named
-        return [f"{PENDING_FILE} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})"]
+    except Exception as e:  # noqa: BLE001 - damaged: named (never with torch's advice to unpickle it)
+        from hacrl.errors import first_line
+
+        return [f"{PENDING_FILE} cannot be read ({type(e).__name__}: {first_line(e)})"]
     try:
         run = _RunShape.of(checkpoint, state)
         run.check(data, state["step"])
@@ -68,9 +71,9 @@ def _real(x: Any) -> bool:
 class _RunShape:
     """What the run that wrote a checkpoint allows in its batches in flight (from its config.yaml)."""
 
-    def __init__(self, lag, prompts, groups, max_tokens, r_max, vocab, names) -> None:
+    def __init__(self, lag, prompts, groups, max_tokens, r_max, vocab, names, prompt_tokens) -> None:
         self.lag, self.prompts, self.groups, self.max_tokens = lag, prompts, groups, max_tokens
-        self.r_max, self.vocab, self.names = r_max, vocab, names
+        self.r_max, self.vocab, self.names, self.prompt_tokens = r_max, vocab, names, prompt_tokens
 
     @classmethod
     def of(cls, checkpoint: Path, state: dict[str, Any]) -> _RunShape:
@@ -87,8 +90,9 @@ class _RunShape:
         _need(isinstance(agents, list) and len(agents) == len(names), "the checkpoint's config.yaml has other agents")
         groups = [a.get("group_size") or rollout["group_size"] for a in agents]
         max_tokens = [a.get("max_new_tokens") or rollout["max_new_tokens"] for a in agents]
+        prompt_tokens = [a.get("max_prompt_tokens") or rollout.get("max_prompt_tokens", 512) for a in agents]
         vocab = [_vocabulary(checkpoint / "agents" / name / "config.json") for name in names]
-        return cls(lag, prompts, groups, max_tokens, r_max, vocab, names)
+        return cls(lag, prompts, groups, max_tokens, r_max, vocab, names, prompt_tokens)
 
     def check(self, data: Any, step: int) -> None:
         _need(isinstance(data, dict) and isinstance(data.get("batches"), list), "it holds no list of batches")
@@ -141,8 +145,10 @@ class _RunShape:
         _need(_real(reward) and (math.isnan(reward) or self._reward(reward)),  # NaN: scored in the batch's rewards
               f"{where}: reward {reward!r} is not a finite number in [0, {self.r_max:g}]")  # fmt: skip
         _need(source == i, f"{where}: it says agent {source!r} sampled it")
-        _need(_real(logp) and (math.isnan(logp) or logp <= 1e-3),  # NaN: nobody else reads it
-              f"{where}: its log-prob sum {logp!r} is not a log-probability")  # fmt: skip
+        # finite: at trainer.lag >= 1 every row's sum is computed (`_rows_needing_old_logprobs`), and the other
+        # learners' foreign ratios read it
+        _need(_real(logp) and math.isfinite(logp) and logp <= 1e-3,
+              f"{where}: its log-prob sum {logp!r} is not a finite log-probability (<= 0)")  # fmt: skip
         _need(_int(tokens) and 0 <= tokens <= self.max_tokens[i] + 1,  # + 1: an end-of-answer token past the limit
               f"{where}: {tokens!r} tokens, past max_new_tokens={self.max_tokens[i]}")  # fmt: skip
         _need(finish in FINISH_REASONS, f"{where}: finish reason {finish!r} is not one of {FINISH_REASONS}")
@@ -165,6 +171,9 @@ class _RunShape:
                 bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
                 _need(not bad, f"{where}: {kind} {n} holds token id {bad[:1][0] if bad else ''}, outside the agent's "
                       f"vocabulary (0 .. {vocab - 1 if vocab else '?'}, its config.json)")  # fmt: skip
+        for n, ids in enumerate(prompts):  # rendered prompts are cut from the left to the agent's limit
+            _need(len(ids) <= self.prompt_tokens[i], f"{where}: prompt {n} has {len(ids)} tokens, past "
+                  f"max_prompt_tokens={self.prompt_tokens[i]}")  # fmt: skip
         for n, ids in enumerate(responses):
             _need(len(ids) <= self.max_tokens[i] + 1, f"{where}: answer {n} has {len(ids)} tokens, past "
                   f"max_new_tokens={self.max_tokens[i]}")  # fmt: skip
