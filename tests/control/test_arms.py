@@ -103,6 +103,26 @@ def test_unstable_physics_ends_that_episode_only(unstable_physics, tmp_path):
     assert last["arm2/unstable_episodes"] + last["arm3/unstable_episodes"] == 1
 
 
+def test_mujocos_silent_reset_of_a_huge_value_is_an_unstable_episode_and_writes_no_log(tmp_path, monkeypatch):
+    """Issue 87.8: MuJoCo, meeting a huge acceleration (`qvel` 1e9), resets the arm to joint angles 0 and steps on;
+    the episode read as sound (angles 0, `unstable` false). Now it is unstable from that step (its last sound state
+    kept), the other arm goes on. Issue 87.15: MuJoCo's warning is not written to MUJOCO_LOG.TXT in the working
+    directory (nor printed); hacrl keeps the last one."""
+    import os
+
+    from hacrl.control import arms
+
+    monkeypatch.chdir(tmp_path)
+    env = Reach("arm3")
+    first = np.stack(env.reset([446, 7]))
+    env._data[0].qvel[:] = 1e9
+    after = np.stack(env.step([np.zeros(3), np.zeros(3)]))
+    assert env.unstable == [True, False]
+    assert np.array_equal(after[0][:3], first[0][:3]) and not np.allclose(after[0][:3], 0)  # not reset to angles 0
+    assert "Nan, Inf or huge value" in arms.last_mujoco_warning
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_gaussian_policys_log_probs_are_its_densitys():
     """The per-step log-prob of a continuous action is the Gaussian's (mean from the network, std exp(log_std)
     times the temperature), summed over the action's dimensions; drawing from a seeded generator repeats."""

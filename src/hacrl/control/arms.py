@@ -170,7 +170,26 @@ def _require_mujoco():
             'env.name=reach needs MuJoCo, in the control extra: pip install "hacrl[control]" (or pip install mujoco;'
             " `make control` installs it)"
         ) from None
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
     return mujoco
+
+
+last_mujoco_warning: str | None = None
+"""MuJoCo's latest warning. Its default handler prints each one and appends it to MUJOCO_LOG.TXT in the working
+directory; what it warns of here (a NaN, inf or huge value in a joint's position, speed, acceleration or control:
+`_UNSOUND`) is read from the simulation's own warning counters in `Reach.step`, which ends that episode as unstable
+and counts it."""
+
+
+def _mujoco_warning(message: str) -> None:
+    global last_mujoco_warning
+    last_mujoco_warning = str(message)[:300]
+
+
+_UNSOUND = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", "mjWARN_BADCTRL")
+"""MuJoCo's warnings that it met a non-finite or huge value, after which it resets the arm to its initial posture
+(joint angles 0) and steps on, as if nothing happened."""
 
 
 class Reach:
@@ -235,16 +254,23 @@ class Reach:
             data = self._data[i]
             if not self.unstable[i]:
                 before = (data.qpos.copy(), data.qvel.copy())
+                warned = self._warnings(data)
                 data.ctrl[:] = np.clip(np.asarray(actions[i], dtype=np.float64), -1.0, 1.0) * MAX_SPEED
                 mujoco.mj_step(self.model, data, nstep=FRAME_SKIP)
                 mujoco.mj_kinematics(self.model, data)  # the fingertip where the joints now are
                 sound = np.isfinite(data.qpos).all() and np.isfinite(data.qvel).all()
+                # MuJoCo resets an arm it found non-finite or huge to angles 0 and says so only in its counters
+                sound = sound and self._warnings(data) == warned
                 if not sound or np.abs(data.qvel).max() > UNSTABLE_SPEED:
                     self.unstable[i] = True
                     data.qpos[:], data.qvel[:] = before
                     mujoco.mj_forward(self.model, data)
             out.append(self._state(i))
         return out
+
+    def _warnings(self, data) -> tuple[int, ...]:
+        """How often MuJoCo met a non-finite or huge value in this arm's simulation so far (`_UNSOUND`)."""
+        return tuple(int(data.warning[int(getattr(self._mujoco.mjtWarning, w))].number) for w in _UNSOUND)
 
     def reward(self, states: np.ndarray) -> tuple[float, bool]:
         """(reward, success) of an episode's logged states."""
