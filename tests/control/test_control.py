@@ -192,9 +192,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_the_resumed_run_ends_where_an
     monkeypatch.setattr(ControlTrainer, "train_step", step_then_sigterm)
     capsys.readouterr()
     assert main(["control", CONFIG, *args, f"trainer.output_dir={cut_run}"]) == 128 + signal.SIGTERM
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "stopped by SIGTERM after step 2 of 3; wrote checkpoint" in err
-    assert "`hacrl control <config> --resume`" in err
+    assert "`hacrl control <config> --resume`" in err and "SIGTERM received: finishing step 2, then" in out
     assert sorted(p.name for p in (cut_run / "checkpoints").iterdir()) == ["step_000002"]
     monkeypatch.setattr(ControlTrainer, "train_step", real_step)
     assert main(["control", CONFIG, *args, f"trainer.output_dir={cut_run}", "--resume"]) == 0
@@ -205,6 +205,31 @@ def test_sigterm_finishes_the_step_checkpoints_and_the_resumed_run_ends_where_an
         a = load_file(full_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
         b = load_file(cut_run / "checkpoints" / "step_000003" / "agents" / name / "model.safetensors")
         assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_a_stop_between_a_steps_metrics_and_its_checkpoint_names_that_step(tmp_path, capsys, monkeypatch):
+    """Issue 87.11: SIGTERM after step 1's metrics line, before its checkpoint, said "finishing step 2", then "stopped
+    after step 1". The notice names the step whose checkpoint is being written, as the stop does."""
+    import os
+    import signal
+
+    from hacrl.control.trainer import ControlTrainer
+
+    real_save = ControlTrainer.save
+
+    def sigterm_then_save(self):
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_save(self)
+
+    monkeypatch.setattr(ControlTrainer, "save", sigterm_then_save)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    args = [*SMALL, "trainer.steps=3", "eval.every=0", "checkpoint.every=1", f"trainer.output_dir={run}"]
+    assert main(["control", CONFIG, *args]) == 128 + signal.SIGTERM
+    out, err = capsys.readouterr()
+    assert "SIGTERM received: finishing step 1, then writing a checkpoint" in out and "step 2" not in out + err, out
+    assert "stopped by SIGTERM after step 1 of 3; its latest checkpoint is" in err
 
 
 @pytest.mark.parametrize(

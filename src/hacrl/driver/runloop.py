@@ -46,6 +46,7 @@ class RunLoop:
         self.config = config
         self.run_dir = Path(config.trainer.output_dir)
         self._logger: MetricsLogger | None = None
+        self._in_progress: int | None = None
         check_trackers(config.logging)  # W&B online without credentials: refused before the directory is claimed
         claim = claim_run_dir(self.run_dir)  # a foreign directory is refused before anything is written there
         try:
@@ -129,7 +130,7 @@ class RunLoop:
             if self.plan.checkpoint:
                 self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
             with GracefulStop(
-                self.notice, lambda: self.step, self.command, lambda: latest_checkpoint(self.run_dir)
+                self.notice, lambda: self._in_progress, self.command, lambda: latest_checkpoint(self.run_dir)
             ) as stop:
                 self._loop(stop)
             force = False
@@ -157,6 +158,7 @@ class RunLoop:
         for step in range(self.step + 1, steps + 1):
             if stop.signum is not None:
                 break
+            self._in_progress = step  # until its checkpoint is written (what a stop's notice says it finishes)
             metrics = self.train_step()
             self.step = step
             if step == steps or (cfg.eval.every and step % cfg.eval.every == 0):
@@ -167,6 +169,7 @@ class RunLoop:
             if step == steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
                 self.save()
                 last_saved = step
+            self._in_progress = None
         if self.step == steps and (line := self._finished()):
             self._logger.print(line)
         if stop.signum is not None and self.step < steps:
@@ -189,10 +192,10 @@ class GracefulStop:
     either kind stops at once, without a checkpoint and without a traceback (`TrainingInterrupted`: one message,
     exit 128 + signal). Installed only in the main thread (signals cannot be caught elsewhere)."""
 
-    def __init__(self, notice, current_step, command: str = "hacrl train", newest=lambda: None) -> None:
+    def __init__(self, notice, in_progress, command: str = "hacrl train", newest=lambda: None) -> None:
         self.signum: int | None = None
         self._notice = notice
-        self._current_step = current_step
+        self._in_progress = in_progress  # the step being trained, logged or checkpointed now (None: between steps)
         self._command = command
         self._newest = newest  # the newest complete checkpoint now (None: the run has none)
         self._previous: dict[int, Any] = {}
@@ -213,18 +216,18 @@ class GracefulStop:
                 if newest is not None
                 else f"the run has no checkpoint yet: `{self._command} <config> --resume` starts it again from step 0"
             )
+            step = self._in_progress()
             raise TrainingInterrupted(
-                f"stopped at once by a second {signal.Signals(signum).name} during step {self._current_step() + 1}, "
-                f"without a checkpoint; {where}",
+                f"stopped at once by a second {signal.Signals(signum).name}"
+                f"{f' during step {step}' if step is not None else ''}, without a checkpoint; {where}",
                 signum,
                 at_once=True,
             )
         self.signum = signum
         again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"
-        self._notice(
-            f"{signal.Signals(signum).name} received: finishing step {self._current_step() + 1}, then writing a "
-            f"checkpoint and stopping{again}"
-        )
+        step = self._in_progress()
+        doing = f"finishing step {step}, then writing a checkpoint and" if step is not None else "no step started:"
+        self._notice(f"{signal.Signals(signum).name} received: {doing} stopping{again}")
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
