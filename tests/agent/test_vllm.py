@@ -250,6 +250,27 @@ def test_a_model_vllm_cannot_serve_is_named_with_the_fallback(smollm2, monkeypat
         _engine(agent, model)
 
 
+def test_a_static_partner_is_refused_here_before_any_model_loads(tmp_path, capsys):
+    """Issue 87.17, in the environment that met it (vLLM's transformers, older than the static sampler's 5.20): a vLLM
+    agent beside a `static` one stops before anything loads, naming the version, instead of an AttributeError at the
+    first sample."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    from hacrl.tools.cli import main
+    from tests.conftest import write_config
+
+    if Version(version("transformers")) >= Version("5.20"):
+        pytest.skip("this environment's transformers runs the static sampler")
+    model = tmp_path / "none"
+    cfg = write_config(tmp_path / "c.yaml", {"a": model, "b": model}, ["a", "b"], tmp_path / "run")
+    assert main(["train", str(cfg), "agents.0.rollout_backend=vllm", "agents.1.rollout_backend=static"]) == 2
+    err = capsys.readouterr().err
+    assert "samples with the static sampler, which needs transformers >= 5.20" in err and "Traceback" not in err
+    assert f"this environment has {version('transformers')}" in err
+
+
 def test_hacrl_never_imports_vllm_unless_an_agent_samples_with_it(tmp_path):
     """With vLLM installed, the CLI, the trainer and every other sampler load without it."""
     import subprocess

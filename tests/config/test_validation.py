@@ -182,6 +182,22 @@ def test_an_agent_on_vllm_without_vllm_installed_stops_before_any_model_loads(ti
                   "rollout.backend=hf")  # fmt: skip
 
 
+def test_the_static_sampler_under_an_older_transformers_stops_before_any_model_loads(tiny_agents, tmp_path, capsys,
+                                                                                     monkeypatch):  # fmt: skip
+    """Issue 87.17: in .venv-vllm (transformers 5.19) `rollout.backend: static` was accepted, the model loaded, and
+    the first sample died with `AttributeError: 'NoneType' object has no attribute 'shape'`. Refused before any model
+    loads (the directory does not exist), naming the version; `make test-vllm` meets it with the real 5.19."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.19.0" if name == "transformers" else real(name))
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run")
+    fails_cleanly(capsys, ["train", str(cfg), "agents.0.rollout_backend=static", f"agents.0.model={tmp_path}/none"],
+                  "agents.0 ('llama') samples with the static sampler, which needs transformers >= 5.20",
+                  "this environment has 5.19.0", "agents.0.rollout_backend=hf")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_non_finite_logits_while_sampling_are_one_message_for_either_sampler(tiny_agents, tmp_path, monkeypatch,
                                                                               capsys):  # fmt: skip

@@ -195,18 +195,41 @@ VLLM_INSTALL = (
 )
 
 
+STATIC_TRANSFORMERS = "5.20"
+"""The oldest transformers the static sampler runs on (`hacrl.agent.samplers.static`); pyproject asks for it, but
+vLLM's CPU build installs an older one beside hacrl (`make setup-vllm`)."""
+
+
+def _transformers_below(minimum: str) -> str | None:
+    """The installed transformers' version when it is older than `minimum`, else None."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    found = version("transformers")
+    return found if Version(found) < Version(minimum) else None
+
+
 def check_devices_here(config: TrainConfig) -> None:
     """Every device an agent names exists on this machine (a run with `runtime.backend: local`, and `hacrl eval`):
     `cuda:0` on a machine without a GPU torch can use, or `cuda:3` beside two GPUs, is a ConfigError naming the key
     before any model loads (it was a traceback from inside torch); and so is a sampler that is not installed
-    (`rollout.backend: vllm` without vLLM)."""
+    (`rollout.backend: vllm` without vLLM) or cannot run here (`static` under transformers < 5.20)."""
     import importlib.util
 
     import torch
 
     for i, agent in enumerate(config.agents):
-        if (agent.rollout_backend or config.rollout.backend) == "vllm" and importlib.util.find_spec("vllm") is None:
+        backend = agent.rollout_backend or config.rollout.backend
+        if backend == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ConfigError(f"agents.{i} ({agent.name!r}) samples with vLLM, not installed here. {VLLM_INSTALL}")
+        if backend == "static" and (found := _transformers_below(STATIC_TRANSFORMERS)) is not None:
+            raise ConfigError(
+                f"agents.{i} ({agent.name!r}) samples with the static sampler, which needs transformers >= "
+                f"{STATIC_TRANSFORMERS} (its prefill follows that version's cache API); this environment has {found} "
+                "(vLLM's CPU build pins an older one in .venv-vllm). Use rollout.backend=hf (or "
+                f"agents.{i}.rollout_backend=hf) here, or run where transformers >= {STATIC_TRANSFORMERS} is installed"
+            )
 
     for i, agent in enumerate(config.agents):
         named = [(f"agents.{i}.devices.{k}", d) for k, d in enumerate(agent.devices)] if agent.devices else []
