@@ -123,6 +123,37 @@ def test_mujocos_silent_reset_of_a_huge_value_is_an_unstable_episode_and_writes_
     assert os.listdir(tmp_path) == []
 
 
+def test_start_postures_never_touch_and_contacts_are_counted():
+    """Issue 87.7: arm3's first and last link can touch, and 34 of 1,000 seeds started with them overlapping (seed
+    446 by 40 mm), so the arm moved under zero actions. No start posture of 1,000 seeds touches now, seeds that did
+    not keep today's posture, the fingertip is on the start point, and zero actions leave the arm where it is; an
+    episode whose links touch later is counted."""
+    import mujoco
+
+    from hacrl.control.arms import fingertip, inverse_kinematics
+
+    env = Reach("arm3")
+    data = mujoco.MjData(env.model)
+    redrawn = 0
+    for seed in range(1000):
+        q = env.start_posture(seed)
+        mujoco.mj_resetData(env.model, data)
+        data.qpos[:] = q
+        mujoco.mj_forward(env.model, data)
+        assert data.ncon == 0, seed
+        assert np.allclose(fingertip(env.lengths, q), env.start(seed), atol=1e-9)
+        first = inverse_kinematics(env.lengths, env.start(seed), np.random.default_rng([seed, 2]))
+        redrawn += not np.array_equal(q, first)
+    assert redrawn == 34
+    start = np.stack(env.reset([446]))
+    still = [np.stack(env.step([np.zeros(3)])) for _ in range(20)][-1]
+    assert np.abs(still[0][6:8] - start[0][6:8]).max() < 1e-3 and env.contact == [False]  # the tip stays put
+    env.reset([446])
+    for _ in range(40):  # fold the last link back onto the first: they touch
+        env.step([np.array([0.0, 1.0, 1.0])])
+    assert env.contact == [True]
+
+
 def test_a_gaussian_policys_log_probs_are_its_densitys():
     """The per-step log-prob of a continuous action is the Gaussian's (mean from the network, std exp(log_std)
     times the temperature), summed over the action's dimensions; drawing from a seeded generator repeats."""

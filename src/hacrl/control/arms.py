@@ -23,6 +23,9 @@ distance to the goal closed at the end, max(0, 1 - d_T / d_0); success (completi
 
 Physics that goes unstable (a non-finite state, a joint speed past `UNSTABLE_SPEED`) ends that episode where it
 happened: its later states repeat the last sound one, its reward is 0 and it is counted (`unstable`), never the run.
+So does MuJoCo's own word that it met a NaN, inf or huge value (its warning counters: it then resets the arm to
+joint angles 0 and steps on as if nothing happened). Links that touch (arm3's first and last can) never do at the
+start (`start_posture` draws again); an episode in which they touch later is counted (`contact`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ SERVO_GAIN = 10.0
 0.12 kg m^2, about the stretched shoulder) the speed settles with a time constant of 0.012 s, a quarter of a step:
 the arm does what it is asked, as a real arm's joint-velocity loop does, and an episode's fingertip path is its
 actions' (a replay can follow it)."""
+START_ATTEMPTS = 64
+"""Draws of a start posture's free choices before a seed is given up (none has needed more than a few)."""
 UNSTABLE_SPEED = 100.0
 """rad/s: a joint this fast has left the physics a velocity servo of `MAX_SPEED` can make."""
 
@@ -207,8 +212,11 @@ class Reach:
         self.model = mujoco.MjModel.from_xml_string(arm_xml(self.lengths))
         self._mujoco = mujoco
         self._data: list = []
+        self._probe = mujoco.MjData(self.model)  # where start postures are checked for touching links
         self._goals: list[np.ndarray] = []
         self.unstable: list[bool] = []
+        self.contact: list[bool] = []
+        """Each arm's links touched at some step of its episode (counted in `contact_episodes`)."""
 
     def _state(self, i: int) -> np.ndarray:
         data = self._data[i]
@@ -228,15 +236,26 @@ class Reach:
 
     def start_posture(self, seed: int) -> np.ndarray:
         """This arm's joint angles at the start of initial state `seed`: its fingertip on `start(seed)`, the
-        posture's free choices (the elbow's side; arm3's last link direction) drawn from the seed."""
-        return inverse_kinematics(self.lengths, self.start(seed), np.random.default_rng([int(seed), 2]))
+        posture's free choices (the elbow's side; arm3's last link direction) drawn from the seed, and drawn again
+        (from the seed's next stream) while the links would touch: arm3's first and last link can overlap, and did
+        in 34 of 1,000 seeds, which then moved the arm under zero actions and spoiled replays."""
+        mujoco, probe = self._mujoco, self._probe
+        for attempt in range(START_ATTEMPTS):
+            rng = np.random.default_rng([int(seed), 2] if attempt == 0 else [int(seed), 2, attempt])
+            q = inverse_kinematics(self.lengths, self.start(seed), rng)
+            mujoco.mj_resetData(self.model, probe)
+            probe.qpos[:] = q
+            mujoco.mj_forward(self.model, probe)
+            if probe.ncon == 0:
+                return q
+        raise ValueError(f"no posture of {self.platform} without touching links reaches the start of seed {seed}")
 
     def reset(self, seeds: list[int]) -> list[np.ndarray]:
         """One arm per seed at its starting posture (`start_posture`), at rest; their states."""
         mujoco = self._mujoco
         while len(self._data) < len(seeds):
             self._data.append(mujoco.MjData(self.model))
-        self._goals, self.unstable = [], [False] * len(seeds)
+        self._goals, self.unstable, self.contact = [], [False] * len(seeds), [False] * len(seeds)
         for i, seed in enumerate(seeds):
             data = self._data[i]
             mujoco.mj_resetData(self.model, data)
@@ -265,6 +284,7 @@ class Reach:
                     self.unstable[i] = True
                     data.qpos[:], data.qvel[:] = before
                     mujoco.mj_forward(self.model, data)
+                self.contact[i] = self.contact[i] or data.ncon > 0
             out.append(self._state(i))
         return out
 

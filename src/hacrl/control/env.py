@@ -46,6 +46,8 @@ class Episode:
     success: bool = False
     unstable: bool = False
     """Its physics went unstable (`reach`): ended there, reward 0, counted in `unstable_episodes`."""
+    contact: bool = False
+    """Its arm's links touched at some step (`reach`), counted in `contact_episodes` (not kept in the buffers)."""
     old_logp: Any = None
     """(T,) the source's pre-update per-step log-probs, kept by the source for its own update (never crosses)."""
 

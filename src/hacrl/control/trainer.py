@@ -215,7 +215,8 @@ class ControlTrainer(RunLoop):
             **learned,
             "reward_mean": sum(e.reward for e in own) / len(own),
             "success_frac": sum(e.success for e in own) / len(own),
-            **({"unstable_episodes": sum(e.unstable for e in own)} if not self.envs[k].discrete else {}),
+            **({"unstable_episodes": sum(e.unstable for e in own), "contact_episodes": sum(e.contact for e in own)}
+               if not self.envs[k].discrete else {}),  # fmt: skip
             "capability": float(caps[k]),
             "time/update": time.perf_counter() - start,
             **({"time/mapping": map_s, **mapped} if self.replay_envs[k] is not None else {}),
@@ -250,12 +251,13 @@ class ControlTrainer(RunLoop):
         trajectories = np.stack([np.stack(step) for step in states], axis=1)  # (runs, T + 1, state size)
         # (runs, T): discrete actions; (runs, T, A): continuous ones, as drawn (the env clips what it applies)
         acts = np.stack(actions, axis=1).astype(np.int64 if env.discrete else np.float32)
-        unstable = env.unstable
+        unstable, contact = env.unstable, getattr(env, "contact", None)
         episodes = []
         for i in range(len(runs)):
             reward, success = (0.0, False) if unstable[i] else env.reward(trajectories[i])
             episodes.append(
-                Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success, unstable=unstable[i])
+                Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success, unstable=unstable[i],
+                        contact=bool(contact[i]) if contact else False)  # fmt: skip
             )
         if not greedy:
             with torch.no_grad():

@@ -50,6 +50,10 @@ AGENT = _table(
         "hacrl control, env.name=reach: its own episodes whose physics went unstable (ended there, reward 0)",
     ),
     (
+        "contact_episodes",
+        "hacrl control, env.name=reach: its own episodes in which the arm's links touched (they never do at the start)",
+    ),
+    (
         "mapped/{agent}/kept",
         "hacrl control, reach: that policy's episodes (another platform) replayed on its arm within "
         "mapping.error_bound, in its pool",
