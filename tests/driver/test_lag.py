@@ -559,6 +559,30 @@ def test_a_non_strict_resume_at_another_lag_says_which_batches_in_flight_it_drop
         assert [r["step"] for r in records(run)] == [1, 2, 3]
 
 
+@pytest.mark.slow
+def test_a_non_strict_resume_at_a_larger_lag_hands_its_sampler_the_checkpoints_weights(tiny_agents, tmp_path, capsys):
+    """Issue 87.12: `--resume trainer.lag=2 checkpoint.strict_resume=false` with a sampler of its own stopped,
+    blaming 'a weight sync that failed halfway?': the missing batch is sampled with the checkpoint's weights, which
+    the resumed sampler holds, but it asked for update 1's (step 4 - 1 - lag 2). It samples with them now, as the
+    run without a sampler does."""
+    runs = {}
+    for kind in ("sampler", "none"):
+        run = runs[kind] = tmp_path / kind
+        cfg = write_config(tmp_path / f"{kind}.yaml", tiny_agents, ["llama", "qwen"], run,
+                           trainer={"steps": 2, "lag": 1}, scoring=GRADED, checkpoint={"every": 1})  # fmt: skip
+        if kind == "sampler":
+            _with_samplers(cfg, [1])
+        assert main(["train", str(cfg)]) == 0
+        capsys.readouterr()
+        assert main(["train", str(cfg), "--resume", "trainer.lag=2", "checkpoint.strict_resume=false",
+                     "trainer.steps=4"]) == 0  # fmt: skip
+        err = capsys.readouterr().err
+        assert "at trainer.lag=2 the first step samples those for steps [4] with the checkpoint's weights" in err
+    assert [r["step"] for r in records(runs["sampler"])] == [1, 2, 3, 4]
+    assert all(r["qwen/time/weight_sync"] > 0 for r in records(runs["sampler"])[3:])
+    same_numbers(records(runs["sampler"]), records(runs["none"]))  # the weights the run without a sampler samples with
+
+
 def test_an_agent_with_its_optimizer_offloaded_may_have_a_sampler_of_its_own(tiny_agents, tmp_path):
     """`offload: optimizer` with `sampler_devices` passed validation, then failed as the sampler started, calling the
     agent frozen (the sampler's copy of the agent kept the offload, which needs an optimizer)."""

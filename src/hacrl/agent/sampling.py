@@ -121,6 +121,8 @@ class SamplingRole:
         self.version: int | None = 0
         """A sampler of its own: the update whose weights it holds (0: the starting weights; a resumed run's: its
         checkpoint's step; None: a transfer failed halfway)."""
+        self.resumed_at = 0
+        """The update whose weights a resumed run starts from (its checkpoint's step; 0: a fresh run)."""
         self._sync_s = 0.0
         """Seconds spent taking weights since the last batch (reported with it as `Sampled.sync_s`)."""
 
@@ -130,8 +132,9 @@ class SamplingRole:
         """G responses per prompt of this process's shares, from the current policy, with the log-probs that step's
         update needs (spec 2, steps 1 and 3): the whole step's rollout (a group's ranks exchange their shares), the
         seconds spent generating, computing log-probs and taking weights."""
-        if self.link is not None:  # a sampler of its own: the weights after update s - 1 - lag
-            self.take(max(0, call.step - 1 - self.spec.trainer.lag))
+        if self.link is not None:  # a sampler of its own: the weights after update s - 1 - lag, never older than
+            # those it was resumed with (a resume at a larger lag samples its missing batches with the checkpoint's)
+            self.take(max(self.resumed_at, call.step - 1 - self.spec.trainer.lag))
         sync_s, self._sync_s = self._sync_s, 0.0
         self.agent.sync_sampling_weights()
         parts, generate_s, logprobs_s = [], 0.0, 0.0
@@ -225,7 +228,7 @@ class SamplingRole:
                 what = who if self.share.world == 1 else f"{who}, rank {rank}"
                 self.streams[j], _ = read_rng(file, what)
         if self.link is not None:
-            self.version = int(json.loads((Path(directory) / "state.json").read_text())["step"])
+            self.version = self.resumed_at = int(json.loads((Path(directory) / "state.json").read_text())["step"])
 
     # -- inside ------------------------------------------------------------------------------------------------------
 
