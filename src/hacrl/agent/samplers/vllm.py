@@ -28,6 +28,7 @@ Without vLLM installed, naming it stops the run before any model loads, with the
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -113,6 +114,33 @@ def kv_cache_bytes(config, dtype, rows: int, positions: int) -> int:
     return rows * (positions + 128) * per_token
 
 
+class _Harmless(logging.Filter):
+    """vLLM's two warnings that hacrl's way of running it makes, both harmless, dropped so that a user never reads
+    them as a fault: "Chat template warmup failed" with its traceback, at every engine start (the warm-up renders a
+    chat through vLLM's tokenizer, which hacrl does not start: `skip_tokenizer_init`, since hacrl renders prompts
+    with the agent's own template and hands vLLM token ids); and "RotaryEmbedding: Failed to load weights", at every
+    weight update (a rotary embedding has no weights, only a cos/sin table vLLM computes, which the in-place reload
+    keeps). The same warning of any other layer still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (
+            message.startswith("Chat template warmup failed")
+            or (message.endswith(": Failed to load weights") and message.split(":")[0].endswith("RotaryEmbedding"))
+        )
+
+
+HARMLESS_FROM = ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise")
+"""The vLLM loggers that emit `_Harmless`'s warnings."""
+
+
+def quiet_harmless_warnings() -> None:
+    for name in HARMLESS_FROM:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _Harmless) for f in log.filters):
+            log.addFilter(_Harmless())
+
+
 def _engine(agent: SamplingAgent, model: Any):
     """vLLM's offline engine for the agent's architecture, its weights not read (they come from `model`)."""
     import torch
@@ -125,6 +153,7 @@ def _engine(agent: SamplingAgent, model: Any):
         from vllm import LLM
     except ImportError:
         raise ConfigError(VLLM_INSTALL) from None
+    quiet_harmless_warnings()
     settings, threads = agent.settings, torch.get_num_threads()
     directory = getattr(model, "name_or_path", None) or agent.cfg.model
     dtype = next(model.parameters()).dtype
