@@ -4,27 +4,40 @@ it finishes; then every logged number and every final weight against the same ru
     python benchmarks/chaos.py                   # seed 0: 50 faults over a 1,000-step run (~40 min on 2 cores)
     python benchmarks/chaos.py --seed 7 --faults 20
     python benchmarks/chaos.py --faults 3 --steps 6   # a smoke run
+    python benchmarks/chaos.py --trainer control --faults 20 --name chaos-control   # the control trainer
 
 The run: the tests' two tiny agents (Llama on characters, Qwen2 on a BPE), HACPO at `trainer.lag=1`, `llama` with
 a sampler process of its own, `qwen` a worker group of two gloo ranks, a checkpoint every step, `runtime.deadline`
-at its defaults (the soak checks that no fault needs anything but `--resume`). The faults, drawn from the seed, each
-at a random moment: one in five 1-8 s after the attempt started (in its start-up, or wherever it is by then), the
-others 0-1.5 s (a few steps) after the attempt's first step:
+with a `minimum` of 10 s (the defaults' 300 s would make a deadline fault cost five minutes; the soak checks that no
+fault needs anything but `--resume`). The faults, drawn from the seed, each at a random moment: one in five 1-8 s
+after the attempt started (in its start-up, or wherever it is by then), the others 0-1.5 s (a few steps) after the
+attempt's first step:
 
     kill-driver     kill -9 of the trainer
     kill-rank       kill -9 of one of qwen's two rank processes
     kill-sampler    kill -9 of llama's sampler process
-    kill-scorer     kill -9 of a scoring process (the run replaces it and goes on)
+    kill-scorer     kill -9 of a scoring process (the process running the reward function, never its keeper): the run
+                    replaces it and goes on when it was idle, and stops naming it when it was scoring
     term            SIGTERM to the trainer (it finishes the step, checkpoints and stops)
     stop-cont       SIGSTOP to one of the run's processes for 1-4 s, then SIGCONT (the run goes on)
+    stop-deadline   SIGSTOP to a rank or the sampler for 15-25 s, past its call's deadline: the run names it, kills
+                    it and stops
     disk-full       the run directory's file system filled for 1-3 s (a tmpfs of its own; root only, else skipped)
 
-After each fault the trainer either goes on (scorer, stop-cont, a disk that cleared before anything was written) or
-exits; then `hacrl train CONFIG --resume` starts it again (timed: its start to its first new step). The table
-prints each fault, where it landed (the step the run was in), how that attempt ended (exit status and its one-line
-message) and the resume's seconds; the verdict compares the run's metrics (every non-time value) and final weights
-with an uninterrupted run of the same config, and looks for any process of the soak left behind.
-Writes benchmarks/results/chaos.md and chaos.json (`--name` to keep another seed's).
+`--trainer control`: `hacrl control` on the robot arms (configs/reach.yaml at a small size), HACPO across the two arms
+through a learned mapping, with experience buffers (`sharing.replay`), a checkpoint every step: one process, so its
+faults are kill-driver, term, stop-cont (of the trainer) and disk-full.
+
+After each fault the trainer either goes on (an idle scorer, stop-cont, a disk that cleared before anything was
+written), which it must show by a new step within 120 s, or exits within 120 s; either way past that is a HANG, a
+failure (the attempt is killed and the run resumed). Then `hacrl train CONFIG --resume` starts it again (timed: its
+start to its first new step). The table prints each fault, the process it hit, where it landed (the step the run
+was in), how that attempt ended (exit status and its one-line message) and the resume's seconds; the verdict
+compares the run's metrics (every value but the timings: `time/...` and throughput keys) and final weights with an
+uninterrupted run of the same config, and looks for any process of the soak left behind. The run directory is kept
+(`benchmarks/results/.runs/chaos/<name>/run`: its metrics, config and final checkpoint) and the JSON carries each
+step's values' digest for both runs, so the comparison can be checked again.
+Writes benchmarks/results/<name>.md and <name>.json (`--name`, default chaos).
 """
 
 from __future__ import annotations
@@ -44,7 +57,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCRATCH = HERE / "results" / ".runs" / "chaos"
 MARK = "HACRL_CHAOS_SOAK"
-KINDS = ("kill-driver", "kill-rank", "kill-sampler", "kill-scorer", "term", "stop-cont", "disk-full")
+KINDS = ("kill-driver", "kill-rank", "kill-sampler", "kill-scorer", "term", "stop-cont", "stop-deadline", "disk-full")
+CONTROL_KINDS = ("kill-driver", "term", "stop-cont", "disk-full")
+DEADLINE = {"first_call": 300.0, "factor": 10.0, "minimum": 10.0}
+"""The soak's `runtime.deadline`: a stop-deadline fault (15-25 s) outlasts any later call's 10 s minimum."""
+ENDING = ("kill-driver", "kill-rank", "kill-sampler", "term", "stop-deadline")
+"""Faults after which the attempt must exit (the others: it must go on, or exit, within `PATIENCE`)."""
+PATIENCE = 120.0
+"""Seconds an attempt has, after a fault, to exit (or, where it may go on, to make a new step): past it, a hang."""
 
 
 def build(work: Path, steps: int) -> Path:
@@ -72,18 +92,42 @@ def build(work: Path, steps: int) -> Path:
         "eval": {"at_start": False, "every": 0},
         "logging": {"console": False, "tensorboard": False},
         "checkpoint": {"every": 1, "keep_last": 2},
-        "runtime": {"torch_threads": 1},
+        "runtime": {"torch_threads": 1, "deadline": DEADLINE},
     }  # fmt: skip
     path = work / "chaos.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
+def build_control(work: Path, steps: int) -> Path:
+    """The control soak's config: configs/reach.yaml, small, HACPO through a learned mapping, with buffers."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs" / "reach.yaml").read_text())
+    config["algorithm"] = {"name": "hacpo", "delta": 0.65}
+    config["mapping"] = {"default": "learned", "fit_steps": 5, "batch": 64}
+    config["sharing"] = {"replay": {"steps": 2, "groups": 2}}
+    config["env"]["max_cycles"] = 10
+    config["trainer"].update(steps=steps, initial_states_per_step=4, group_size=4, mini_batch_size=16)
+    config["eval"] = {"every": 0, "initial_states": 8, "at_start": False}
+    config["checkpoint"] = {"every": 1, "keep_last": 2}
+    config["logging"] = {"console": False, "tensorboard": False}
+    path = work / "chaos.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+COMMAND = {"llm": "train", "control": "control"}
+"""`--trainer` -> the hacrl command that runs it."""
+
+
 def hacrl(config: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    """`hacrl train` in a session of its own (a signal to it reaches no one else), stderr kept in a file beside."""
+    """`hacrl train` (or `hacrl control`, by the config) in a session of its own (a signal to it reaches no one
+    else), stderr kept in a file beside."""
     env = {**os.environ, MARK: "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = open(config.with_name(f"attempt-{time.time_ns()}.err"), "w")  # noqa: SIM115 - closed by _ended
-    process = subprocess.Popen([sys.executable, "-m", "hacrl", "train", str(config), f"trainer.output_dir={run_dir}",
+    command = COMMAND["control" if "policies" in config.read_text() else "llm"]
+    process = subprocess.Popen([sys.executable, "-m", "hacrl", command, str(config), f"trainer.output_dir={run_dir}",
                                 *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
                                start_new_session=True)  # fmt: skip
     process.log = log
@@ -119,9 +163,10 @@ def soak_processes() -> dict[int, tuple[str, int]]:
         except OSError:
             continue
         parent = int(stat[stat.rfind(")") + 2 :].split()[1])
-        name = "scorer" if b"_worker_main" in cmdline else comm
-        found[int(entry.name)] = (name, parent)
-    return found
+        found[int(entry.name)] = ("scoring" if b"_worker_main" in cmdline else comm, parent)
+    # a scoring process is forked by its keeper, which the trainer started: both carry `_worker_main`
+    return {pid: ("scorer" if found.get(parent, ("",))[0] == "scoring" else "keeper", parent) if name == "scoring"
+            else (name, parent) for pid, (name, parent) in found.items()}  # fmt: skip
 
 
 def target(kind: str, driver: int, rng: random.Random) -> int | None:
@@ -129,7 +174,9 @@ def target(kind: str, driver: int, rng: random.Random) -> int | None:
     procs = soak_processes()
     if kind in ("kill-driver", "term"):
         return driver
-    if kind == "kill-rank":
+    if kind == "stop-deadline":  # a worker the driver calls with a deadline
+        pool = [p for p, (n, _) in procs.items() if n.startswith("hacrl:qwen:") or n == "hacrl:llama:s"]
+    elif kind == "kill-rank":
         pool = [p for p, (n, _) in procs.items() if n.startswith("hacrl:qwen:")]
     elif kind == "kill-sampler":
         pool = [p for p, (n, _) in procs.items() if n == "hacrl:llama:s"]
@@ -217,6 +264,25 @@ class Attempt:
             self.after["resume_s"] = round(time.monotonic() - self.started, 1)
         return True
 
+    def settle(self, ending: bool, step: int) -> int | str:
+        """After a fault: its exit status once it exits; "went on" once it makes a step past `step` (where the fault
+        need not end it); `HANG` when it does neither within `PATIENCE` (then its whole session is killed)."""
+        end = time.monotonic() + PATIENCE
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                return self.process.returncode
+            if not ending and steps_logged(self.run_dir) > step:
+                return "went on"
+            self.stepped()
+            time.sleep(0.05)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.process.log.close()
+        return HANG
+
     def wait(self, seconds: float, *, until_step: bool = False) -> int | None:
         """Its exit status if it ends within `seconds` (with `until_step`: first until it has made a step)."""
         while until_step and not self.stepped():
@@ -232,9 +298,9 @@ class Attempt:
         return self.process.poll()
 
 
-def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk) -> list[dict]:
+def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk, kinds: tuple[str, ...] = KINDS) -> list[dict]:
     rng = random.Random(seed)
-    kinds = [k for k in KINDS if k != "disk-full" or disk.mounted]
+    kinds = [k for k in kinds if k != "disk-full" or disk.mounted]
     steps = _steps(config)
     table: list[dict] = []
     attempt, stuck, sent = Attempt(config, run_dir, False, None), 0, 0
@@ -266,14 +332,21 @@ def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk) -> lis
             continue
         landed = f"step {now + 1}" if now > attempt.from_step else f"start-up (before step {now + 1})"
         pid = target(kind, attempt.process.pid, rng)
-        row = {"fault": kind, "landed": landed, "target": pid, "resume_s": None}
+        hit = "trainer" if pid == attempt.process.pid else soak_processes().get(pid, ("?",))[0] if pid else ""
+        row = {"fault": kind, "landed": landed, "target": pid, "hit": hit, "resume_s": None}
         delivered = True
         if pid is None and kind != "disk-full":  # not counted: drawn again at the next moment
             row["fault"], delivered = f"{kind} (none of its processes now: not sent)", False
-        elif kind == "stop-cont":
+        elif kind in ("stop-cont", "stop-deadline"):
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(rng.uniform(1, 4))
-            os.kill(pid, signal.SIGCONT)
+            if kind == "stop-deadline":  # the driver names the silent worker, kills its group and stops meanwhile
+                code = attempt.wait(rng.uniform(15, 25))
+            else:
+                time.sleep(rng.uniform(1, 4))
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         elif kind == "disk-full":
             disk.fill(rng.uniform(1, 3))
         else:
@@ -282,17 +355,20 @@ def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk) -> lis
             except ProcessLookupError:
                 row["fault"], delivered = f"{kind} (the process had just ended: not sent)", False
         sent += delivered
-        ending = delivered and kind in ("kill-driver", "kill-rank", "kill-sampler", "term")
-        code = attempt.wait(120 if ending else 2)
+        ending = delivered and kind in ENDING
+        code = attempt.settle(ending, now)
         table.append(row)
-        if code is None:
+        if code == "went on":
             row["ended"] = "went on"
         else:
-            row["ended"] = _ended(code, attempt.process)
+            row["ended"] = code if code == HANG else _ended(code, attempt.process)
             stuck = stuck + 1 if steps_logged(run_dir) == attempt.from_step and not ending else 0
             attempt = Attempt(config, run_dir, True, row)
         print(json.dumps(row), flush=True)
     return table
+
+
+HANG = "HANG: neither exited nor made a step within 120 s of the fault (killed; a failure)"
 
 
 def _ended(code: int, process: subprocess.Popen) -> str:
@@ -308,19 +384,36 @@ def compare(run_dir: Path, reference_dir: Path) -> dict:
     import torch
     from safetensors.torch import load_file
 
+    from hacrl.files import sha256_of
+
     def numbers(d: Path) -> list[dict]:
         rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if "time" not in k and not k.startswith("tokens_per_second")} for r in rows]
+        return [{k: v for k, v in r.items() if not timing(k)} for r in rows]
 
     a, b = numbers(run_dir), numbers(reference_dir)
     differing = [r["step"] for r, s in zip(a, b, strict=False) if r != s] + ([] if len(a) == len(b) else ["count"])
     final = sorted((run_dir / "checkpoints").glob("step_*"))[-1].name
-    weights = {}
-    for name in ("llama", "qwen"):
+    weights, digests = {}, {}
+    for name in sorted(p.name for p in (run_dir / "checkpoints" / final / "agents").iterdir()):
         x = load_file(run_dir / "checkpoints" / final / "agents" / name / "model.safetensors")
         y = load_file(reference_dir / "checkpoints" / final / "agents" / name / "model.safetensors")
         weights[name] = x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-    return {"steps_differing": differing, "weights_equal": weights, "checkpoint": final}
+        digests[name] = sha256_of(run_dir / "checkpoints" / final / "agents" / name / "model.safetensors")
+    return {"steps_differing": differing, "weights_equal": weights, "checkpoint": final, "compared_keys": len(a[-1]),
+            "step_digests": {"run": [digest(r) for r in a], "reference": [digest(r) for r in b]},
+            "weights_sha256": digests}  # fmt: skip
+
+
+def timing(key: str) -> bool:
+    """A key that measures time (it differs between two runs of the same numbers): as tests/conftest.py's
+    `without_timings` (`reward_timeouts` is a count, compared)."""
+    return key.startswith(("time/", "tokens_per_second")) or "/time/" in key
+
+
+def digest(row: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def markdown(result: dict) -> str:
@@ -337,17 +430,21 @@ def markdown(result: dict) -> str:
         f"`{result['command']}`; the run and the faults: benchmarks/chaos.py's docstring. Wall clock "
         f"{result['seconds'] / 60:.0f} min. Faults delivered: {len(sent)} ({kinds}); {places.count('start-up')} in "
         f"an attempt's start-up, {places.count('step')} in its steps.", "",
-        "| # | fault | landed | that attempt ended | resume s (to its first new step) |",
-        "|---|---|---|---|---|",
+        "| # | fault | process hit | landed | that attempt ended | resume s (to its first new step) |",
+        "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for i, row in enumerate(result["table"], 1):
         resume = "" if row.get("resume_s") is None else f"{row['resume_s']}"
         ended = row["ended"].replace("|", "/")
         if ended.startswith("-"):  # killed by a signal (exit -N): what the log said last was its start's notice
             ended = ended.split()[0] + f" (killed by {signal.Signals(-int(ended.split()[0])).name})"
-        lines.append(f"| {i} | {row['fault']} | {row['landed']} | {ended} | {resume} |")
+        lines.append(f"| {i} | {row['fault']} | {row.get('hit', '')} | {row['landed']} | {ended} | {resume} |")
+    hangs = sum(r["ended"].startswith("HANG") for r in result["table"])
     lines += [
-        "", f"- metrics against the uninterrupted run: {metrics}",
+        "", f"- verdict: {'PASSED' if passed(v) else 'FAILED'}",
+        f"- metrics against the uninterrupted run ({v.get('compared_keys', '?')} values a step, every one but the "
+        f"timings): {metrics}",
+        f"- hangs (no exit and no step within {PATIENCE:.0f} s of a fault): {hangs}",
         f"- final weights ({v['checkpoint']}) against it: {weights}",
         f"- processes left behind: {v['left_behind'] or 'none'}",
         f"- faults that needed more than `--resume`: {v['needed_more'] or 'none'}",
@@ -363,32 +460,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=50)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--name", default="chaos")
+    parser.add_argument(
+        "--trainer",
+        choices=("llm", "control"),
+        default="llm",
+        help="llm: hacrl train at lag 1 (sampler, worker group); control: hacrl control (arms)",
+    )
     parser.add_argument("--render", action="store_true", help="write the .md again from the .json")
     args = parser.parse_args(argv)
     if args.render:
         result = json.loads((HERE / "results" / f"{args.name}.json").read_text())
         (HERE / "results" / f"{args.name}.md").write_text(markdown(result))
         return 0
-    work = SCRATCH / f"seed{args.seed}"
+    work = SCRATCH / args.name / f"seed{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
     if kill_leftovers():
         time.sleep(2)
-    config = build(work, args.steps)
+    config = (build_control if args.trainer == "control" else build)(work, args.steps)
     ref = reference(config, work)
     disk = Disk(work / "disk")
     run_dir = disk.where / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     start = time.monotonic()
     try:
-        table = soak(config, run_dir, args.faults, args.seed, disk)
+        table = soak(
+            config, run_dir, args.faults, args.seed, disk, CONTROL_KINDS if args.trainer == "control" else KINDS
+        )
         time.sleep(2)
         left = soak_processes()
         verdict = compare(run_dir, ref)
         verdict["left_behind"] = [f"{pid} {name}" for pid, (name, _) in left.items()]
-        verdict["needed_more"] = [r["fault"] for r in table if r["ended"].startswith("STUCK")]
+        verdict["needed_more"] = [r["fault"] for r in table if r["ended"].startswith(("STUCK", "HANG"))]
         shown = " ".join(["python benchmarks/chaos.py", *(sys.argv[1:] if argv is None else argv)])
-        result = {"seed": args.seed, "faults": args.faults, "command": shown, "table": table, "verdict": verdict,
-                  "disk": disk.mounted, "seconds": time.monotonic() - start}  # fmt: skip
+        result = {"seed": args.seed, "faults": args.faults, "trainer": args.trainer, "command": shown, "table": table,
+                  "verdict": verdict, "disk": disk.mounted, "seconds": time.monotonic() - start}  # fmt: skip
+        keep(run_dir, work / "run")
     finally:
         kill_leftovers()  # a soak stopped by an error leaves nothing running
         disk.close()
@@ -396,8 +502,23 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{args.name}.md").write_text(markdown(result))
     print(markdown(result))
-    ok = not verdict["steps_differing"] and all(verdict["weights_equal"].values()) and not verdict["left_behind"]
-    return 0 if ok else 1
+    return 0 if passed(verdict) else 1
+
+
+def passed(verdict: dict) -> bool:
+    return (not verdict["steps_differing"] and all(verdict["weights_equal"].values()) and not verdict["left_behind"]
+            and not verdict["needed_more"])  # fmt: skip
+
+
+def keep(run_dir: Path, where: Path) -> None:
+    """The soaked run's metrics, config and final checkpoint, off the tmpfs that is unmounted at the end."""
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    for name in ("metrics.jsonl", "config.yaml"):
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, where / name)
+    final = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    shutil.copytree(final, where / "checkpoints" / final.name)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
         "agents": [{"name": n, "model": str(agents[n]), "lr": 3e-3} for n in names],
         "algorithm": {"name": "hacpo"},
         "rollout": {"group_size": 4, "max_new_tokens": 6, "max_prompt_tokens": 96},
-        "data": {**TASK, "train_size": 64, "eval_size": 8, "heldout_size": 8},
+        "data": {**TASK, "train_size": 64, "eval_size": 8, "heldout_size": 8, "system_prompt": None},
         "trainer": {
             "steps": 2,
             "prompts_per_step": 2,

@@ -78,7 +78,7 @@ def test_the_resume_policy_is_each_fields_metadata():
 def test_a_checkpoint_of_an_earlier_version_is_compared_under_the_new_names():
     """A checkpoint's config.yaml written with `data.reward_function` still refuses a resume that changes the reward
     function, and accepts one that only moves it to `scoring.function`."""
-    current = load_config(DEMO, ["scoring.function=my.mod:g", "scoring.workers=3"])
+    current = load_config(DEMO, ["scoring.function=my.mod:g", "scoring.workers=3", "scoring.builtin=auto"])
     saved = _as_saved(current)
     saved["data"]["reward_function"] = "my.mod:f"
     saved["data"]["reward_workers"] = 1

@@ -83,13 +83,54 @@ def test_reasoning_gym_splits_are_disjoint_and_scored_by_the_task():
     assert [e.prompt for e in smaller.train] == [e.prompt for e in task.train]
     assert [e.prompt for e in smaller.eval] == [e.prompt for e in task.eval[:10]]
     ex = task.eval[0]
-    assert ex.messages == [{"role": "user", "content": ex.prompt}]
+    # issue 87.19: by default reasoning-gym's own system prompt, which asks for the <answer> tags its scorer reads
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    assert ex.messages == [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
+                           {"role": "user", "content": ex.prompt}]  # fmt: skip
+    assert "<answer>" in SYSTEM_PROMPTS["default"]
+    bare = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60, system_prompt=None))
+    assert bare.eval[0].messages == [{"role": "user", "content": ex.prompt}]
     right, wrong = f"steps...\nanswer: {ex.columns['answer']}", "answer: 99999"
     assert task.reward(
         prompts=[ex.prompt] * 2, completions=[right, wrong], **{k: [v, v] for k, v in ex.columns.items()}
     ) == [1.0, 0.0]
     again = load_task(DataConfig(**TASK, train_size=300, eval_size=40, heldout_size=60))  # seeded: the same data
     assert [e.prompt for e in again.train] == [e.prompt for e in task.train]
+
+
+def test_by_default_a_numeric_reasoning_gym_task_reads_prose_answers_with_the_math_verifier():
+    """Issue 87.19: SmolLM2 alone on 1-digit additions with the defaults trained on noise (step-1 reward 0.015 where
+    its greedy accuracy is ~83 %): it answers in prose, without tags even under reasoning-gym's system prompt, and the
+    task's scorer compared the whole last line with the bare number. By default (`scoring.builtin: auto`) an untagged
+    answer of a numeric task is read by the math verifier; a tagged one, and every answer of a task whose golds are
+    not numbers, by the task's own scorer; `builtin: reasoning_gym` keeps the task's scorer alone."""
+    from hacrl.config import ScoringConfig
+    from hacrl.tasks.rewards import numeric_golds
+
+    options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+    data = DataConfig(task="basic_arithmetic", task_options=options, train_size=50, eval_size=8, heldout_size=8)
+    by_default, own = load_task(data), load_task(data, ScoringConfig(builtin="reasoning_gym"))
+    ex = by_default.eval[0]
+    gold = ex.columns["answer"]
+    smollm2 = [  # SmolLM2-135M-Instruct's greedy answers, as it writes them (with reasoning-gym's prompt too)
+        f"To calculate it, we need to add the two numbers. This is a simple addition operation, and the result is "
+        f"{gold}.",
+        f"So, the answer is {gold}.",
+        f"<answer>{gold}</answer>",
+        f"<answer>{int(gold) + 1}</answer>",
+        "To calculate it, we simply add them together: 1000.",
+    ]
+    columns = {k: [v] * len(smollm2) for k, v in ex.columns.items()}
+    scores = by_default.reward(prompts=[ex.prompt] * len(smollm2), completions=smollm2, **columns)
+    assert scores == [1.0, 1.0, 1.0, 0.0, 0.0]
+    task_own = own.reward(prompts=[ex.prompt] * len(smollm2), completions=smollm2, **columns)
+    assert task_own[:2] != [1.0, 1.0] and task_own[2] == 1.0  # prose scored on its sentence: the defect
+    words = load_task(DataConfig(task="spell_backward", train_size=20, eval_size=4, heldout_size=4))
+    assert numeric_golds([{"answer": "7"}, {"answer": "-3/4"}, {"answer": "0.5"}]) and not numeric_golds(
+        [{"answer": "7"}, {"answer": "seven"}]
+    )
+    assert words.reward.prose is None and by_default.reward.prose is not None and own.reward.prose is None
 
 
 def test_file_data_with_chat_messages_and_parquet(tmp_path):

@@ -551,8 +551,11 @@ class DataConfig:
     """Column with the prompt: a string, or a list of chat messages `{role, content}`."""
     answer_column: str = "answer"
     """Column with the reference answer."""
-    system_prompt: str | None = None
-    """System message put before every prompt given as a plain string."""
+    system_prompt: str | None = "auto"
+    """System message put before every prompt given as a plain string; null: none. `auto`: the source's own, which
+    is reasoning-gym's (its `default` prompt, asking for the answer in `<answer>` tags, which its scorer reads) for
+    `source: reasoning_gym` and none for files and datasets. Without it an instruct model answers in prose that
+    reasoning-gym's scorer reads as its last line ("3 + 4 equals 7." against 7), so training starts on noise."""
 
     train: DatasetSpec | None = None
     """source: datasets: the training rows, e.g. `{set: math}` (see `DatasetSpec`)."""
@@ -586,8 +589,11 @@ class ScoringConfig:
     (`hacrl.driver.scoring`)."""
 
     builtin: Literal["auto", "reasoning_gym", "math"] = "auto"
-    """Built-in scorer: `reasoning_gym` (the task's own scorer), `math` (answer extraction + math-verify); `auto`
-    picks by `data.source`. Ignored when `function` is set."""
+    """Built-in scorer: `reasoning_gym` (the task's own scorer, on what the last `<answer>` tags hold, else on the
+    last box, "answer:" or the last line), `math` (answer extraction + math-verify); `auto` picks by `data.source`:
+    the math verifier for files and datasets; for a reasoning-gym task its own scorer, except that on a task whose
+    gold answers are all numbers an answer without tags is scored by the math verifier on its prose (the task's
+    scorer would compare a sentence, "3 + 4 equals 7.", with 7). Ignored when `function` is set."""
     function: str | None = None
     """Your reward as `package.module:function` with the TRL signature f(prompts, completions, **columns),
     importable from PYTHONPATH or the working directory. Naming it in a config runs that module's code with your

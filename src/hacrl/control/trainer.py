@@ -215,8 +215,11 @@ class ControlTrainer(RunLoop):
             **learned,
             "reward_mean": sum(e.reward for e in own) / len(own),
             "success_frac": sum(e.success for e in own) / len(own),
-            **({"unstable_episodes": sum(e.unstable for e in own), "contact_episodes": sum(e.contact for e in own)}
-               if not self.envs[k].discrete else {}),  # fmt: skip
+            **(
+                {"unstable_episodes": sum(e.unstable for e in own), "contact_episodes": sum(e.contact for e in own)}
+                if not self.envs[k].discrete
+                else {}
+            ),  # fmt: skip
             "capability": float(caps[k]),
             "time/update": time.perf_counter() - start,
             **({"time/mapping": map_s, **mapped} if self.replay_envs[k] is not None else {}),
@@ -256,8 +259,16 @@ class ControlTrainer(RunLoop):
         for i in range(len(runs)):
             reward, success = (0.0, False) if unstable[i] else env.reward(trajectories[i])
             episodes.append(
-                Episode(i // group_size, trajectories[i], acts[i], reward, j, success=success, unstable=unstable[i],
-                        contact=bool(contact[i]) if contact else False)  # fmt: skip
+                Episode(
+                    i // group_size,
+                    trajectories[i],
+                    acts[i],
+                    reward,
+                    j,
+                    success=success,
+                    unstable=unstable[i],
+                    contact=bool(contact[i]) if contact else False,
+                )  # fmt: skip
             )
         if not greedy:
             with torch.no_grad():
@@ -334,14 +345,7 @@ class ControlTrainer(RunLoop):
         rewards = torch.tensor([e.reward for e in pool], dtype=torch.float64)
         groups, sources = torch.tensor([e.group for e in pool]), torch.tensor([e.source for e in pool])
         adv = self.algorithm.advantages(rewards, groups, sources, learner=k, capabilities=caps, params=self.params)
-        sharing, n = cfg.sharing, len(self.policies)
-        keep = select_foreign(rewards, groups, sources, learner=k, policy=sharing.policy, num_agents=n,
-                              min_reward=sharing.min_reward_or(cfg.algorithm.r_max), fail_below=sharing.fail_below,
-                              margin=sharing.margin)  # fmt: skip
-        if sharing.budget_per_prompt is not None:
-            rho = self.tracker.loss_coefficients(k) if self.params.capability_coef else torch.ones(n)
-            weight = (rho.double()[sources] * adv.double()).abs()
-            keep = within_budget(keep, weight, groups, sources, learner=k, per_prompt=sharing.budget_per_prompt)
+        keep = self._kept(k, rewards, groups, sources, adv)
         keep[len(pool) - baseline_only :] = False
         foreign = sources != k
         offered, kept = int(foreign.sum()), int((keep & foreign).sum())
@@ -387,6 +391,21 @@ class ControlTrainer(RunLoop):
             metrics["replay/kept"] = replayed
             metrics.update(ages)
         return metrics
+
+    def _kept(self, k: int, rewards: torch.Tensor, groups: torch.Tensor, sources: torch.Tensor,
+              adv: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Which of learner k's pool rows it trains on: its own, and the foreign ones the sharing policy and budget
+        choose (`hacrl.core.sharing`)."""
+        cfg, n = self.config, len(self.policies)
+        sharing = cfg.sharing
+        keep = select_foreign(rewards, groups, sources, learner=k, policy=sharing.policy, num_agents=n,
+                              min_reward=sharing.min_reward_or(cfg.algorithm.r_max), fail_below=sharing.fail_below,
+                              margin=sharing.margin)  # fmt: skip
+        if sharing.budget_per_prompt is not None:
+            rho = self.tracker.loss_coefficients(k) if self.params.capability_coef else torch.ones(n)
+            weight = (rho.double()[sources] * adv.double()).abs()
+            keep = within_budget(keep, weight, groups, sources, learner=k, per_prompt=sharing.budget_per_prompt)
+        return keep
 
     def _replay_ratios(self, k: int, pool: list[Episode], obs: torch.Tensor, actions: torch.Tensor,
                        past_from: int) -> dict[str, float]:  # fmt: skip

@@ -22,7 +22,7 @@ import torch
 from hacrl import seeds
 from hacrl.config import DataConfig, ScoringConfig
 from hacrl.errors import DataError, clip, warn
-from hacrl.tasks.rewards import RewardFn, math_reward, reasoning_gym_reward
+from hacrl.tasks.rewards import RewardFn, math_reward, numeric_golds, reasoning_gym_reward
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,10 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     scoring = scoring or ScoringConfig()
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
-        builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars)
+        # auto: the task's own scorer, and on a numeric task the math verifier for answers without tags
+        prose = math_reward(scoring.timeout, scoring.max_answer_chars) if scoring.builtin == "auto" else None
+        prose = prose if prose is not None and numeric_golds(dataset) else None
+        builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars, prose)
     elif cfg.source == "datasets":  # scored by the math verifier against each row's gold answer
         train = _dataset_rows(cfg, cfg.train, "data.train")
         eval_ = _dataset_rows(cfg, cfg.eval, "data.eval") if cfg.eval is not None else []
@@ -93,7 +96,7 @@ def _dataset_rows(cfg: DataConfig, spec, role: str) -> list[Example]:
     if rows.skipped:
         warn(f"{role}: {rows.skipped} row(s) of {rows.where} skipped: their gold answer could not be read")
     template = spec.template or (MATH_TEMPLATE if spec.set else "{question}")
-    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    system = _system(cfg)
     return [
         Example(
             messages=[*system, {"role": "user", "content": template.replace("{question}", question)}],
@@ -166,12 +169,27 @@ def _rg_example(cfg: DataConfig, entry: dict) -> Example:
     )
 
 
+def system_prompt_of(cfg: DataConfig) -> str | None:
+    """The system message of `cfg`'s prompts (`data.system_prompt`; `auto`: reasoning-gym's own for its tasks)."""
+    if cfg.system_prompt == "auto":
+        if cfg.source != "reasoning_gym":
+            return None
+        from reasoning_gym.utils import SYSTEM_PROMPTS
+
+        return SYSTEM_PROMPTS["default"]
+    return cfg.system_prompt or None
+
+
+def _system(cfg: DataConfig) -> list[dict[str, str]]:
+    prompt = system_prompt_of(cfg)
+    return [{"role": "system", "content": prompt}] if prompt else []
+
+
 def _messages(cfg: DataConfig, prompt: Any) -> list[dict[str, str]]:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"data.prompt_column={cfg.prompt_column!r} is empty: a prompt needs some text")
-        system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-        return [*system, {"role": "user", "content": prompt}]
+        return [*_system(cfg), {"role": "user", "content": prompt}]
     if isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
         if not any(str(m["content"]).strip() for m in prompt):
             raise DataError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "extract_answer",
     "import_reward_function",
     "math_reward",
+    "numeric_golds",
     "reasoning_gym_reward",
     "reward_name",
     "score",
@@ -113,18 +115,25 @@ class ReasoningGymReward:
     "answer:", else the last line).
 
     Most tasks compare the answer with the gold as text, so a model that answers in prose without tags or a box is
-    scored on its whole last line ("4 + 1 equals 5." against "5": 0.06): give such a model reasoning-gym's system
-    prompt (`data.system_prompt`), or score a numeric task with the math verifier (`scoring.builtin: math`).
+    scored on its whole last line ("4 + 1 equals 5." against "5": 0.06): hence reasoning-gym's system prompt by
+    default (`data.system_prompt: auto`); or score a numeric task with the math verifier (`scoring.builtin: math`).
     An extracted answer longer than `max_answer_chars` scores 0 without reaching the task's scorer."""
 
-    def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS) -> None:
+    def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, prose: MathReward | None = None) -> None:
         self.dataset = dataset
         self.max_answer_chars = max_answer_chars
+        self.prose = prose
+        """`scoring.builtin: auto` on a task whose every gold answer is a number: the math verifier scores an answer
+        without tags on its prose (its final answer: a box, "answer is", else the last line's number), where the
+        task's scorer would compare the whole last line with the bare number."""
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], entry: Sequence[dict], **_: Any):
         out = []
         for completion, e in zip(completions, entry, strict=True):
             answer = tagged_answer(completion)
+            if answer is None and self.prose is not None:
+                out.extend(self.prose(prompts=[None], completions=[completion], answer=[e["answer"]]))
+                continue
             answer = extract_answer(completion) if answer is None else answer
             out.append(
                 0.0 if len(answer) > self.max_answer_chars else float(self.dataset.score_answer(answer, entry=e))
@@ -145,8 +154,20 @@ def tagged_answer(text: str) -> str | None:
     return None if start < 0 else text[start + len("<answer>") : end].strip()
 
 
-def reasoning_gym_reward(dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS) -> ReasoningGymReward:
-    return ReasoningGymReward(dataset, max_answer_chars)
+def reasoning_gym_reward(
+    dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, prose: MathReward | None = None
+) -> ReasoningGymReward:
+    return ReasoningGymReward(dataset, max_answer_chars, prose)
+
+
+NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+"""A gold answer that is a number (an integer, a decimal or a fraction): the task is scored as a numeric one."""
+
+
+def numeric_golds(dataset: Any, limit: int = 10_000) -> bool:
+    """Whether every gold answer of a reasoning-gym dataset (its first `limit`) is a number."""
+    golds = [str(entry["answer"]).strip() for _, entry in zip(range(limit), dataset, strict=False)]
+    return bool(golds) and all(NUMBER.fullmatch(g) for g in golds)
 
 
 def import_reward_function(path: str) -> RewardFn:

@@ -324,7 +324,8 @@ def scoring_config(recipe: BootstrapRecipe):
     """How the recipe's task is scored: its built-in scorer, or the math verifier where the recipe says so."""
     from hacrl.config import ScoringConfig
 
-    return ScoringConfig(builtin=recipe.data.get("scoring", "auto"))
+    # a reasoning-gym task: its own scorer as the demo was calibrated with (`auto` reads untagged numbers as math)
+    return ScoringConfig(builtin=recipe.data.get("scoring", "auto" if "generator" in recipe.data else "reasoning_gym"))
 
 
 def arithmetic_rows(count: int, rng: random.Random, operators: list[str], max_digits: int = 3) -> list[dict]:
