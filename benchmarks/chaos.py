@@ -172,6 +172,8 @@ def soak_processes() -> dict[int, tuple[str, int]]:
 def target(kind: str, driver: int, rng: random.Random) -> int | None:
     """The process a fault of `kind` hits (None: none of that kind alive now)."""
     procs = soak_processes()
+    if kind == "disk-full":  # the run directory's file system, not a process
+        return None
     if kind in ("kill-driver", "term"):
         return driver
     if kind == "stop-deadline":  # a worker the driver calls with a deadline
@@ -333,6 +335,7 @@ def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk, kinds:
         landed = f"step {now + 1}" if now > attempt.from_step else f"start-up (before step {now + 1})"
         pid = target(kind, attempt.process.pid, rng)
         hit = "trainer" if pid == attempt.process.pid else soak_processes().get(pid, ("?",))[0] if pid else ""
+        hit = "its disk" if kind == "disk-full" else hit
         row = {"fault": kind, "landed": landed, "target": pid, "hit": hit, "resume_s": None}
         delivered = True
         if pid is None and kind != "disk-full":  # not counted: drawn again at the next moment
@@ -466,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         default="llm",
         help="llm: hacrl train at lag 1 (sampler, worker group); control: hacrl control (arms)",
     )
+    parser.add_argument("--kinds", help="comma-separated fault kinds to draw from (default: every one)")
     parser.add_argument("--render", action="store_true", help="write the .md again from the .json")
     args = parser.parse_args(argv)
     if args.render:
@@ -483,9 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(run_dir, ignore_errors=True)
     start = time.monotonic()
     try:
-        table = soak(
-            config, run_dir, args.faults, args.seed, disk, CONTROL_KINDS if args.trainer == "control" else KINDS
-        )
+        kinds = CONTROL_KINDS if args.trainer == "control" else KINDS
+        kinds = tuple(k for k in kinds if not args.kinds or k in args.kinds.split(","))
+        table = soak(config, run_dir, args.faults, args.seed, disk, kinds)
         time.sleep(2)
         left = soak_processes()
         verdict = compare(run_dir, ref)

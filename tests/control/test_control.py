@@ -232,6 +232,44 @@ def test_a_stop_between_a_steps_metrics_and_its_checkpoint_names_that_step(tmp_p
     assert "stopped by SIGTERM after step 1 of 3; its latest checkpoint is" in err
 
 
+def test_a_sigterm_before_the_first_step_or_after_the_last_is_said_not_a_silent_death(tmp_path, capsys, monkeypatch):
+    """Found by the control soak (issue 87.16): SIGTERM while the run closed after its last step killed it silently
+    (exit -15), and so did one while `hacrl control` loaded or prepared its run directory. After the last step the
+    run is complete: it closes and exits 0; before the first, it stops in one line, exit 143, nothing trained."""
+    import os
+    import signal
+
+    import hacrl.driver.runloop as runloop
+    from hacrl.control.trainer import ControlTrainer
+
+    real_close = ControlTrainer.close
+
+    def sigterm_then_close(self, **kwargs):
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_close(self, **kwargs)
+
+    monkeypatch.setattr(ControlTrainer, "close", sigterm_then_close)
+    run = tmp_path / "run"
+    args = [*SMALL, "trainer.steps=2", "eval.every=0", f"trainer.output_dir={run}"]
+    capsys.readouterr()
+    assert main(["control", CONFIG, *args]) == 0
+    assert "SIGTERM received: between steps: stopping" in "".join(capsys.readouterr())
+    assert (run / "checkpoints" / "step_000002").is_dir()
+    monkeypatch.setattr(ControlTrainer, "close", real_close)
+    real_prepare = runloop.prepare_run_dir
+
+    def sigterm_then_prepare(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_prepare(*a, **k)
+
+    monkeypatch.setattr(runloop, "prepare_run_dir", sigterm_then_prepare)
+    other = tmp_path / "other"
+    assert main(["control", CONFIG, *SMALL, "trainer.steps=2", f"trainer.output_dir={other}"]) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM after step 0 of 2; no step had finished" in capsys.readouterr().err
+    assert not (other / "checkpoints").exists() or not any((other / "checkpoints").iterdir())
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

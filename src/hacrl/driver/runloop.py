@@ -114,40 +114,46 @@ class RunLoop:
 
     def train(self) -> list[dict[str, Any]]:
         """Run from `self.step` to `trainer.steps`; returns every step's metrics (also logged)."""
-        cfg = self.config
         force = True  # whatever stops the run mid-step (an error, a second signal) stops its workers at once
-        try:
-            prepare_run_dir(self.plan, self.run_dir, self.notice)
-            self._write_config(self.run_dir / "config.yaml")
-            self._logger = MetricsLogger(
-                cfg.logging,
-                self.run_dir,
-                cfg.trainer.steps,
-                self.names,
-                purge_step=self.plan.purge_step,
-                config=asdict(cfg),
-            )
-            if self.plan.checkpoint:
-                self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
-            with GracefulStop(
-                self.notice, lambda: self._in_progress, self.command, lambda: latest_checkpoint(self.run_dir)
-            ) as stop:
-                self._loop(stop)
-            force = False
-        except TrainingInterrupted as e:
-            force = e.at_once  # the first signal's stop ends after a step and its checkpoint: the workers are idle
-            raise
-        except WorkerError as e:
-            self._say_where_to_resume(e)
-            raise
-        finally:
+        # the graceful stop holds from the run directory's preparation to the workers' close: a signal in either
+        # (the set-up before step 1, the close after the last) is said and ends the run as between two steps (it
+        # killed the process silently, exit -15)
+        with GracefulStop(
+            self.notice, lambda: self._in_progress, self.command, lambda: latest_checkpoint(self.run_dir)
+        ) as stop:
             try:
-                if self._logger is not None:
-                    logger, self._logger = self._logger, None
-                    logger.close()  # may raise (a full disk): the workers are stopped all the same
+                self._open_logger()
+                self._loop(stop)
+                force = False
+            except TrainingInterrupted as e:
+                force = e.at_once  # the first signal's stop ends after a step and its checkpoint: the workers are idle
+                raise
+            except WorkerError as e:
+                self._say_where_to_resume(e)
+                raise
             finally:
-                self.close(force=force)
+                try:
+                    if self._logger is not None:
+                        logger, self._logger = self._logger, None
+                        logger.close()  # may raise (a full disk): the workers are stopped all the same
+                finally:
+                    self.close(force=force)
         return self.history
+
+    def _open_logger(self) -> None:
+        cfg = self.config
+        prepare_run_dir(self.plan, self.run_dir, self.notice)
+        self._write_config(self.run_dir / "config.yaml")
+        self._logger = MetricsLogger(
+            cfg.logging,
+            self.run_dir,
+            cfg.trainer.steps,
+            self.names,
+            purge_step=self.plan.purge_step,
+            config=asdict(cfg),
+        )
+        if self.plan.checkpoint:
+            self._logger.print(f"resumed from {self.plan.checkpoint} at step {self.step}")
 
     def _loop(self, stop: GracefulStop) -> None:
         cfg = self.config
@@ -226,7 +232,7 @@ class GracefulStop:
         self.signum = signum
         again = " (Ctrl-C or SIGTERM again stops at once, without a checkpoint)"
         step = self._in_progress()
-        doing = f"finishing step {step}, then writing a checkpoint and" if step is not None else "no step started:"
+        doing = f"finishing step {step}, then writing a checkpoint and" if step is not None else "between steps:"
         self._notice(f"{signal.Signals(signum).name} received: {doing} stopping{again}")
 
     def __exit__(self, *exc: object) -> None:

@@ -453,7 +453,9 @@ def _control(args) -> int:
     config = load_control_config(args.config, args.overrides)
     from hacrl.control.trainer import ControlTrainer
 
-    ControlTrainer(config, resume="auto" if args.resume else None).train()
+    with _stopped_by_sigterm_before_training():
+        trainer = ControlTrainer(config, resume="auto" if args.resume else None)
+    trainer.train()
     print(f"run directory: {config.trainer.output_dir}")
     return 0
 
