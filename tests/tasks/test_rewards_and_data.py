@@ -99,14 +99,15 @@ def test_reasoning_gym_splits_are_disjoint_and_scored_by_the_task():
     assert [e.prompt for e in again.train] == [e.prompt for e in task.train]
 
 
-def test_by_default_a_numeric_reasoning_gym_task_reads_prose_answers_with_the_math_verifier():
+def test_by_default_a_numeric_reasoning_gym_task_reads_an_untagged_answers_last_number():
     """Issue 87.19: SmolLM2 alone on 1-digit additions with the defaults trained on noise (step-1 reward 0.015 where
     its greedy accuracy is ~83 %): it answers in prose, without tags even under reasoning-gym's system prompt, and the
     task's scorer compared the whole last line with the bare number. By default (`scoring.builtin: auto`) an untagged
-    answer of a numeric task is read by the math verifier; a tagged one, and every answer of a task whose golds are
-    not numbers, by the task's own scorer; `builtin: reasoning_gym` keeps the task's scorer alone."""
+    answer of a numeric task is its final answer's last number, scored by the task's scorer; a restated question is
+    no answer (the math verifier would evaluate "5 + 3"); a task whose golds are not numbers, and `builtin:
+    reasoning_gym`, keep the last line."""
     from hacrl.config import ScoringConfig
-    from hacrl.tasks.rewards import numeric_golds
+    from hacrl.tasks.rewards import last_number, numeric_golds
 
     options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
     data = DataConfig(task="basic_arithmetic", task_options=options, train_size=50, eval_size=8, heldout_size=8)
@@ -116,21 +117,23 @@ def test_by_default_a_numeric_reasoning_gym_task_reads_prose_answers_with_the_ma
     smollm2 = [  # SmolLM2-135M-Instruct's greedy answers, as it writes them (with reasoning-gym's prompt too)
         f"To calculate it, we need to add the two numbers. This is a simple addition operation, and the result is "
         f"{gold}.",
-        f"So, the answer is {gold}.",
+        f"2 + 1 = 3\n\nSo, the answer is {gold}.",
         f"<answer>{gold}</answer>",
         f"<answer>{int(gold) + 1}</answer>",
-        "To calculate it, we simply add them together: 1000.",
+        f"To calculate {ex.prompt.split(':')[-1].strip(' =')}, we simply add them together.",
+        f"The sum is {int(gold) + 1}.",
     ]
     columns = {k: [v] * len(smollm2) for k, v in ex.columns.items()}
     scores = by_default.reward(prompts=[ex.prompt] * len(smollm2), completions=smollm2, **columns)
-    assert scores == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert scores[:3] == [1.0, 1.0, 1.0] and max(scores[3:]) < 0.1, scores
     task_own = own.reward(prompts=[ex.prompt] * len(smollm2), completions=smollm2, **columns)
-    assert task_own[:2] != [1.0, 1.0] and task_own[2] == 1.0  # prose scored on its sentence: the defect
+    assert max(task_own[:2]) < 0.1 and task_own[2] == 1.0  # prose scored on its sentence: the defect
     words = load_task(DataConfig(task="spell_backward", train_size=20, eval_size=4, heldout_size=4))
     assert numeric_golds([{"answer": "7"}, {"answer": "-3/4"}, {"answer": "0.5"}]) and not numeric_golds(
         [{"answer": "7"}, {"answer": "seven"}]
     )
-    assert words.reward.prose is None and by_default.reward.prose is not None and own.reward.prose is None
+    assert not words.reward.numeric and by_default.reward.numeric and not own.reward.numeric
+    assert last_number("x" * 100_000 + " 12") == "12" and last_number("1,5") == "5"
 
 
 def test_file_data_with_chat_messages_and_parquet(tmp_path):

@@ -591,9 +591,9 @@ class ScoringConfig:
     builtin: Literal["auto", "reasoning_gym", "math"] = "auto"
     """Built-in scorer: `reasoning_gym` (the task's own scorer, on what the last `<answer>` tags hold, else on the
     last box, "answer:" or the last line), `math` (answer extraction + math-verify); `auto` picks by `data.source`:
-    the math verifier for files and datasets; for a reasoning-gym task its own scorer, except that on a task whose
-    gold answers are all numbers an answer without tags is scored by the math verifier on its prose (the task's
-    scorer would compare a sentence, "3 + 4 equals 7.", with 7). Ignored when `function` is set."""
+    the math verifier for files and datasets; for a reasoning-gym task its own scorer, which on a task whose gold
+    answers are all numbers reads an answer without tags as the last number of its final answer (not the whole last
+    line: "3 + 4 equals 7." against 7). Ignored when `function` is set."""
     function: str | None = None
     """Your reward as `package.module:function` with the TRL signature f(prompts, completions, **columns),
     importable from PYTHONPATH or the working directory. Naming it in a config runs that module's code with your

@@ -57,10 +57,9 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     scoring = scoring or ScoringConfig()
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
-        # auto: the task's own scorer, and on a numeric task the math verifier for answers without tags
-        prose = math_reward(scoring.timeout, scoring.max_answer_chars) if scoring.builtin == "auto" else None
-        prose = prose if prose is not None and numeric_golds(dataset) else None
-        builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars, prose)
+        # auto: the task's own scorer; on a numeric task, an answer without tags is read as its last number
+        numeric = scoring.builtin == "auto" and numeric_golds([ex.columns["entry"] for ex in [*train, *eval_]])
+        builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars, numeric)
     elif cfg.source == "datasets":  # scored by the math verifier against each row's gold answer
         train = _dataset_rows(cfg, cfg.train, "data.train")
         eval_ = _dataset_rows(cfg, cfg.eval, "data.eval") if cfg.eval is not None else []

@@ -119,22 +119,23 @@ class ReasoningGymReward:
     default (`data.system_prompt: auto`); or score a numeric task with the math verifier (`scoring.builtin: math`).
     An extracted answer longer than `max_answer_chars` scores 0 without reaching the task's scorer."""
 
-    def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, prose: MathReward | None = None) -> None:
+    def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, numeric: bool = False) -> None:
         self.dataset = dataset
         self.max_answer_chars = max_answer_chars
-        self.prose = prose
-        """`scoring.builtin: auto` on a task whose every gold answer is a number: the math verifier scores an answer
-        without tags on its prose (its final answer: a box, "answer is", else the last line's number), where the
-        task's scorer would compare the whole last line with the bare number."""
+        self.numeric = numeric
+        """`scoring.builtin: auto` on a task whose every gold answer is a number: an answer without tags is the
+        last number of its final answer (a box, `####`, "answer is", else its last line), where the whole last line
+        was compared with the bare number ("3 + 4 equals 7." against 7). A number, never an expression: the math
+        verifier would evaluate a restated question ("To calculate 5 + 3, we add them." reads as 8)."""
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], entry: Sequence[dict], **_: Any):
         out = []
         for completion, e in zip(completions, entry, strict=True):
             answer = tagged_answer(completion)
-            if answer is None and self.prose is not None:
-                out.extend(self.prose(prompts=[None], completions=[completion], answer=[e["answer"]]))
-                continue
-            answer = extract_answer(completion) if answer is None else answer
+            if answer is None:
+                answer = extract_answer(completion)
+                if self.numeric:
+                    answer = last_number(answer) or answer
             out.append(
                 0.0 if len(answer) > self.max_answer_chars else float(self.dataset.score_answer(answer, entry=e))
             )
@@ -155,19 +156,30 @@ def tagged_answer(text: str) -> str | None:
 
 
 def reasoning_gym_reward(
-    dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, prose: MathReward | None = None
+    dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, numeric: bool = False
 ) -> ReasoningGymReward:
-    return ReasoningGymReward(dataset, max_answer_chars, prose)
+    return ReasoningGymReward(dataset, max_answer_chars, numeric)
 
 
 NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
-"""A gold answer that is a number (an integer, a decimal or a fraction): the task is scored as a numeric one."""
+"""A number as a gold answer or a final answer holds one: an integer, a decimal or a fraction, signed."""
 
 
-def numeric_golds(dataset: Any, limit: int = 10_000) -> bool:
-    """Whether every gold answer of a reasoning-gym dataset (its first `limit`) is a number."""
-    golds = [str(entry["answer"]).strip() for _, entry in zip(range(limit), dataset, strict=False)]
-    return bool(golds) and all(NUMBER.fullmatch(g) for g in golds)
+def numeric_golds(entries: Sequence[dict]) -> bool:
+    """Whether every gold answer of these reasoning-gym entries is a number."""
+    return bool(entries) and all(NUMBER.fullmatch(str(e["answer"]).strip()) for e in entries)
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` (None: none). Linear in the text.
+
+    >>> last_number("So, 5 + 3 equals 8."), last_number("The result is -4.5 meters."), last_number("none")
+    ('8', '-4.5', None)
+    """
+    found = None
+    for found in NUMBER.finditer(text):  # noqa: B007 - the last one
+        pass
+    return None if found is None else found.group(0).rstrip(".")
 
 
 def import_reward_function(path: str) -> RewardFn:

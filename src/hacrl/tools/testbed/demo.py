@@ -324,7 +324,7 @@ def scoring_config(recipe: BootstrapRecipe):
     """How the recipe's task is scored: its built-in scorer, or the math verifier where the recipe says so."""
     from hacrl.config import ScoringConfig
 
-    # a reasoning-gym task: its own scorer as the demo was calibrated with (`auto` reads untagged numbers as math)
+    # a reasoning-gym task: its own scorer as the demo was calibrated (`auto` reads an untagged answer's last number)
     return ScoringConfig(builtin=recipe.data.get("scoring", "auto" if "generator" in recipe.data else "reasoning_gym"))
 
 
