@@ -20,8 +20,9 @@ attempt's first step:
                     replaces it and goes on when it was idle, and stops naming it when it was scoring
     term            SIGTERM to the trainer (it finishes the step, checkpoints and stops)
     stop-cont       SIGSTOP to one of the run's processes for 1-4 s, then SIGCONT (the run goes on)
-    stop-deadline   SIGSTOP to a rank or the sampler for 15-25 s, past its call's deadline: the run names it, kills
-                    it and stops
+    stop-deadline   SIGSTOP to a rank or the sampler until the run names it at its call's deadline, kills it and
+                    stops (the deadline: at least 10 s, 10 x the slowest earlier answer of the call's kind; a worker
+                    still stopped and unnamed after 120 s is a HANG)
     disk-full       the run directory's file system filled for 1-3 s (a tmpfs of its own; root only, else skipped)
 
 `--trainer control`: `hacrl control` on the robot arms (configs/reach.yaml at a small size), HACPO across the two arms
@@ -60,7 +61,8 @@ MARK = "HACRL_CHAOS_SOAK"
 KINDS = ("kill-driver", "kill-rank", "kill-sampler", "kill-scorer", "term", "stop-cont", "stop-deadline", "disk-full")
 CONTROL_KINDS = ("kill-driver", "term", "stop-cont", "disk-full")
 DEADLINE = {"first_call": 300.0, "factor": 10.0, "minimum": 10.0}
-"""The soak's `runtime.deadline`: a stop-deadline fault (15-25 s) outlasts any later call's 10 s minimum."""
+"""The soak's `runtime.deadline`: a later call's deadline is at least 10 s (the defaults' 300 s would make each
+stop-deadline fault cost five minutes), more than any stop-cont (1-4 s)."""
 ENDING = ("kill-driver", "kill-rank", "kill-sampler", "term", "stop-deadline")
 """Faults after which the attempt must exit (the others: it must go on, or exit, within `PATIENCE`)."""
 PATIENCE = 120.0
@@ -342,8 +344,9 @@ def soak(config: Path, run_dir: Path, faults: int, seed: int, disk: Disk, kinds:
             row["fault"], delivered = f"{kind} (none of its processes now: not sent)", False
         elif kind in ("stop-cont", "stop-deadline"):
             os.kill(pid, signal.SIGSTOP)
-            if kind == "stop-deadline":  # the driver names the silent worker, kills its group and stops meanwhile
-                code = attempt.wait(rng.uniform(15, 25))
+            if kind == "stop-deadline":  # stopped until the driver names it at its call's deadline (max(10 s, 10 x
+                # the slowest answer of that call's kind: after a stop-cont, tens of seconds), kills it and exits
+                attempt.wait(PATIENCE)
             else:
                 time.sleep(rng.uniform(1, 4))
             try:

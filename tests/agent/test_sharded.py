@@ -115,3 +115,23 @@ def test_one_update_of_a_worker_group_equals_the_one_device_update(ranks, dtype,
     assert set(got["metrics"]) == set(one.metrics)
     for key in sorted(k for k in one.metrics if not k.startswith("time/")):
         assert got["metrics"][key] == pytest.approx(one.metrics[key], rel=metrics, abs=1e-7), key
+
+
+def test_a_rank_that_cannot_write_its_optimizer_shard_raises_its_own_error(tmp_path, monkeypatch):
+    """Found by the chaos soak (issue 87.16): a full disk while a worker group wrote its sharded optimizer state came
+    back as torch's CheckpointException, a BaseException that no `except Exception` took, so the run ended in a
+    traceback (exit 1). The rank's own OSError is raised instead, which the one error path names (the disk, where
+    the run continues from)."""
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as filesystem
+
+    from hacrl.agent.distributed import save_optimizer_tensors
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(filesystem, "_write_files_from_queue", full)
+    with pytest.raises(OSError) as raised, pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        save_optimizer_tensors({"w/exp_avg": torch.zeros(3)}, tmp_path / "optimizer")
+    assert raised.value.errno == errno.ENOSPC

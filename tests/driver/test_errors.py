@@ -243,6 +243,13 @@ def test_sigterm_during_start_up_is_one_line_and_leaves_nothing(tiny_agents, tmp
     assert err.count("\n") == 1 and "stopped by SIGTERM while the run was starting" in err, err
     assert not (tmp_path / "run").exists()
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the start's only
+    # issue 87.16's soak: the same in the seconds before, while the trainer's modules (torch) were imported
+    import hacrl.tools.cli
+
+    monkeypatch.setattr(hacrl.tools.cli, "_quiet_transformers", terminated)
+    assert main(["train", str(pair_config(tiny_agents, tmp_path))]) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM while the run was starting" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @pytest.mark.slow

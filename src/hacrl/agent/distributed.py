@@ -236,10 +236,20 @@ def load_optimizer_tensors(
 
 
 def save_optimizer_tensors(tensors: dict, directory: Path) -> None:
-    """Each rank writes its part of `tensors` under `directory` (torch.distributed.checkpoint)."""
+    """Each rank writes its part of `tensors` under `directory` (torch.distributed.checkpoint). A rank's failure
+    comes back as that rank's own exception (torch wraps it in a CheckpointException, which derives from
+    BaseException and so passed every `except Exception`: a full disk there was a traceback, exit 1)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.save(tensors, checkpoint_id=str(directory))
+    try:
+        dcp.save(tensors, checkpoint_id=str(directory))
+    except CheckpointException as e:
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in e.failures.values()]
+        cause = next((c for c in causes if isinstance(c, OSError)), causes[0] if causes else None)
+        if isinstance(cause, BaseException) and not isinstance(cause, CheckpointException):
+            raise cause from None
+        raise RuntimeError(f"the sharded optimizer state could not be written: {first_line(e, 300)}") from None
 
 
 def load_full_optimizer(optimizer, params: list[torch.Tensor], state_file: Path, device) -> None:

@@ -407,10 +407,11 @@ def _train(args) -> int:
     if not args.config:
         print("hacrl train: give a YAML config file (see configs/)", file=sys.stderr)
         return 2
-    config = load_config(args.config, args.overrides)  # fails fast, before torch loads
-    _on_its_allocator(config, args)
-    _quiet_transformers()
-    from hacrl.driver.trainer import Trainer
+    with _stopped_by_sigterm_before_training():  # from the config's reading on: the imports take seconds
+        config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+        _on_its_allocator(config, args)
+        _quiet_transformers()
+        from hacrl.driver.trainer import Trainer
 
     try:
         with _stopped_by_sigterm_before_training():
@@ -450,10 +451,10 @@ def _stopped_by_sigterm_before_training():
 def _control(args) -> int:
     from hacrl.control.config import load_control_config
 
-    config = load_control_config(args.config, args.overrides)
-    from hacrl.control.trainer import ControlTrainer
+    with _stopped_by_sigterm_before_training():  # from the config's reading on: the imports take seconds
+        config = load_control_config(args.config, args.overrides)
+        from hacrl.control.trainer import ControlTrainer
 
-    with _stopped_by_sigterm_before_training():
         trainer = ControlTrainer(config, resume="auto" if args.resume else None)
     trainer.train()
     print(f"run directory: {config.trainer.output_dir}")
