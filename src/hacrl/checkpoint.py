@@ -530,6 +530,34 @@ def agent_part(path: str | Path, name: str) -> AgentPart:
     return AgentPart(Path(path), name)
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How Rust's I/O errors end their message (safetensors' `SafetensorError: ... I/O error: No space left on device
+(os error 28)`)."""
+
+
+@contextmanager
+def writing_part(who: str, root: str | Path, command: str):
+    """Writing `who`'s part (`agent 'qwen'`, `rank 1 of agent 'qwen'`, `policy 'arm2'`) of the checkpoint being
+    made in `root`: an OSError goes on as it is (the one error path names its errno, file and fix:
+    `cli._os_error_message`), and so does one that another library raised under a type of its own with the errno in
+    its message (safetensors' writer: a full disk there ended `hacrl control` in a traceback, exit 1); any other
+    failure is a CheckpointError that says the previous checkpoint is intact and how to go on (`command`)."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
+        found = _OS_ERROR.search(str(e))
+        if found:
+            code = int(found.group(1))
+            raise OSError(code, os.strerror(code), str(root)) from e
+        raise CheckpointError(
+            f"could not write {who}'s part of a checkpoint into {str(root)!r}: {type(e).__name__}: "
+            f"{first_line(e, 300)}. The previous checkpoint is intact (a checkpoint is only moved into place once "
+            f"whole); free disk space or fix the directory's permissions, then continue with `{command}`."
+        ) from e
+
+
 # -- the payloads: one writer and one reader each, for every trainer (agent workers, ranks, control policies) --------
 
 

@@ -232,6 +232,39 @@ def test_a_stop_between_a_steps_metrics_and_its_checkpoint_names_that_step(tmp_p
     assert "stopped by SIGTERM after step 1 of 3; its latest checkpoint is" in err
 
 
+def test_a_full_disk_under_the_safetensors_writer_is_named_and_the_last_checkpoint_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    """Found by the control chaos soak: safetensors raises its own SafetensorError ("... (os error 28)") on a full
+    disk, which ended `hacrl control` in a traceback, exit 1. Now the one OSError path names it (exit 2), the previous
+    checkpoint stays the newest, complete, and the run resumes from it."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from hacrl.checkpoint import checkpoint_problems
+
+    real, calls = safetensors.torch.save_file, {"n": 0}
+
+    def disk_full(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:  # both policies' step-1 weights written, then the disk is full
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    run = tmp_path / "run"
+    args = [*SMALL, "trainer.steps=2", "eval.at_start=false", "checkpoint.every=1", f"trainer.output_dir={run}"]
+    assert main(["control", CONFIG, *args]) == 2
+    err = capsys.readouterr().err
+    assert "hacrl: No space left on device" in err and "free disk space (or point trainer.output_dir" in err, err
+    assert "Traceback" not in err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
+    assert checkpoint_problems(run / "checkpoints" / "step_000001") == []
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert main(["control", CONFIG, *args, "--resume"]) == 0
+    assert [r["step"] for r in records(run)] == [1, 2]
+
+
 def test_a_sigterm_before_the_first_step_or_after_the_last_is_said_not_a_silent_death(tmp_path, capsys, monkeypatch):
     """Found by the control soak (issue 87.16): SIGTERM while the run closed after its last step killed it silently
     (exit -15), and so did one while `hacrl control` loaded or prepared its run directory. After the last step the

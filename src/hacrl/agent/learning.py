@@ -42,7 +42,7 @@ from hacrl.agent.sampling import OwnSamples
 from hacrl.agent.share import Share
 from hacrl.agent.sharing import relevance, select_pool
 from hacrl.agent.weightsync import WeightLink, WeightsPublisher
-from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng
+from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng, writing_part
 from hacrl.config.settings import old_logprobs_of
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
@@ -140,7 +140,7 @@ class LearningRole(WeightsPublisher):
             )
         root = Path(directory)
         part = agent_part(root, self.name)
-        try:
+        with writing_part(f"agent {self.name!r}", root, "hacrl train <config> --resume"):
             if not self.agent.frozen:  # a frozen agent's weights are those of its model directory, unchanged
                 # a LoRA agent: its adapters (peft's format; the base is its model directory, `hacrl export` merges)
                 # float32 masters under a bf16 compute copy: the masters (resume is exact, export picks the dtype)
@@ -150,15 +150,6 @@ class LearningRole(WeightsPublisher):
                 self.agent.tokenizer.save_pretrained(part.weights_dir)
                 write_optimizer(part.optimizer_file, self.agent.optimizer.state_dict())
             write_rng(part.rng_file, rng, self.optimizer_steps)
-        except OSError:
-            raise  # the one error path names the errno, the file and the fix (cli._os_error_message)
-        except Exception as e:  # noqa: BLE001 - disk full, quota, I/O: torch and safetensors raise their own types
-            raise CheckpointError(
-                f"could not write agent {self.name!r}'s part of a checkpoint into {str(root)!r}: {type(e).__name__}: "
-                f"{first_line(e, 300)}. The previous checkpoint is intact (a checkpoint "
-                "is only moved into place once whole); free disk space or fix the directory's permissions, then "
-                "continue with `hacrl train <config> --resume`."
-            ) from e
         faults.hit("checkpoint.agent")
 
     def load(self, directory: str) -> None:
@@ -185,7 +176,7 @@ class LearningRole(WeightsPublisher):
                 f"checkpoint is written from them; the newest checkpoint in the run directory is the last good state. "
                 f"Lower agents.{self.index}.lr or agents.{self.index}.grad_clip and resume from it."
             )
-        try:
+        with writing_part(f"rank {rank} of agent {self.name!r}", root, "hacrl train <config> --resume"):
             state = full_state_dict(agent.model, agent.sampling_model, agent.device, keep=rank == 0)
             if rank == 0:
                 agent.sampling_model.save_pretrained(part.weights_dir, safe_serialization=True, state_dict=state)
@@ -194,14 +185,6 @@ class LearningRole(WeightsPublisher):
             tensors = optimizer_tensors(agent.optimizer, agent.optimizer.params, names)
             save_optimizer_tensors(tensors, part.optimizer_dir)
             write_rng(part.rank_rng_file(rank), rng, self.optimizer_steps)
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - as AgentWorker.save
-            raise CheckpointError(
-                f"could not write rank {rank} of agent {self.name!r}'s part of a checkpoint into {str(root)!r}: "
-                f"{type(e).__name__}: {first_line(e, 300)}. The previous checkpoint is intact; free disk space or fix "
-                "the directory's permissions, then continue with `hacrl train <config> --resume`."
-            ) from e
         dist.barrier()  # the group's part is whole when rank 0 answers
         faults.hit("checkpoint.agent")
 

@@ -39,6 +39,7 @@ from hacrl.checkpoint import (
     save_checkpoint,
     write_optimizer,
     write_rng,
+    writing_part,
 )
 from hacrl.control.buffers import Buffers
 from hacrl.control.config import control_config_to_yaml, mapping_of
@@ -446,24 +447,28 @@ class ControlTrainer(RunLoop):
 
         def write_parts(directory: Path) -> None:
             for j, (name, p) in enumerate(zip(self.names, self.config.policies, strict=True)):
-                part = agent_part(directory, name)
-                part.weights_dir.mkdir(parents=True, exist_ok=True)
-                state = {k: v.detach().contiguous() for k, v in self.policies[j].state_dict().items()}
-                save_file(state, str(part.weights_dir / "model.safetensors"))
-                (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
-                write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
-                streams = {"cpu": self.generators[j].get_state()}
-                if self.replay_noise[j] is not None:
-                    streams["replay"] = self.replay_noise[j].get_state()
-                write_rng(part.rng_file, streams, self.optimizer_steps[j])
-                if "learned" in self.mappers[j]:
-                    mapping_file(directory, name).parent.mkdir(parents=True, exist_ok=True)
-                    torch.save(self.mappers[j]["learned"].state_dict(), mapping_file(directory, name))
+                with writing_part(f"policy {name!r}", directory, "hacrl control <config> --resume"):
+                    write_part(j, name, p, agent_part(directory, name), directory)
+
+        def write_part(j: int, name: str, p, part, directory: Path) -> None:
+            part.weights_dir.mkdir(parents=True, exist_ok=True)
+            state = {k: v.detach().contiguous() for k, v in self.policies[j].state_dict().items()}
+            save_file(state, str(part.weights_dir / "model.safetensors"))
+            (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
+            write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
+            streams = {"cpu": self.generators[j].get_state()}
+            if self.replay_noise[j] is not None:
+                streams["replay"] = self.replay_noise[j].get_state()
+            write_rng(part.rng_file, streams, self.optimizer_steps[j])
+            if "learned" in self.mappers[j]:
+                mapping_file(directory, name).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.mappers[j]["learned"].state_dict(), mapping_file(directory, name))
 
         def write_all(directory: Path) -> None:
             write_parts(directory)
             if self.buffers is not None:
-                torch.save(self.buffers.state_dict(), Path(directory) / BUFFERS_FILE)
+                with writing_part("the replay buffers", directory, "hacrl control <config> --resume"):
+                    torch.save(self.buffers.state_dict(), Path(directory) / BUFFERS_FILE)
 
         state = driver_state(
             step=self.step,
