@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -222,20 +224,43 @@ REAL_PROSE = [  # (gold, SmolLM2-135M-Instruct's kind of answer, reward)
 ]
 
 
-def test_the_math_verifier_scores_a_real_models_prose_right_and_wrong():
-    """The real bed's scoring (`scoring.builtin: math`): prose with the right sum scores 1, with a wrong one 0 (the
-    last box, else the last line read by math-verify)."""
-    from hacrl.tasks.rewards import math_reward
+RESTATED = [  # (gold, SmolLM2-135M-Instruct's greedy answer on configs/real.yaml's prompts): wrong, and restating
+    (
+        "123",
+        "To calculate 81 + 42, we need to add 81 and 42, which is 222. This is the result of the operation of 81 + 42.",
+    ),
+    ("38", "To calculate 5 + 33, we need to add 5 and 33, which is 16.\n\nIn this case, 5 + 33 = "),
+    ("38", "So the final answer is \\boxed{5 + 33}."),
+]
 
-    golds, texts, expected = zip(*REAL_PROSE, strict=True)
-    assert math_reward()([""] * len(texts), list(texts), answer=list(golds)) == list(expected)
+
+def test_the_real_beds_scorer_reads_prose_right_and_wrong_and_a_restated_question_as_wrong():
+    """The real bed's scoring (`configs/real.yaml`, `scoring.builtin: auto`: the task's scorer on the final answer's
+    last number): SmolLM2's prose with the right sum scores 1, with a wrong one 0. The math verifier agrees on that
+    prose but evaluates what it reads: a wrong answer whose last line restates the question scored 1 (5 of SmolLM2's
+    64 greedy answers on the bed, a third of those it scored right), which the bed's scorer reads as wrong, and
+    `builtin: math` on such a task is warned about."""
+    from hacrl.config import ScoringConfig, load_config
+    from hacrl.errors import HacrlWarning
+
+    real = load_config(Path(__file__).resolve().parents[2] / "configs" / "real.yaml")
+    data = replace(real.data, train_size=40, eval_size=4, heldout_size=4)
+    task = load_task(data, real.scoring)
+    entry = task.train[0].columns["entry"]
+    golds, texts, expected = zip(*REAL_PROSE, *[(g, t, 0.0) for g, t in RESTATED], strict=True)
+    entries = [{**entry, "answer": g} for g in golds]
+    assert task.reward([""] * len(texts), list(texts), entry=entries) == list(expected)
+    by_math = math_reward()([""] * len(texts), list(texts), answer=list(golds))
+    assert by_math == [*expected[: len(REAL_PROSE)], 1.0, 1.0, 1.0]  # the restated questions: scored right
+    with pytest.warns(HacrlWarning, match="restates the question"):
+        load_task(data, ScoringConfig(builtin="math"))
 
 
 def test_reasoning_gym_tasks_read_answer_tags_and_score_prose_only_through_them():
     """reasoning-gym's own scorer compares the last line with the bare answer: prose scored noise (0.06 for a right
     sum). Its recipe's `<answer>` tags are read first: a right answer in them scores 1 whatever prose surrounds it,
     a wrong one 0 (0.01 for gsm_symbolic's format credit); untagged prose stays what the task's scorer makes of it
-    (why the real bed scores with math)."""
+    (why a numeric task's untagged answer is read as its last number)."""
     from hacrl.tasks.data import import_reasoning_gym
     from hacrl.tasks.rewards import ReasoningGymReward
 

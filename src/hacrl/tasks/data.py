@@ -58,8 +58,15 @@ def load_task(cfg: DataConfig, scoring: ScoringConfig | None = None) -> TaskData
     if cfg.source == "reasoning_gym":
         train, eval_, dataset = _reasoning_gym(cfg)
         # auto: the task's own scorer; on a numeric task, an answer without tags is read as its last number
-        numeric = scoring.builtin == "auto" and numeric_golds([ex.columns["entry"] for ex in [*train, *eval_]])
+        golds_are_numbers = numeric_golds([ex.columns["entry"] for ex in [*train, *eval_]])
+        numeric = scoring.builtin == "auto" and golds_are_numbers
         builtin = reasoning_gym_reward(dataset, scoring.max_answer_chars, numeric)
+        if scoring.builtin == "math" and golds_are_numbers and not scoring.function:
+            warn(
+                f"scoring.builtin=math on {cfg.task!r}, whose answers are numbers: the math verifier evaluates what it "
+                "reads, so an answer that restates the question ('... the result of 81 + 42.', '\\boxed{81 + 42}') "
+                "scores right whatever it computed. scoring.builtin=auto reads the final answer's last number instead"
+            )
     elif cfg.source == "datasets":  # scored by the math verifier against each row's gold answer
         train = _dataset_rows(cfg, cfg.train, "data.train")
         eval_ = _dataset_rows(cfg, cfg.eval, "data.eval") if cfg.eval is not None else []

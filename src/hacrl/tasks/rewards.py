@@ -116,7 +116,8 @@ class ReasoningGymReward:
 
     Most tasks compare the answer with the gold as text, so a model that answers in prose without tags or a box is
     scored on its whole last line ("4 + 1 equals 5." against "5": 0.06): hence reasoning-gym's system prompt by
-    default (`data.system_prompt: auto`); or score a numeric task with the math verifier (`scoring.builtin: math`).
+    default (`data.system_prompt: auto`), and on a numeric task the last number of an untagged final answer
+    (`numeric`, `scoring.builtin: auto`).
     An extracted answer longer than `max_answer_chars` scores 0 without reaching the task's scorer."""
 
     def __init__(self, dataset: Any, max_answer_chars: int = MAX_ANSWER_CHARS, numeric: bool = False) -> None:

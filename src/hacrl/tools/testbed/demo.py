@@ -171,11 +171,13 @@ REAL_TASK: dict[str, Any] = {
     "task": "basic_arithmetic",
     "task_options": {**DEMO_TASK["task_options"], "max_digits": 2},
     "system_prompt": "Solve the problem. Put the final answer in \\boxed{}.",
-    "scoring": "math",
+    "scoring": "auto",
 }
 """The real bed's task (`configs/real.yaml`): 1-2 digit additions, `Calculate 47 + 5.` with a system prompt asking
-for a boxed answer, scored by the math verifier on the answer's prose (the last `\\boxed{}`, else its last line):
-reasoning-gym's own scorer compares the whole last line with the bare number, which scores prose as noise."""
+for a boxed answer, scored by the task's scorer on the last number of the answer's final answer (the last
+`\\boxed{}`, else its last line: `scoring.builtin: auto`). Not the math verifier, which evaluates what it reads: it
+credited SmolLM2's "which is 222. This is the result of the operation of 81 + 42." against 123 (5 of its 64 greedy
+answers, a third of those it scored right)."""
 
 REAL_PARTNER = BootstrapRecipe(
     agents=[
