@@ -84,6 +84,8 @@ def test_the_core_receives_what_the_spec_prescribes_for_the_same_numbers(tmp_pat
 
     class Recording:
         pool_is_shared = staticmethod(trainer.algorithm.pool_is_shared)
+        loss_rho = staticmethod(trainer.algorithm.loss_rho)
+        rho_metrics = staticmethod(trainer.algorithm.rho_metrics)
 
         @staticmethod
         def advantages(*args, **kwargs):
@@ -136,6 +138,65 @@ def test_the_core_receives_what_the_spec_prescribes_for_the_same_numbers(tmp_pat
         assert module.loss_inputs is not None
     finally:
         trainer.close()
+
+
+def test_both_trainers_keep_the_same_rows_and_log_the_same_rho_for_every_algorithm_and_policy(tmp_path):
+    """Issue 86.2: one keep rule (`hacrl.core.sharing.kept_rows`) and one rho (`Algorithm.loss_rho`) for both
+    trainers. `hacrl control` weighed the budget by rho whenever `capability_coef` was on, `hacrl train` only under
+    HACPO, so `naive` with a budget kept other rows in the two; both logged `rho/*` for naive, whose loss has no rho.
+    On one pool of unequal capabilities: the same rows for every algorithm, policy and budget, and `rho/*` only
+    where the loss has rho."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from hacrl.agent.learning import LearningRole
+    from hacrl.agent.sharing import keep_mask
+    from hacrl.control.config import CONTROL_SHARING_POLICIES
+    from hacrl.control.trainer import ControlTrainer
+    from hacrl.core import get_algorithm
+
+    three = tmp_path / "three.yaml"  # with two agents rho scales every foreign row alike: a third tells them apart
+    text = open(CONFIG).read().replace("policies:\n", "policies:\n  - {name: mlp-small, observation: full, "
+                                        "architecture: mlp, hidden: 8, lr: 3.0e-3}\n", 1)  # fmt: skip
+    three.write_text(text)
+    gen = torch.Generator().manual_seed(0)
+    groups = torch.arange(3).repeat_interleave(4).repeat(3)
+    sources = torch.arange(3).repeat_interleave(12)
+    rewards = torch.tensor([0.0, 0.3, 1.0], dtype=torch.float64)[torch.randint(0, 3, (36,), generator=gen)]
+    differs = 0
+    for name in ("naive", "hacpo"):
+        run = tmp_path / name / "run"
+        config = load_control_config(three, [*SMALL, f"trainer.output_dir={run}", f"algorithm.name={name}"])
+        trainer = ControlTrainer(config)
+        try:
+            for _ in range(8):
+                trainer.tracker.update([0.2, 0.9, 0.5])
+            caps, algorithm = trainer.tracker.capabilities(), get_algorithm(name)
+            for policy in CONTROL_SHARING_POLICIES:
+                for budget in (None, 1, 2):
+                    sharing = replace(trainer.config.sharing, policy=policy, budget_per_prompt=budget)
+                    trainer.config = replace(trainer.config, sharing=sharing)
+                    for k in (0, 1, 2):
+                        pool_sources = (sources - k) % 3  # the learner's own rows first
+                        adv = algorithm.advantages(rewards, groups, pool_sources, learner=k, capabilities=caps,
+                                                   params=trainer.params)  # fmt: skip
+                        control = trainer._kept(k, rewards, groups, pool_sources, adv).tolist()
+                        learner = SimpleNamespace(algorithm=algorithm, index=k, params=trainer.params)
+                        pool = [SimpleNamespace(reward=float(r), group=int(g), source=int(s))
+                                for r, g, s in zip(rewards, groups, pool_sources, strict=True)]  # fmt: skip
+                        llm = keep_mask(pool, adv.tolist(), caps, learner=k, sharing=sharing,
+                                        r_max=trainer.params.r_max, relevance=lambda: None,
+                                        rho=LearningRole._rho(learner, caps), names=trainer.names)  # fmt: skip
+                        assert control == llm, (name, policy, budget, k)
+                        by_rho = keep_mask(pool, adv.tolist(), caps, learner=k, sharing=sharing, r_max=1.0,
+                                           relevance=lambda: None, rho=trainer.tracker.loss_coefficients(k),
+                                           names=trainer.names)  # fmt: skip
+                        differs += name == "naive" and by_rho != llm  # what control kept for naive before
+            metrics = algorithm.rho_metrics(caps, 0, trainer.params, trainer.names)
+            assert list(metrics) == ([] if name == "naive" else [f"rho/{n}" for n in trainer.names[1:]])
+        finally:
+            trainer.close()
+    assert differs > 0  # the pool tells the two rules apart
 
 
 @pytest.mark.slow

@@ -317,11 +317,7 @@ class LearningRole(WeightsPublisher):
 
     def _rho(self, capabilities: torch.Tensor) -> torch.Tensor | None:
         """Each source's coefficient in this learner's loss (spec 3.3): HACPO's rho, None (all 1) otherwise."""
-        if self.algorithm.name != "hacpo" or not self.params.capability_coef:
-            return None
-        from hacrl.core.capability import loss_coefficients
-
-        return loss_coefficients(capabilities, self.index)
+        return self.algorithm.loss_rho(capabilities, self.index, self.params)
 
     def _relevance(self, rows: list[LearnerRow], adv: list[float], capabilities: torch.Tensor) -> torch.Tensor:
         """`top_k`'s relevance of each foreign row to this learner (`hacrl.agent.sharing.relevance`)."""

@@ -20,8 +20,7 @@ import torch
 from hacrl.agent.exchange import LearnerRow, learner_rows
 from hacrl.agent.logprobs import TokenBatch
 from hacrl.config import SharingConfig
-from hacrl.core import select_foreign, within_budget
-from hacrl.core.sharing import cross_group
+from hacrl.core.sharing import kept_rows
 from hacrl.learner import loss_inputs
 from hacrl.messages import Trajectory
 
@@ -115,33 +114,23 @@ def keep_mask(
     policy's choice, then the budget's (see `select_rows`); with `sharing.groups` (agents named by `names`) the
     budget bounds only the rows from outside the learner's group, and none of those cross without one. Only `top_k`
     needs the rows in the learner's tokens."""
-    groups, source = torch.tensor([r.group for r in pool]), torch.tensor([r.source for r in pool])
-    if sharing.policy == "all":
-        keep = [True] * len(pool)
-    else:
-        keep = select_foreign(
-            torch.tensor([r.reward for r in pool], dtype=torch.float64),
-            groups,
-            source,
-            learner=learner,
-            policy=sharing.policy,
-            num_agents=len(capabilities),
-            min_reward=sharing.min_reward_or(r_max),
-            fail_below=sharing.fail_below,
-            k=sharing.k,
-            margin=sharing.margin,
-            relevance=relevance() if sharing.policy == "top_k" else None,
-        ).tolist()
-    cross = None
+    group_of = None
     if sharing.groups:
-        group_of = {name: g for g, members in enumerate(sharing.groups) for name in members}
-        cross = cross_group(source, learner, [group_of[name] for name in names])
-    if sharing.budget_per_prompt is not None or cross is not None:  # |rho_j A_i| (rho: 1 with capability_coef off)
-        rho = torch.ones(len(capabilities), dtype=torch.float64) if rho is None else rho.to(torch.float64)
-        weight = rho[source] * torch.tensor(adv, dtype=torch.float64).abs()
-        keep = within_budget(torch.tensor(keep), weight, groups, source, learner=learner,
-                             per_prompt=sharing.budget_per_prompt or 0, budgeted=cross).tolist()  # fmt: skip
-    return keep
+        group_index = {name: g for g, members in enumerate(sharing.groups) for name in members}
+        group_of = [group_index[name] for name in names]
+    return kept_rows(
+        torch.tensor([r.reward for r in pool], dtype=torch.float64),
+        torch.tensor([r.group for r in pool]),
+        torch.tensor([r.source for r in pool]),
+        torch.tensor(adv, dtype=torch.float64),
+        learner=learner,
+        num_agents=len(capabilities),
+        sharing=sharing,
+        r_max=r_max,
+        rho=rho,
+        relevance=relevance() if sharing.policy == "top_k" else None,
+        group_of=group_of,
+    ).tolist()
 
 
 def sharing_metrics(

@@ -395,9 +395,9 @@ class SharingConfig:
     """`adaptive`: a source's rows of a prompt are kept when its mean reward there exceeds the learner's by more."""
     budget_per_prompt: int | None = None
     """After the policy: per prompt, at most this many of the foreign rows it kept, those of largest |rho A| (the
-    bound of their weight in HACPO's loss; no forward pass, no random draw; `hacrl.core.sharing.within_budget`);
-    a learner's update is then its own rows + this many per prompt, whatever the number of agents or their
-    `group_size`. None: no budget."""
+    bound of their weight in HACPO's loss; rho 1 for a loss without it, `naive`'s; no forward pass, no random draw;
+    `hacrl.core.sharing.kept_rows`); a learner's update is then its own rows + this many per prompt, whatever the
+    number of agents or their `group_size`. None: no budget."""
     groups: list[list[str]] | None = None
     """Hierarchical sharing, e.g. `[[qwen3-1.7b, qwen3-4b], [llama-1b, llama-3b]]` (agent names; every agent in
     exactly one group of two or more): inside its group a learner takes the foreign rows the policy keeps; from the

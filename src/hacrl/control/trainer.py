@@ -47,7 +47,7 @@ from hacrl.control.env import Episode, environments
 from hacrl.control.policies import ARCHITECTURES, draw, token_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
 from hacrl.core.metrics import MetricReducer
-from hacrl.core.sharing import foreign_of, in_pool_order, select_foreign, within_budget
+from hacrl.core.sharing import foreign_of, in_pool_order, kept_rows
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
@@ -225,11 +225,7 @@ class ControlTrainer(RunLoop):
             "time/update": time.perf_counter() - start,
             **({"time/mapping": map_s, **mapped} if self.replay_envs[k] is not None else {}),
         }
-        if shared and n > 1:
-            rho = self.tracker.loss_coefficients(k)
-            for j, other in enumerate(self.names):
-                if j != k:
-                    values[f"rho/{other}"] = float(rho[j]) if self.params.capability_coef else 1.0
+        values.update(self.algorithm.rho_metrics(self.tracker.capabilities(), k, self.params, self.names))
         return values
 
     # -- sampling and learning -------------------------------------------------------------------------------------
@@ -397,16 +393,9 @@ class ControlTrainer(RunLoop):
               adv: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """Which of learner k's pool rows it trains on: its own, and the foreign ones the sharing policy and budget
         choose (`hacrl.core.sharing`)."""
-        cfg, n = self.config, len(self.policies)
-        sharing = cfg.sharing
-        keep = select_foreign(rewards, groups, sources, learner=k, policy=sharing.policy, num_agents=n,
-                              min_reward=sharing.min_reward_or(cfg.algorithm.r_max), fail_below=sharing.fail_below,
-                              margin=sharing.margin)  # fmt: skip
-        if sharing.budget_per_prompt is not None:
-            rho = self.tracker.loss_coefficients(k) if self.params.capability_coef else torch.ones(n)
-            weight = (rho.double()[sources] * adv.double()).abs()
-            keep = within_budget(keep, weight, groups, sources, learner=k, per_prompt=sharing.budget_per_prompt)
-        return keep
+        rho = self.algorithm.loss_rho(self.tracker.capabilities(), k, self.params)
+        return kept_rows(rewards, groups, sources, adv, learner=k, num_agents=len(self.policies),
+                         sharing=self.config.sharing, r_max=self.config.algorithm.r_max, rho=rho)  # fmt: skip
 
     def _replay_ratios(self, k: int, pool: list[Episode], obs: torch.Tensor, actions: torch.Tensor,
                        past_from: int) -> dict[str, float]:  # fmt: skip

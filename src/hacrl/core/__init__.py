@@ -21,7 +21,7 @@ _EXPORTS = {
         "hacpo_loss",
     ],
     "hacrl.core.params": ["AlgorithmParams"],
-    "hacrl.core.sharing": ["select_foreign", "within_budget"],
+    "hacrl.core.sharing": ["kept_rows", "select_foreign", "within_budget"],
     "hacrl.core.ratios": ["foreign_lower_bound", "foreign_terms", "k3_kl", "masked_mean", "sequence_ratio"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -20,6 +20,7 @@ from typing import Protocol
 from torch import Tensor
 
 from hacrl.core.advantages import hacpo_advantages, naive_advantages, pooled_advantages
+from hacrl.core.capability import loss_coefficients
 from hacrl.core.losses import LossOutput, grpo_loss, gspo_loss, hacpo_loss
 from hacrl.core.params import AlgorithmParams
 
@@ -52,10 +53,27 @@ class Algorithm:
     """Whether a learner's pool holds the other agents' responses (before `params.share_rollouts`)."""
     takes_stale_rows: bool = True
     """Whether its loss weights own rows sampled by older weights (`LossInputs.behaviour_logp`, `trainer.lag` > 0)."""
+    weighs_by_rho: bool = False
+    """Whether its loss multiplies a foreign row by rho_jk (spec 3.3; HACPO's, under `params.capability_coef`)."""
 
     def pool_is_shared(self, params: AlgorithmParams) -> bool:
         """Whether learner k's pool holds other agents' responses under these params (spec 2, step 5a)."""
         return self.shares_rollouts and params.share_rollouts
+
+    def loss_rho(self, capabilities: Tensor, learner: int, params: AlgorithmParams) -> Tensor | None:
+        """Each source's coefficient in learner `learner`'s loss: rho (`loss_coefficients`) where the loss has it,
+        None (every source 1) otherwise. The sharing budget weighs rows by it (`sharing.kept_rows`)."""
+        if not (self.weighs_by_rho and params.capability_coef):
+            return None
+        return loss_coefficients(capabilities, learner)
+
+    def rho_metrics(self, capabilities: Tensor, learner: int, params: AlgorithmParams, names) -> dict[str, float]:
+        """`rho/<other>` for learner `learner` (named sources `names`): the coefficient of each other agent's rows in
+        its loss, 1 with `capability_coef` off; none for a loss without rho (`naive`, gspo) or an unshared pool."""
+        if not (self.weighs_by_rho and self.pool_is_shared(params)) or len(names) < 2:
+            return {}
+        rho = self.loss_rho(capabilities, learner, params)
+        return {f"rho/{other}": 1.0 if rho is None else float(rho[j]) for j, other in enumerate(names) if j != learner}
 
 
 def _own_group_advantages(rewards, group_ids, source, *, learner, capabilities, params):
@@ -104,7 +122,7 @@ def register(algorithm: Algorithm) -> Algorithm:
 register(Algorithm("grpo", _own_group_advantages, grpo_loss, shares_rollouts=False, takes_stale_rows=False))
 register(Algorithm("gspo", _own_group_advantages, gspo_loss, shares_rollouts=False))
 register(Algorithm("naive", _naive_advantages, gspo_loss, shares_rollouts=True))
-register(Algorithm("hacpo", _hacpo_advantages, hacpo_loss, shares_rollouts=True))
+register(Algorithm("hacpo", _hacpo_advantages, hacpo_loss, shares_rollouts=True, weighs_by_rho=True))
 
 
 def get_algorithm(name: str) -> Algorithm:

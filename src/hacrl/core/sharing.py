@@ -235,3 +235,52 @@ def cross_group(source: Tensor, learner: int, group_of: list[int]) -> Tensor:
     check_index("learner", learner, len(group_of), "agent")
     groups = torch.tensor(group_of)
     return groups[source] != group_of[learner]
+
+
+def kept_rows(
+    rewards: Tensor,
+    group_ids: Tensor,
+    source: Tensor,
+    adv: Tensor,
+    *,
+    learner: int,
+    num_agents: int,
+    sharing,
+    r_max: float,
+    rho: Tensor | None = None,
+    relevance: Tensor | None = None,
+    group_of: list[int] | None = None,
+) -> Tensor:
+    """The one keep rule of every trainer (`hacrl train`'s learners and `hacrl control`'s policies alike): which
+    rows of learner `learner`'s pool enter its loss, a (N,) bool mask. The sharing policy first (`select_foreign`,
+    `sharing.policy`, `min_reward_or(r_max)`, `fail_below`, `k`, `margin`: a `SharingConfig`), then the budget
+    (`within_budget`, `sharing.budget_per_prompt`) by |rho_j A_i|, with `rho` each source's coefficient in this
+    learner's loss (`Algorithm.loss_rho`: HACPO's under `capability_coef`; None: every source 1, as in a loss that
+    has no rho, so `naive` keeps the rows of largest |A|); with groups (`group_of[j]`: agent j's group) the budget
+    bounds only the rows from outside the learner's group, and none of those cross without one.
+
+    >>> class Sharing:
+    ...     policy, fail_below, k, margin, budget_per_prompt = "all", 0.5, 4, 0.0, 1
+    ...     def min_reward_or(self, r_max): return r_max
+    >>> r, g, s = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 0, 0]), torch.tensor([0, 0, 1, 2])
+    >>> adv = torch.tensor([0.5, -0.5, 0.2, 0.4])
+    >>> kept_rows(r, g, s, adv, learner=0, num_agents=3, sharing=Sharing(), r_max=1.0).tolist()
+    [True, True, False, True]
+    >>> kept_rows(r, g, s, adv, learner=0, num_agents=3, sharing=Sharing(), r_max=1.0,
+    ...           rho=torch.tensor([1.0, 4.0, 1.0])).tolist()  # |rho A|: 0.8 against 0.4
+    [True, True, True, False]
+    """
+    if sharing.policy == "all":
+        keep = torch.ones(source.shape[0], dtype=torch.bool)
+    else:
+        keep = select_foreign(rewards, group_ids, source, learner=learner, policy=sharing.policy,
+                              num_agents=num_agents, min_reward=sharing.min_reward_or(r_max),
+                              fail_below=sharing.fail_below, k=sharing.k, margin=sharing.margin,
+                              relevance=relevance)  # fmt: skip
+    cross = cross_group(source, learner, group_of) if group_of else None
+    if sharing.budget_per_prompt is None and cross is None:
+        return keep
+    coefficient = torch.ones(num_agents, dtype=torch.float64) if rho is None else rho.to(torch.float64)
+    weight = coefficient[source] * adv.to(torch.float64).abs()
+    return within_budget(keep, weight, group_ids, source, learner=learner, per_prompt=sharing.budget_per_prompt or 0,
+                         budgeted=cross)  # fmt: skip

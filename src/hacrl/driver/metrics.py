@@ -93,7 +93,7 @@ AGENT = _table(
     ("response_length_mean", "mean length of its responses, in its own tokens"),
     ("finished_frac", "share of its responses that ended with EOS"),
     ("informative_group_frac", "share of its prompts whose G rewards are not all equal"),
-    ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off)"),
+    ("rho/{agent}", "rho, the coefficient of the other agent's rows in its loss (1 with capability_coef off; hacpo)"),
     ("reward_timeouts", "its responses whose scoring ran past scoring.timeout"),
     ("reward_errors", "its responses whose scoring raised or whose scoring process died (reward 0)"),
     ("time/busy_{phase}", "seconds its worker computed in the step's sampling / update phase (its call, start to end)"),

@@ -357,11 +357,8 @@ class Trainer(RunLoop):
             "finished_frac": sum(t.finish_reason == "eos" for t in own) / len(own),
             "informative_group_frac": sum(max(x) > min(x) for x in groups) / len(groups),
         }
-        if self.algorithm.pool_is_shared(self.params) and len(self.names) > 1 and not self.frozen[j]:
-            rho = self.tracker.loss_coefficients(j)
-            for src, other in enumerate(self.names):
-                if src != j:
-                    out[f"rho/{other}"] = float(rho[src]) if self.params.capability_coef else 1.0
+        if not self.frozen[j]:
+            out.update(self.algorithm.rho_metrics(self.tracker.capabilities(), j, self.params, self.names))
         return out
 
     def evaluate(self) -> dict[str, float]:
