@@ -87,7 +87,7 @@ test-vllm: $(VLLM_STAMP)
 # The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark).
 # The quick tests spend much of their time outside torch's threads (imports, small tensors, Python): two xdist
 # workers take test-fast from ~80 s to ~60 s on 2 cores. The whole suite is not run so: its end-to-end tests keep
-# both cores busy, and two at a time took 19 min 35 s where one at a time takes ~17 (docs/testing.md).
+# both cores busy, and two at a time took 19 min 35 s where one at a time took 16 min (docs/testing.md).
 test-fast: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q -m "not slow" -n 2

@@ -188,7 +188,8 @@ def test_both_trainers_keep_the_same_rows_and_log_the_same_rho_for_every_algorit
                                         r_max=trainer.params.r_max, relevance=lambda: None,
                                         rho=LearningRole._rho(learner, caps), names=trainer.names)  # fmt: skip
                         assert control == llm, (name, policy, budget, k)
-                        by_rho = keep_mask(pool, adv.tolist(), caps, learner=k, sharing=sharing, r_max=1.0,
+                        by_rho = keep_mask(pool, adv.tolist(), caps, learner=k, sharing=sharing,
+                                           r_max=trainer.params.r_max,
                                            relevance=lambda: None, rho=trainer.tracker.loss_coefficients(k),
                                            names=trainer.names)  # fmt: skip
                         differs += name == "naive" and by_rho != llm  # what control kept for naive before

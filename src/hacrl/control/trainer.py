@@ -435,15 +435,16 @@ class ControlTrainer(RunLoop):
         from safetensors.torch import save_file
 
         def write_parts(directory: Path) -> None:
-            for j, (name, p) in enumerate(zip(self.names, self.config.policies, strict=True)):
+            for j, name in enumerate(self.names):
                 with writing_part(f"policy {name!r}", directory, "hacrl control <config> --resume"):
-                    write_part(j, name, p, agent_part(directory, name), directory)
+                    write_part(j, directory)
 
-        def write_part(j: int, name: str, p, part, directory: Path) -> None:
+        def write_part(j: int, directory: Path) -> None:
+            name, part = self.names[j], agent_part(directory, self.names[j])
             part.weights_dir.mkdir(parents=True, exist_ok=True)
             state = {k: v.detach().contiguous() for k, v in self.policies[j].state_dict().items()}
             save_file(state, str(part.weights_dir / "model.safetensors"))
-            (part.weights_dir / "config.json").write_text(json.dumps(asdict(p), indent=1))
+            (part.weights_dir / "config.json").write_text(json.dumps(asdict(self.config.policies[j]), indent=1))
             write_optimizer(part.optimizer_file, self.optimizers[j].state_dict())
             streams = {"cpu": self.generators[j].get_state()}
             if self.replay_noise[j] is not None:
