@@ -155,9 +155,9 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
     from hacrl.core import get_algorithm
     from hacrl.core.capability import CapabilityTracker
     from hacrl.core.sharing import foreign_of
-    from hacrl.driver.pipeline import Pending
     from hacrl.driver.scoring import ScoreResult
     from hacrl.driver.trainer import Schedule, Trainer
+    from hacrl.inflight import Pending
     from hacrl.messages import Sampled, Trajectory
 
     tracemalloc.start()

@@ -132,11 +132,11 @@ def run_trl(work: Path, steps: int, warmup: int, checkpointing: bool, host_memor
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hacrl.agent import guards
+    from hacrl.agent import host_memory as memory
     from hacrl.agent.model import load_tokenizer
     from hacrl.tasks.rewards import math_reward
 
-    guards.host_memory(host_memory)  # keep: nothing changes (TRL as it runs)
+    memory.apply(host_memory)  # keep: nothing changes (TRL as it runs)
     torch.set_num_threads(2)
     directory = model_dir()
     tokenizer = load_tokenizer(directory)
@@ -216,8 +216,8 @@ def measure(system: str, steps: int, warmup: int, condition: str, order: str) ->
 
 def spawn(system: str, steps: int, warmup: int, condition: str, order: str = "pool") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
-    if system.endswith("_mimalloc"):  # the allocator is preloaded as the process starts (`hacrl.agent.allocator`)
-        from hacrl.agent.allocator import preloaded
+    if system.endswith("_mimalloc"):  # the allocator is preloaded as the process starts (`hacrl.agent.host_memory`)
+        from hacrl.agent.host_memory import preloaded
 
         env = preloaded(env)
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--measure", system, "--steps", str(steps),

@@ -49,6 +49,51 @@ def test_the_driver_reaches_agents_only_through_the_workers_messages():
     assert crossing == set()
 
 
+def _module_files() -> dict[str, Path]:
+    """{dotted module name: its file} of every module under src/hacrl (a package as its __init__.py)."""
+    src = ROOT / "src"
+    files = {}
+    for path in sorted((src / "hacrl").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def _module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of hacrl that `path` imports anywhere (at the top, in a function, under TYPE_CHECKING): for
+    `from a.b import c`, a.b.c where that is a module, else a.b."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+            found.update(subs or {node.module})
+    return found
+
+
+def test_no_import_forms_a_circle():
+    """The imports run one way (README, Layout): no module reaches itself through the imports of hacrl's modules,
+    counting every import, also one inside a function or under TYPE_CHECKING (a circle there holds at run time only
+    by the order of the calls)."""
+    modules = _module_files()
+    graph = {name: _module_imports(path, modules) - {name} for name, path in modules.items()}
+    circles, seen = [], set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            name, path = stack.pop()
+            for nxt in sorted(graph[name]):
+                if nxt == start:
+                    circle = frozenset(path)
+                    if circle not in seen:
+                        seen.add(circle)
+                        circles.append(" -> ".join([*path, start]))
+                elif nxt not in path and nxt > start:  # each circle once, from its smallest module
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []
+
+
 def test_no_code_rewrites_an_agents_placement_or_precision_settings():
     """What another role or process of an agent does comes from `Precision.resolve(agent, role=...)` and
     `Placement.resolve(agent)`, never from a copy of its config with `frozen`, `devices`, `sampler_devices`,

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from hacrl import faults
-from hacrl.errors import CheckpointError, HacrlError, clip, first_line
+from hacrl.errors import CheckpointError, clip, first_line
 from hacrl.files import sha256_of
 from hacrl.inflight import PENDING_FILE, pending_problems
 
@@ -208,7 +208,7 @@ def checkpoint_problems(path: str | Path, *, verify_digests: bool = True) -> lis
 def _state_problems(path: Path, state: dict[str, Any]) -> list[str]:
     """What in state.json has the wrong type or contradicts the checkpoint it is in (its step and the directory's
     name, agent names that are not folder names, file names outside the checkpoint)."""
-    from hacrl.config.schema import check_name
+    from hacrl.config.agent import check_name
     from hacrl.errors import ConfigError
 
     step, agents, frozen, files = state["step"], state["agents"], state.get("frozen") or [], state["files"]
@@ -457,21 +457,6 @@ def checkpoint_to_read(path: str | Path, *, notice: Callable[[str], None]) -> Pa
             return candidate
         notice(f"skipping damaged checkpoint {candidate}: {'; '.join(problems)}")
     return None
-
-
-@contextmanager
-def restoring(checkpoint: str | Path, what: str):
-    """Run the restore of `what` from a checkpoint's state.json: a value of the wrong shape (a KeyError, TypeError or
-    ValueError from the restoring code) is a CheckpointError naming the checkpoint, not a traceback."""
-    try:
-        yield
-    except HacrlError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise CheckpointError(
-            f"{checkpoint}: its state.json's {what} cannot be restored ({type(e).__name__}: {first_line(e)}); resume "
-            "with the settings of the run that wrote it, or from another checkpoint (checkpoint.resume=<dir>)"
-        ) from None
 
 
 def read_checkpoint_state(path: str | Path, agent_names: list[str]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ code written against earlier versions keeps working.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class HacrlError(Exception):
@@ -101,3 +103,18 @@ def first_line(error: BaseException, limit: int = 200) -> str:
 def warn(message: str) -> None:
     """Emit a `HacrlWarning`; the CLI prints it as one `hacrl: warning: ...` line."""
     warnings.warn(message, HacrlWarning, stacklevel=2)
+
+
+@contextmanager
+def restoring(checkpoint: str | Path, what: str):
+    """Run the restore of `what` from a checkpoint's state.json: a value of the wrong shape (a KeyError, TypeError or
+    ValueError from the restoring code) is a CheckpointError naming the checkpoint, not a traceback."""
+    try:
+        yield
+    except HacrlError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise CheckpointError(
+            f"{checkpoint}: its state.json's {what} cannot be restored ({type(e).__name__}: {first_line(e)}); resume "
+            "with the settings of the run that wrote it, or from another checkpoint (checkpoint.resume=<dir>)"
+        ) from None

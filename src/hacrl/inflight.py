@@ -1,7 +1,12 @@
-"""`pending.pt`, a lag-k checkpoint's batches in flight, checked for its values as every other part of a checkpoint
-is checked before use (`hacrl.checkpoint.checkpoint_problems`).
+"""`pending.pt`: the fixed-lag pipeline's batches in flight (`trainer.lag` = k > 0), sampled and scored, not yet
+trained on; written, read back and checked here, and nowhere else.
 
-The file (written by `hacrl.driver.pipeline.write_pending`, read with `torch.load(weights_only=True)`):
+After step t the driver holds batches t + 1 .. t + k (`Pending`): every agent's answers (text, the source's log-prob
+sum, the agent's own token ids and the log-probs of the weights that sampled them) and their rewards. A checkpoint
+holds them in `pending.pt` (tensors, numbers and strings only: read back with `weights_only`, never unpickled as
+code), so a resumed run trains on exactly the batches the uninterrupted one would have and samples nothing twice.
+
+The file (`write_pending`, read with `torch.load(weights_only=True)` by `read_pending`):
     {"batches": [{"step": t, "agents": [one per agent, in config order:
         {"trajectories": [[group, text, reward, source, source_logp_sum, source_num_tokens, finish_reason,
                            num_bytes], ...],
@@ -10,21 +15,29 @@ The file (written by `hacrl.driver.pipeline.write_pending`, read with `torch.loa
          "rollout": {"step", "prompt_ids", "response_ids", "behaviour" (the rows' log-probs, flat), "lengths"}}
         ]}, ...]}
 
-A digest proves the bytes are those written, not that they are right: a file re-digested by hand, or one read with
-`checkpoint.verify_digests=false`, reached the trainer with a token id past the vocabulary or a NaN reward and
-failed steps later as a traceback. Here every value is held to what the checkpoint's own run allows: its steps
-(step + 1 .. step + trainer.lag), one entry per agent, prompts_per_step x the agent's G answers, token ids within
-the agent's vocabulary (its `config.json` in the checkpoint), rewards finite in [0, algorithm.r_max], log-probs
-and each answer's log-prob sum finite and <= 0, prompts no longer than the agent's max_prompt_tokens, answers no
-longer than its max_new_tokens.
+Its values are checked with every other part of a checkpoint before it is used (`pending_problems`, called by
+`hacrl.checkpoint.checkpoint_problems`). A digest proves the bytes are those written, not that they are right: a
+file re-digested by hand, or one read with `checkpoint.verify_digests=false`, reached the trainer with a token id past
+the vocabulary or a NaN reward and failed steps later as a traceback. Here every value is held to what the
+checkpoint's own run allows: its steps (step + 1 .. step + trainer.lag), one entry per agent, prompts_per_step x the
+agent's G answers, token ids within the agent's vocabulary (its `config.json` in the checkpoint), rewards finite in
+[0, algorithm.r_max], log-probs and each answer's log-prob sum finite and <= 0, prompts no longer than the agent's
+max_prompt_tokens, answers no longer than its max_new_tokens; each agent's limits resolved from the checkpoint's
+config.yaml by `AgentSettings.resolve`, the rule the run itself used.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from hacrl.errors import CheckpointError, first_line, restoring
+from hacrl.messages import OwnRollout, Sampled, ScoreResult, Trajectory
 
 PENDING_FILE = "pending.pt"
 FINISH_REASONS = ("eos", "length")
@@ -35,13 +48,9 @@ def pending_problems(checkpoint: Path, state: dict[str, Any]) -> list[str]:
     file = checkpoint / PENDING_FILE
     if not file.is_file():
         return []
-    import torch
-
     try:
         data = torch.load(file, weights_only=True)
     except Exception as e:  # noqa: BLE001 - damaged: named (never with torch's advice to unpickle it)
-        from hacrl.errors import first_line
-
         return [f"{PENDING_FILE} cannot be read ({type(e).__name__}: {first_line(e)})"]
     try:
         run = _RunShape.of(checkpoint, state)
@@ -77,20 +86,26 @@ class _RunShape:
 
     @classmethod
     def of(cls, checkpoint: Path, state: dict[str, Any]) -> _RunShape:
-        from hacrl.config import load_yaml
+        from hacrl.config import AgentConfig, RolloutConfig, load_yaml
+        from hacrl.config.settings import AgentSettings
 
         try:
             config = load_yaml((checkpoint / "config.yaml").read_text(encoding="utf-8", errors="replace"), "config")
-            trainer, rollout, agents = config["trainer"], config["rollout"], config["agents"]
+            trainer, agents = config["trainer"], config["agents"]
             r_max = float(config["algorithm"].get("r_max", 1.0))
             lag, prompts = trainer["lag"], trainer["prompts_per_step"]
+            rollout = _entry(RolloutConfig, config["rollout"])
+            names = list(state["agents"])
+            _need(isinstance(agents, list) and len(agents) == len(names), "the checkpoint's config.yaml has other "
+                  "agents")  # fmt: skip
+            settings = [AgentSettings.resolve(_entry(AgentConfig, a), rollout) for a in agents]
+        except _Bad:
+            raise
         except Exception as e:  # noqa: BLE001 - its config.yaml is checked where it is read; here it must just say
             raise _Bad(f"the checkpoint's config.yaml does not say its run's sizes ({type(e).__name__})") from None
-        names = list(state["agents"])
-        _need(isinstance(agents, list) and len(agents) == len(names), "the checkpoint's config.yaml has other agents")
-        groups = [a.get("group_size") or rollout["group_size"] for a in agents]
-        max_tokens = [a.get("max_new_tokens") or rollout["max_new_tokens"] for a in agents]
-        prompt_tokens = [a.get("max_prompt_tokens") or rollout.get("max_prompt_tokens", 512) for a in agents]
+        groups = [s.group_size for s in settings]
+        max_tokens = [s.max_new_tokens for s in settings]
+        prompt_tokens = [s.max_prompt_tokens for s in settings]
         vocab = [_vocabulary(checkpoint / "agents" / name / "config.json") for name in names]
         return cls(lag, prompts, groups, max_tokens, r_max, vocab, names, prompt_tokens)
 
@@ -156,8 +171,6 @@ class _RunShape:
               "its text's size")  # fmt: skip
 
     def _rollout(self, i: int, rollout: Any, step: int, count: int, where: str) -> None:
-        import torch
-
         _need(isinstance(rollout, dict) and rollout.get("step") == step, f"{where}: its tokens are another step's")
         prompts, responses = rollout.get("prompt_ids"), rollout.get("response_ids")
         _need(isinstance(prompts, list) and len(prompts) == self.prompts, f"{where}: the prompts' tokens do not number "
@@ -186,6 +199,15 @@ class _RunShape:
               f"{where}: its log-probs hold a value that is not a finite log-probability (<= 0)")  # fmt: skip
 
 
+def _entry(cls: type, saved: Any):
+    """A config entry (`RolloutConfig`, `AgentConfig`) with the values a checkpoint's config.yaml gives it: a key of
+    another hacrl version is left out, one it lacks keeps its default (as a resume compares them)."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{cls.__name__} is not a mapping")
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in saved.items() if k in names})
+
+
 def _vocabulary(config_json: Path) -> int | None:
     """An agent's vocabulary size from its model directory in the checkpoint (None: a frozen agent's part holds no
     model; its token ids are bounded below only)."""
@@ -194,3 +216,97 @@ def _vocabulary(config_json: Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return size if _int(size) and size > 0 else None
+
+
+@dataclass
+class Pending:
+    """One batch: every agent's `Sampled` (with its `OwnRollout` under lag) and its `ScoreResult`, in agent order."""
+
+    step: int
+    sampled: list[Sampled]
+    scored: list[ScoreResult]
+
+
+def write_pending(directory: Path, pending: list[Pending]) -> None:
+    """`pending.pt` in a checkpoint directory being written."""
+    torch.save({"batches": [_batch_state(b) for b in pending]}, directory / PENDING_FILE)
+
+
+def read_pending(checkpoint: str | Path, step: int, lag: int, notice) -> list[Pending]:
+    """The batches in flight a resumed run at `trainer.lag` = `lag` takes from a step-`step` checkpoint: steps
+    step + 1 .. step + lag. The file was checked with the rest of the checkpoint (`hacrl.inflight`), so it holds the
+    batches of the lag its run had; a run resumed at another lag (only with `checkpoint.strict_resume=false`) keeps
+    the first `lag` of them and drops the rest, or has the missing ones sampled by its first step, and `notice` says
+    which."""
+    file = Path(checkpoint) / PENDING_FILE
+    if not file.is_file():
+        held = []
+    else:
+        try:
+            state = torch.load(file, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - changed since it was checked: named, with what to do
+            raise CheckpointError(f"{file}: cannot read the batches in flight ({type(e).__name__}: {first_line(e)}); "
+                                  "resume from another checkpoint (checkpoint.resume=<dir>)") from None  # fmt: skip
+        with restoring(checkpoint, "batches in flight"):
+            held = [_batch(b) for b in state["batches"]]
+    if len(held) > lag:
+        dropped = [b.step for b in held[lag:]]
+        notice(f"{file} holds the batches in flight of a trainer.lag={len(held)} run; at trainer.lag={lag} the ones "
+               f"for steps {dropped} are dropped (their prompts are never trained on) and "
+               f"{'each step samples its own batch' if lag == 0 else 'sampled again later'}")  # fmt: skip
+    elif len(held) < lag:
+        missing = list(range(step + 1 + len(held), step + 1 + lag))
+        notice(
+            f"{'the checkpoint holds no batches in flight' if not held else f'{file} holds {len(held)} batches'}; "
+            f"at trainer.lag={lag} the first step samples those for steps {missing} with the checkpoint's weights"
+        )
+    return held[:lag]
+
+
+def _batch_state(batch: Pending) -> dict[str, Any]:
+    return {
+        "step": batch.step,
+        "agents": [_agent_state(s, r) for s, r in zip(batch.sampled, batch.scored, strict=True)],
+    }
+
+
+def _agent_state(sampled: Sampled, scored: ScoreResult) -> dict[str, Any]:
+    rollout = sampled.rollout
+    state = {
+        "trajectories": [_trajectory_state(t) for t in sampled.trajectories],
+        "times": [sampled.generate_s, sampled.logprobs_s, *sampled.span],
+        "rewards": list(scored.rewards),
+        "timeouts": list(scored.timeouts),
+        "errors": list(scored.errors),
+    }
+    if rollout is not None:
+        state["rollout"] = {
+            "step": rollout.step,
+            "prompt_ids": rollout.prompt_ids,
+            "response_ids": rollout.response_ids,
+            "behaviour": torch.tensor([x for row in rollout.behaviour_logp for x in row], dtype=torch.float32),
+            "lengths": [len(row) for row in rollout.behaviour_logp],
+        }
+    return state
+
+
+def _trajectory_state(t: Trajectory) -> list[Any]:
+    return [t.group, t.text, t.reward, t.source, t.source_logp_sum, t.source_num_tokens, t.finish_reason, t.num_bytes]
+
+
+def _batch(state: dict[str, Any]) -> Pending:
+    sampled, scored = [], []
+    for agent in state["agents"]:
+        trajectories = [Trajectory(*row) for row in agent["trajectories"]]
+        generate_s, logprobs_s, began, ended = agent["times"]
+        rollout = None
+        if "rollout" in agent:
+            r = agent["rollout"]
+            flat, behaviour, start = r["behaviour"].tolist(), [], 0
+            for length in r["lengths"]:
+                behaviour.append(flat[start : start + length])
+                start += length
+            rollout = OwnRollout(r["step"], r["prompt_ids"], r["response_ids"], behaviour, trajectories)
+        sampled.append(Sampled(trajectories, generate_s, logprobs_s, (began, ended), rollout=rollout))
+        scored.append(ScoreResult(agent["rewards"], agent["timeouts"], agent["errors"]))
+    return Pending(state["step"], sampled, scored)

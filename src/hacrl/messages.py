@@ -88,7 +88,7 @@ class WorkerSpec:
     torch_threads: int | None = None
     """torch intra-op threads of the worker's process; None: leave the process's setting."""
     host_memory: str = "keep"
-    """What the worker's process does with host memory it frees (`runtime.host_memory`, `guards.host_memory`)."""
+    """What the worker's process does with host memory it frees (`runtime.host_memory`, `hacrl.agent.host_memory`)."""
     eval_batch_size: int = 64
     """Prompts per generation batch during evaluation."""
     num_agents: int = 1
@@ -153,6 +153,18 @@ class Sampled:
     """Seconds a sampler of its own spent taking the learner's new weights before sampling (`sampler_devices`)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the sampling measured, logged under the agent's name (`sampler_logp_gap`, where it was computed)."""
+
+
+@dataclass
+class ScoreResult:
+    """The verifier's scores of one agent's `Sampled`, in its order (`hacrl.driver.scoring`); under `trainer.lag`
+    held with it until trained on, and in `pending.pt`."""
+
+    rewards: list[float]
+    timeouts: list[int] = field(default_factory=list)
+    """Indexes of completions whose scoring ran past `reward_timeout` (they got `reward_on_timeout`)."""
+    errors: list[int] = field(default_factory=list)
+    """Indexes where a built-in scorer raised or its process died (they got 0)."""
 
 
 class Deferred(Protocol):

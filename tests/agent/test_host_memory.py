@@ -18,12 +18,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 FREED = """
 import sys, torch
-from hacrl.agent import guards
+from hacrl.agent import host_memory
 
 def rss_mib():
     return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS')) / 1024
 
-changed = guards.host_memory(sys.argv[1])
+changed = host_memory.apply(sys.argv[1])
 torch.ones(2**21).add_(1)  # 8 MiB, freed at once: glibc's own threshold rises past the tensors that follow
 big, small = [], []
 for _ in range(128):  # an update's activations (2 MiB each), small tensors allocated among them and kept
@@ -37,9 +37,9 @@ print(changed, held, rss_mib())
 
 HUGE = """
 import sys, torch
-from hacrl.agent import guards
+from hacrl.agent import host_memory
 
-guards.host_memory(sys.argv[1])
+host_memory.apply(sys.argv[1])
 x = torch.ones(16 * 2**20)  # 64 MiB
 print(sum(int(x.split()[1]) for x in open('/proc/self/smaps') if x.startswith('AnonHugePages:')))
 """
@@ -92,8 +92,8 @@ def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
                            runtime={"torch_threads": 2, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = ("import sys, torch; from hacrl.agent import guards; from hacrl.tools.cli import main; "
-                 "rc = main(sys.argv[1:]); print('released', guards._released); x = torch.ones(16 * 2**20); "
+        train = ("import sys, torch; from hacrl.agent import host_memory; from hacrl.tools.cli import main; "
+                 "rc = main(sys.argv[1:]); print('released', host_memory.released()); x = torch.ones(16 * 2**20); "
                  "print('huge', sum(int(l.split()[1]) for l in open('/proc/self/smaps') "
                  "if l.startswith('AnonHugePages:')) >= 32 * 1024); raise SystemExit(rc)")  # fmt: skip
         done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True,
@@ -109,25 +109,25 @@ def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
 
 
 def test_a_host_out_of_memory_names_release_unless_the_process_already_releases(monkeypatch):
-    from hacrl.agent import guards
+    from hacrl.agent import guards, host_memory
 
     cpu = torch.device("cpu")
     error = RuntimeError("DefaultCPUAllocator: can't allocate memory")
-    monkeypatch.setattr(guards, "_released", False)
+    monkeypatch.setattr(host_memory, "_released", False)
     assert "runtime.host_memory=release" in guards.oom_message("qwen", 1, cpu, "the update", 2, error)
-    monkeypatch.setattr(guards, "_released", True)
+    monkeypatch.setattr(host_memory, "_released", True)
     message = guards.oom_message("qwen", 1, cpu, "the update", 2, error)
     assert "runtime.host_memory" not in message and "trainer.micro_batch_size" in message
 
 
 MIMALLOC_FREED = """
 import sys, time, torch
-from hacrl.agent import guards
+from hacrl.agent import host_memory
 
 def rss_mib():
     return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS')) / 1024
 
-changed = guards.host_memory('mimalloc')  # stops the process unless it runs on mimalloc
+changed = host_memory.apply('mimalloc')  # stops the process unless it runs on mimalloc
 big, small = [], []
 for _ in range(128):  # as FREED: 2 MiB activations with small tensors among them
     big.append(torch.ones(2**19).add_(1))
@@ -144,7 +144,7 @@ print(changed, held, rss_mib())
 
 
 def test_mimalloc_reuses_and_gives_back_freed_activations_where_it_is_preloaded():
-    from hacrl.agent import allocator
+    from hacrl.agent import host_memory as allocator
 
     env = allocator.preloaded(CLEAN_ENV)
     done = subprocess.run([sys.executable, "-c", MIMALLOC_FREED], capture_output=True, text=True, check=True, env=env)
@@ -171,8 +171,8 @@ def test_hacrl_train_restarts_itself_on_mimalloc_with_the_same_numbers(tiny_agen
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode],
                            runtime={"torch_threads": 2, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = ("import sys; from hacrl.agent import allocator; from hacrl.tools.cli import main; rc = main(); "
-                 "print('on mimalloc', allocator.loaded()); raise SystemExit(rc)")  # fmt: skip
+        train = ("import sys; from hacrl.agent import host_memory; from hacrl.tools.cli import main; rc = main(); "
+                 "print('on mimalloc', host_memory.loaded()); raise SystemExit(rc)")  # fmt: skip
         done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], capture_output=True, text=True,
                               env=CLEAN_ENV)  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]

@@ -304,7 +304,7 @@ def test_ray_actors_start_on_mimalloc_where_the_run_asks_for_it(tiny_agents, tmp
     """`runtime.host_memory: mimalloc` on Ray: each actor's process starts with the allocator preloaded (its
     `runtime_env`), which its worker requires; the driver's process needs none. Without the preload the worker stops
     the run with the fix (so the run that passes did run on it)."""
-    from hacrl.agent import allocator
+    from hacrl.agent import host_memory as allocator
 
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "run", trainer={"steps": 1},
                        runtime={"backend": "ray", "host_memory": "mimalloc"}, checkpoint={"every": 0})  # fmt: skip

@@ -35,7 +35,7 @@ def test_each_batch_is_sampled_by_the_weights_after_update_s_minus_2(tiny_agents
     from transformers import AutoModelForCausalLM
 
     from hacrl.agent.logprobs import TokenBatch, token_logprobs
-    from hacrl.driver.pipeline import read_pending
+    from hacrl.inflight import read_pending
 
     (batch,) = read_pending(lag_reference / "checkpoints" / "step_000002", 2, 1, ["llama", "qwen"])
     assert batch.step == 3

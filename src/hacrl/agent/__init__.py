@@ -6,6 +6,6 @@ log-probs (`logprobs`), a learner's rows in its own tokens (`exchange`), which o
 the optimizer's checkpoint part), each given the share of a batch its process handles (`share`: one worker, a
 worker group's rank, a sampler of its own); the weights a learner hands its sampler (`weightsync`), FSDP2 mechanics
 for an agent on K devices (`distributed`), the one-message stops for out-of-memory and non-finite values
-(`guards`), and a worker's process on the mimalloc allocator (`allocator`). Nothing here imports the driver: the
-two sides meet only in `hacrl.messages`.
+(`guards`), and what a worker's process does with the host memory it frees (`host_memory`). Nothing here imports
+the driver: the two sides meet only in `hacrl.messages`.
 """

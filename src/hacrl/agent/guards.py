@@ -1,16 +1,14 @@
 """The stops a worker's phases end with when a device runs out of memory or a model turns non-finite: one message
 naming the agent, the phase, the peak and the knobs to turn (the run's newest checkpoint is intact: resume with the
-smaller setting); and what a worker's process does with host memory it frees (`host_memory`)."""
+smaller setting). What a worker's process does with host memory it frees: `hacrl.agent.host_memory`."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
-import sys
 
 import torch
 
+from hacrl.agent import host_memory
 from hacrl.errors import NonFiniteError, OutOfMemory, first_line
 
 KNOBS = {
@@ -49,7 +47,7 @@ def oom_message(name: str, index: int, device: torch.device, what: str, step: in
         total = torch.cuda.get_device_properties(device).total_memory
         peak = f" (peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} of {total / 2**30:.1f} GiB)"
     host = ""
-    if device.type == "cpu" and not _released:
+    if device.type == "cpu" and not host_memory.released():
         host = (" or set runtime.host_memory=release (freed activations go back to the system: about 0.76x the "
                 "peak at about 1.2x the step on SmolLM2)")  # fmt: skip
     return (
@@ -68,45 +66,3 @@ def device_memory(device: torch.device) -> dict[str, int]:
     peak = torch.cuda.max_memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     return {"peak": peak, "total": torch.cuda.get_device_properties(device).total_memory}
-
-
-MMAP_THRESHOLD = 1 << 20
-"""`host_memory("release")`: glibc maps allocations of this many bytes or more on their own (`M_MMAP_THRESHOLD`)."""
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-_released = False
-"""Whether this process gives freed memory back (`host_memory("release")` took effect, or it runs on mimalloc): no
-use suggesting it."""
-
-
-def host_memory(mode: str) -> bool:
-    """`runtime.host_memory` for this process; True where it changed glibc's behaviour.
-
-    By default glibc serves allocations below a threshold that rises to 32 MiB from its heap, and a heap whose top
-    is still in use cannot shrink: an update's activations (hundreds of MiB in tensors of a few MiB each, freed
-    after each backward) stay resident after they are freed, and the next phase's allocations land beside them. With
-    `release`, every allocation of MMAP_THRESHOLD bytes or more is its own mapping, returned when freed. The cost is
-    the kernel's work on a fresh mapping's first touch (a fault and zeroed pages); torch's tensors of 2 MiB or more
-    are then also asked to be backed by transparent huge pages (`THP_MEM_ALLOC_ENABLE`, where the kernel allows
-    `madvise`), one fault per 2 MiB instead of per 4 KiB: on SmolLM2 the cost fell from 1.46x to 1.22x keep's step
-    (docs/benchmarks.md). torch reads that setting at the process's first allocation, so `release` must
-    come before the process allocates a tensor (the trainer sets it first thing for the workers in its own process,
-    `hacrl.driver.backends.host_workers_here`; a worker's process as it starts). Tensors are 64-byte aligned either
-    way (2 MiB-aligned with huge pages), so no computation sees a difference. Once set it holds for the process
-    (`keep` changes nothing). `mimalloc`: the process must run on that allocator, preloaded at its start
-    (`hacrl.agent.allocator`); a clear stop where it does not."""
-    global _released
-    if mode == "mimalloc":
-        from hacrl.agent import allocator
-
-        allocator.require()
-        _released = True
-        return True
-    if mode == "keep" or not sys.platform.startswith("linux"):
-        return False
-    try:  # the process's own symbols: its C library's mallopt, without a search for the library
-        _released = _released or bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands
-        return False
-    if _released:
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # a user's own 0 stands; child processes inherit it
-    return _released

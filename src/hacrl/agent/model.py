@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from hacrl.agent.precision import HOST, MasterStep, ParameterStep
-from hacrl.config import AgentConfig, RolloutConfig, refuse_model_code, require_model_dir
+from hacrl.config import AgentConfig, RolloutConfig
 from hacrl.config.settings import AgentSettings, Precision, Role
 from hacrl.errors import ModelError, first_line
+from hacrl.model_dirs import refuse_model_code, require_model_dir, tokenizer_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,11 +33,7 @@ def load_tokenizer(path: str | Path, *, key: str = "tokenizer"):
     """The tokenizer of a local directory; `key` names the config key in error messages."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from hacrl.gguf import gguf_file, plain_directory
-
-    path = Path(path)
-    if gguf_file(path) is not None:  # a GGUF agent's tokenizer: its converted directory's copy (`hacrl.gguf`)
-        path = plain_directory(path, key)
+    path = tokenizer_dir(path, key)  # a GGUF agent's: its converted directory's copy (`hacrl.gguf`)
     if not path.is_dir():
         raise ModelError(f"{key}: tokenizer directory {str(path)!r} does not exist (hacrl never downloads)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):

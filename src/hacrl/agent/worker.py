@@ -35,7 +35,7 @@ from dataclasses import replace
 import torch
 
 from hacrl import seeds
-from hacrl.agent import guards
+from hacrl.agent import guards, host_memory
 from hacrl.agent.learning import LearningRole
 from hacrl.agent.model import Agent
 from hacrl.agent.sampling import OwnSamples, SamplingRole
@@ -65,7 +65,7 @@ class AgentWorker:
         `role` "sampler": the agent's sampler of its own (its sampling role only)."""
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
-        guards.host_memory(spec.host_memory)
+        host_memory.apply(spec.host_memory)
         self.spec, self.index, self.name = spec, spec.index, spec.agent.name
         placement = spec.placement
         if rank is not None:

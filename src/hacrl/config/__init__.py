@@ -1,6 +1,7 @@
 """The one config tree of a hacrl run: defaults < YAML file < dotted `key=value` overrides.
 
-    schema       one dataclass per group: fields, defaults, docstrings, per-group checks, resume policy marks
+    schema       one dataclass per group: fields, defaults, docstrings, per-group checks; the `agents:` entries
+                 in `agent`, `data:` and `scoring:` in `data`; the resume policy marks in `marks`
     loading      YAML and overrides into a TrainConfig (and its guards); the resolved config saved as YAML
     validation   the checks across groups
     docs         `hacrl train --help-config`, generated from the schema's docstrings
@@ -13,32 +14,26 @@ config is saved in the run directory as `config.yaml`. What a resumed run may ch
 from the marks here.
 """
 
+from hacrl.config.agent import AgentConfig, LoraConfig
+from hacrl.config.data import DataConfig, DatasetSpec, ScoringConfig
 from hacrl.config.docs import describe, field_docs
 from hacrl.config.loading import RENAMED, config_to_yaml, load_config, load_yaml, save_config
+from hacrl.config.marks import NOT_EXACT, SAFE
 from hacrl.config.schema import (
     GROUPS,
-    NOT_EXACT,
-    SAFE,
-    AgentConfig,
     AlgorithmConfig,
     CheckpointConfig,
-    DataConfig,
-    DatasetSpec,
     DeadlineConfig,
     EvalConfig,
     LoggingConfig,
-    LoraConfig,
     RayConfig,
     RolloutConfig,
     RuntimeConfig,
-    ScoringConfig,
     SharingConfig,
     TrackioConfig,
     TrainConfig,
     TrainerConfig,
     WandbConfig,
-    refuse_model_code,
-    require_model_dir,
 )
 from hacrl.config.validation import validate
 from hacrl.errors import ConfigError
@@ -72,8 +67,6 @@ __all__ = [
     "field_docs",
     "load_config",
     "load_yaml",
-    "refuse_model_code",
-    "require_model_dir",
     "save_config",
     "validate",
 ]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 from hacrl.errors import ConfigError
 
 if TYPE_CHECKING:  # the config's classes check themselves through this module: no import back at run time
-    from hacrl.config.schema import AgentConfig, RolloutConfig
+    from hacrl.config.agent import AgentConfig
+    from hacrl.config.schema import RolloutConfig
 
 Role = Literal["learner", "sampler"]
 """What a process does with an agent: learn (and sample, without a sampler of its own), or sample for its learner

@@ -1,5 +1,6 @@
-"""The checks across config groups (each group checks its own fields in `hacrl.config.schema`): run by
-`load_config` before any model loads; each message names the key and what to set.
+"""The checks across config groups (each group checks its own fields where it is defined: `hacrl.config.schema`,
+`.agent`, `.data`), and each agent's precision settings (`Precision.resolve`): run by `load_config` before any model
+loads; each message names the key and what to set.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from hacrl.config.schema import GROUPS, TrainConfig
-from hacrl.config.settings import AgentSettings, old_logprobs_of
+from hacrl.config.settings import AgentSettings, Precision, old_logprobs_of
 from hacrl.errors import ConfigError
 
 MAX_GROUP_SIZE = 1024
@@ -43,6 +44,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("agents is empty: list at least one agent with a name and a local model directory")
     for i, agent in enumerate(config.agents):
         agent.check(f"agents.{i}")
+        Precision.resolve(
+            agent, f"agents.{i}"
+        )  # float16 training, offload without masters: refused there, with the fix
     names = [a.name for a in config.agents]
     if len(set(names)) != len(names):
         raise ConfigError(f"agent names must be unique, got {names}; set agents.<i>.name")

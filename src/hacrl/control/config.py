@@ -174,7 +174,7 @@ def validate(config: ControlConfig) -> None:
     """The LLM config's checks where they apply (names, finite numbers, sizes: `hacrl.config`), then control's own;
     each message names the key."""
 
-    from hacrl.config.schema import check_name
+    from hacrl.config.agent import check_name
     from hacrl.config.validation import MAX_GROUP_SIZE, MAX_RESPONSES_PER_STEP, check_finite_fields
     from hacrl.core import get_algorithm
 

@@ -35,7 +35,6 @@ from hacrl.checkpoint import (
     read_optimizer,
     read_rng,
     remove_stale_temporaries,
-    restoring,
     save_checkpoint,
     write_optimizer,
     write_rng,
@@ -51,7 +50,7 @@ from hacrl.core.sharing import foreign_of, in_pool_order, kept_rows
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
-from hacrl.errors import CheckpointError, NonFiniteError
+from hacrl.errors import CheckpointError, NonFiniteError, restoring
 from hacrl.learner import loss_inputs, update
 
 EVAL_SEED_BASE = 2**30

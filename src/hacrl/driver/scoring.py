@@ -49,7 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -64,6 +64,7 @@ from hacrl.driver.supervision import (
     signal_group,
 )
 from hacrl.errors import RewardError, clip, warn
+from hacrl.messages import ScoreResult
 from hacrl.tasks.rewards import (
     RewardFn,
     call_reward,
@@ -77,15 +78,6 @@ SLICE_LIMIT = 30.0
 """Seconds a user function's call on a whole slice may take at most (else `reward_timeout` x the slice's size)."""
 HUNG_AFTER = 3
 """A user function past its limit on a slice and then on this many completions retried alone is hung."""
-
-
-@dataclass
-class ScoreResult:
-    rewards: list[float]
-    timeouts: list[int] = field(default_factory=list)
-    """Indexes of completions whose scoring ran past `reward_timeout` (they got `reward_on_timeout`)."""
-    errors: list[int] = field(default_factory=list)
-    """Indexes where a built-in scorer raised or its process died (they got 0)."""
 
 
 # -- the messages between the trainer and a scoring process (pickled over its socket) -----------------------------

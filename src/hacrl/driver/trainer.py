@@ -51,8 +51,8 @@ from typing import Any, TypeVar
 import torch
 
 from hacrl import faults, seeds
-from hacrl.checkpoint import driver_state, remove_stale_temporaries, restoring, save_checkpoint
-from hacrl.config import TrainConfig, config_to_yaml, require_model_dir, save_config
+from hacrl.checkpoint import driver_state, remove_stale_temporaries, save_checkpoint
+from hacrl.config import TrainConfig, config_to_yaml, save_config
 from hacrl.config.settings import AgentSettings
 from hacrl.config.validation import check_devices_here
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
@@ -60,11 +60,13 @@ from hacrl.driver.backends import Handle, Transport, host_workers_here, start_tr
 from hacrl.driver.evaluation import evaluate_agents, write_benchmark_table, write_eval_records
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.pace import pace_metrics, pace_summary, pipeline_pace, run_shape
-from hacrl.driver.pipeline import Pending, read_pending, write_pending
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
 from hacrl.driver.scoring import ScoreResult, math_scorer, scorer_for
+from hacrl.errors import restoring
+from hacrl.inflight import Pending, read_pending, write_pending
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, Trajectory, WorkerSpec
+from hacrl.model_dirs import require_model_dir
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
 
 T = TypeVar("T")

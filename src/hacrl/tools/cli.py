@@ -392,10 +392,10 @@ def _on_its_allocator(config, args) -> None:
     """A command that hosts `config`'s workers in this process (`train`, `plan --measure`) with
     `runtime.host_memory: mimalloc`: this command again on that allocator (nothing if it runs on it already, or when
     `main` was called from Python, where the worker stops with the fix)."""
-    if config.runtime.host_memory == "mimalloc" and args.whole_process:
-        from hacrl.agent.allocator import restart_with_mimalloc
+    if args.whole_process:
+        from hacrl.agent.host_memory import restart_with_mimalloc
 
-        restart_with_mimalloc()
+        restart_with_mimalloc(config.runtime.host_memory)
 
 
 def _train(args) -> int:

@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 from hacrl.checkpoint import adapter_base
-from hacrl.config import refuse_model_code, require_model_dir
 from hacrl.errors import CheckpointError, ModelError
+from hacrl.model_dirs import refuse_model_code, require_model_dir
 
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 

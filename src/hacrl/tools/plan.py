@@ -42,9 +42,10 @@ from pathlib import Path
 
 import torch
 
-from hacrl.config import TrainConfig, require_model_dir
+from hacrl.config import TrainConfig
 from hacrl.config.settings import AgentSettings, Placement, Precision, Role
 from hacrl.errors import ModelError
+from hacrl.model_dirs import require_model_dir
 
 GIB = 2**30
 CHECKPOINTED_EXTRA = 128
@@ -119,15 +120,10 @@ class AgentPlan:
 def model_shape(model_dir: str | Path, dtype: torch.dtype, lora=None) -> Shape:
     """The memory-relevant shape of a local model directory, without reading its weights; with `lora`
     (`LoraConfig`), `trainable` is the adapters' parameter count: r x (inputs + outputs) of each targeted layer."""
-    from transformers import AutoConfig
+    from hacrl.model_dirs import model_config
 
-    from hacrl.gguf import gguf_config, gguf_file
-
-    try:
-        if gguf_file(model_dir) is not None:  # a GGUF agent: its shape from the file's metadata, no weights read
-            config = gguf_config(model_dir, str(model_dir))
-        else:
-            config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    try:  # a GGUF agent: its shape from the file's metadata, no weights read
+        config = model_config(model_dir, str(model_dir))
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - a missing or foreign directory: name it

@@ -83,8 +83,8 @@ def start_transport(runtime, specs: list) -> Transport:
 def host_workers_here(runtime) -> None:
     """This process is about to host workers (`runtime.backend: local`: the learners run in the driver's process):
     its allocator setting, `runtime.host_memory`, before it allocates a tensor (torch reads its huge-page setting at
-    its first allocation: `hacrl.agent.guards.host_memory`). Elsewhere each worker's process sets its own."""
+    its first allocation: `hacrl.agent.host_memory.apply`). Elsewhere each worker's process sets its own."""
     if runtime.backend == "local":
-        from hacrl.agent import guards
+        from hacrl.agent import host_memory
 
-        guards.host_memory(runtime.host_memory)
+        host_memory.apply(runtime.host_memory)

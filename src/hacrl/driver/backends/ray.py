@@ -158,7 +158,7 @@ class RayTransport:
             raise
 
     def _actor(self, placement: Placement, owner: tuple, **options: Any):
-        from hacrl.agent.allocator import ray_options
+        from hacrl.agent.host_memory import ray_options
 
         options = {**placement.resources(), "max_restarts": 0, **ray_options(self.specs[owner[0]].host_memory),
                    **options}  # fmt: skip

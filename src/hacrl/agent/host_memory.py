@@ -1,6 +1,8 @@
-"""`runtime.host_memory: mimalloc`: a worker's process on Microsoft's mimalloc allocator instead of glibc's malloc.
+"""`runtime.host_memory`: what a worker's process does with host memory it frees, all of it here. `keep`: glibc's
+malloc as it is; `release`: every large allocation mapped on its own and returned when freed (`apply`); `mimalloc`:
+the process on Microsoft's mimalloc allocator instead of glibc's malloc.
 
-Why: on the CPU an update's activations (hundreds of MiB in tensors of a few MiB each) are freed after every
+Why mimalloc: on the CPU an update's activations (hundreds of MiB in tensors of a few MiB each) are freed after every
 backward. glibc keeps them in its heap, where the gradients and the next phase's tensors land among them, so the
 resident memory stays ~1 GiB above what is live on SmolLM2 (`keep`); mapping each large tensor on its own
 (`release`) gives it back at the price of the kernel's work on every fresh mapping (1.2x keep's step). mimalloc
@@ -16,6 +18,7 @@ process that does not run on it stops with the fix (`require`). The library come
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from collections.abc import Mapping
@@ -80,11 +83,11 @@ def require() -> None:
     )
 
 
-def restart_with_mimalloc() -> None:
-    """`hacrl train` with `runtime.host_memory: mimalloc`: run this same command again in this process, with the
-    library preloaded (nothing where it already runs on it). Called before torch loads: the restart costs the
-    interpreter's start-up."""
-    if loaded():
+def restart_with_mimalloc(mode: str) -> None:
+    """`hacrl train` (or `hacrl plan --measure`) with `runtime.host_memory: mimalloc`: run this same command again in
+    this process, with the library preloaded (nothing for the other settings, or where it already runs on it). Called
+    before torch loads: the restart costs the interpreter's start-up."""
+    if mode != "mimalloc" or loaded():
         return
     if not sys.platform.startswith("linux"):
         require()  # the message for other systems
@@ -97,3 +100,48 @@ def restart_with_mimalloc() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, list(sys.orig_argv), env)
+
+
+MMAP_THRESHOLD = 1 << 20
+"""`apply("release")`: glibc maps allocations of this many bytes or more on their own (`M_MMAP_THRESHOLD`)."""
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_released = False
+"""Whether this process gives freed memory back (`apply("release")` took effect, or it runs on mimalloc): no
+use suggesting it."""
+
+
+def apply(mode: str) -> bool:
+    """`runtime.host_memory` for this process; True where it changed glibc's behaviour.
+
+    By default glibc serves allocations below a threshold that rises to 32 MiB from its heap, and a heap whose top
+    is still in use cannot shrink: an update's activations (hundreds of MiB in tensors of a few MiB each, freed
+    after each backward) stay resident after they are freed, and the next phase's allocations land beside them. With
+    `release`, every allocation of MMAP_THRESHOLD bytes or more is its own mapping, returned when freed. The cost is
+    the kernel's work on a fresh mapping's first touch (a fault and zeroed pages); torch's tensors of 2 MiB or more
+    are then also asked to be backed by transparent huge pages (`THP_MEM_ALLOC_ENABLE`, where the kernel allows
+    `madvise`), one fault per 2 MiB instead of per 4 KiB: on SmolLM2 the cost fell from 1.46x to 1.22x keep's step
+    (docs/benchmarks.md). torch reads that setting at the process's first allocation, so `release` must
+    come before the process allocates a tensor (the trainer sets it first thing for the workers in its own process,
+    `hacrl.driver.backends.host_workers_here`; a worker's process as it starts). Tensors are 64-byte aligned either
+    way (2 MiB-aligned with huge pages), so no computation sees a difference. Once set it holds for the process
+    (`keep` changes nothing). `mimalloc`: the process must run on that allocator, preloaded at its start
+    (`restart_with_mimalloc`); a clear stop where it does not."""
+    global _released
+    if mode == "mimalloc":
+        require()
+        _released = True
+        return True
+    if mode == "keep" or not sys.platform.startswith("linux"):
+        return False
+    try:  # the process's own symbols: its C library's mallopt, without a search for the library
+        _released = _released or bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # another C library (musl has no mallopt): its own behaviour stands
+        return False
+    if _released:
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # a user's own 0 stands; child processes inherit it
+    return _released
+
+
+def released() -> bool:
+    """Whether this process gives freed memory back (`apply` took effect, or it runs on mimalloc)."""
+    return _released
