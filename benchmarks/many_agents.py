@@ -177,8 +177,11 @@ def driver_pool(n: int, answers: int, tokens: int, chars_per_token: int = 4) -> 
     pool, _, calls = Trainer._learn_calls(trainer, Pending(1, sampled, scored))
     after_calls, peak_calls = tracemalloc.get_traced_memory()
     store = _Transport(n)
-    specs = [SimpleNamespace(placement=SimpleNamespace(sampler_device=None), agent=SimpleNamespace(frozen=False))
-             for _ in range(n)]  # fmt: skip
+    from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
+    from hacrl.messages import WorkerSpec
+
+    specs = [WorkerSpec(j, AgentConfig(name=f"agent{j}", model="m"), RolloutConfig(), TrainerConfig(),
+                        AlgorithmConfig(name="hacpo"), num_agents=n) for j in range(n)]  # fmt: skip
     Schedule(store, specs)._submit_learns(calls, pool)
     sent = store.sent
     _, peak_ray = tracemalloc.get_traced_memory()

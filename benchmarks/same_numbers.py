@@ -12,6 +12,8 @@ tests' two tiny agents (Llama on characters, Qwen2 on a BPE; built once, seeded)
     hacpo-lag1-samplers         lag 1, each agent with a sampler process of its own
     hacpo-group                 qwen a worker group of two gloo ranks (FSDP2)
     hacpo-ray, ...-ray          the same on Ray
+    control, control-replay     `hacrl control` on configs/control.yaml (two policies on mpe2's simple_v3), 6 steps
+                                with an evaluation every 3; the second with a replay buffer of 2 steps
 
 Compared: metrics.jsonl record by record without the keys that measure time; every file of every checkpoint byte
 for byte, except state.json (it holds the others' digests, so a file that differs shows there first) where the
@@ -45,6 +47,8 @@ CASES = {
     "hacpo-ray": {"runtime": {"backend": "ray", "torch_threads": 1}},
     "hacpo-lag1-samplers-ray": {"trainer": {"lag": 1}, "samplers": True, "runtime": {"backend": "ray",
                                                                                    "torch_threads": 1}},
+    "control": {"command": "control"},
+    "control-replay": {"command": "control", "sharing": {"replay": {"steps": 2, "groups": 4}}},
 }  # fmt: skip
 
 
@@ -66,6 +70,16 @@ def config(case: str, agents: Path, run: Path) -> dict:
     from tests.conftest import TASK
 
     spec = CASES[case]
+    if spec.get("command") == "control":
+        import yaml
+
+        base = yaml.safe_load((ROOT / "configs" / "control.yaml").read_text())
+        base["trainer"].update({"steps": 6, "initial_states_per_step": 4, "output_dir": str(run)})
+        base["eval"] = {"every": 3, "initial_states": 16}
+        base["checkpoint"] = {"every": 2, "keep_last": 3}
+        base["logging"] = {"console": False, "tensorboard": False}
+        base["sharing"] = spec.get("sharing", {})
+        return base
     llama = {"name": "llama", "model": str(agents / "llama"), "lr": 3e-3}
     qwen = {"name": "qwen", "model": str(agents / "qwen"), "lr": 3e-3}
     if spec.get("samplers"):
@@ -94,8 +108,9 @@ def run(case: str, source: Path, agents: Path, out: Path) -> tuple[int, str]:
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(config(case, agents, out)))
     env = {**os.environ, "PYTHONPATH": f"{source / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
+    command = CASES[case].get("command", "train")
     code = f"import sys; sys.path.insert(0, {str(source / 'src')!r}); from hacrl.tools.cli import main; " \
-           f"sys.exit(main(['train', {str(path)!r}]))"  # fmt: skip
+           f"sys.exit(main([{command!r}, {str(path)!r}]))"  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     return done.returncode, done.stderr[-2000:]
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+"""torch's intra-op threads in every test's runs (this process, a subprocess, a Ray actor: the same float sums):
+both of the machine's 2 cores, or one each for `make test`'s two pytest-xdist workers, which two threads each
+would make fight over the cores."""
 
 ALPHABET = "0123456789+-=?.:, \nQASabcdefghijklmnopqrstuvwxyzT"
 TASK = {"task": "chain_sum", "task_options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
@@ -26,7 +32,7 @@ def tiny_agents(tmp_path_factory) -> dict[str, Path]:
 
     from hacrl.tools.testbed.models import bpe_tokenizer, char_tokenizer, save_agent, tiny_model
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     root = tmp_path_factory.mktemp("agents")
     char = char_tokenizer(ALPHABET)
     bpe = bpe_tokenizer(sum_corpus(), 80)
@@ -125,7 +131,7 @@ def write_config(path: Path, agents: dict[str, Path], names: list[str], run_dir:
         "eval": {"at_start": False},
         "logging": {"console": False},
         "checkpoint": {"every": 1},
-        "runtime": {"torch_threads": 2},  # the same float sums in this process, a subprocess and a Ray actor
+        "runtime": {"torch_threads": THREADS},  # the same float sums in this process, a subprocess and a Ray actor
     }
     for key, value in sections.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value

@@ -160,7 +160,7 @@ class _RunShape:
         _need(_real(reward) and (math.isnan(reward) or self._reward(reward)),  # NaN: scored in the batch's rewards
               f"{where}: reward {reward!r} is not a finite number in [0, {self.r_max:g}]")  # fmt: skip
         _need(source == i, f"{where}: it says agent {source!r} sampled it")
-        # finite: at trainer.lag >= 1 every row's sum is computed (`_rows_needing_old_logprobs`), and the other
+        # finite: at trainer.lag >= 1 every row's sum is computed (`LogprobPlan.at_sampling`), and the other
         # learners' foreign ratios read it
         _need(_real(logp) and math.isfinite(logp) and logp <= 1e-3,
               f"{where}: its log-prob sum {logp!r} is not a finite log-probability (<= 0)")  # fmt: skip

@@ -9,7 +9,7 @@ import (it imports nothing of hacrl but the config's dataclasses).
     GenerateCall(prompts, num_samples, greedy, seed)    list[Completion]
     save(directory) / load(directory)                   nothing
     an agent with a sampler of its own (`hacrl.agent.sampling`), between its two roles:
-    proximal(step, rollout, first)  (sampler)           list[list[float]]
+    proximal(step, rollout)  (sampler)                  ProximalLogprobs (`hacrl.provenance`)
     send_weights(step)  (learner)                       what its weight link sends: receive_weights(step, sent)
 
 After `sample` a worker keeps its responses' token ids, old log-probs and its own trajectories; at lag 0 its
@@ -190,10 +190,10 @@ class LearnCall:
     rollout: OwnRollout | None = None
     """With `trainer.lag` > 0: the learner's own rollout of this batch (`Sampled.rollout`); None: the one it kept."""
     proximal: Deferred | None = None
-    """With `trainer.lag` > 0 and a sampler of its own: the reply of its sampler's proximal pass (`value()`: the
-    proximal log-probs of the own rows after the first mini-batch, which the sampler computes while the first
-    mini-batch trains: its weights are the ones this update starts from; `SamplingRole.proximal`); None: the learner
-    computes them."""
+    """With `trainer.lag` > 0 and a sampler of its own: the reply of its sampler's proximal pass (`value()`: a
+    `hacrl.provenance.ProximalLogprobs`, the own rows after the first mini-batch by index, which the sampler computes
+    while the first mini-batch trains: its weights are the ones this update starts from); None: the learner makes
+    the pass itself (its `LogprobPlan` says which)."""
 
 
 @dataclass(frozen=True)

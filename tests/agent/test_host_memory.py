@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import records, same_numbers, same_weights, write_config
+from tests.conftest import THREADS, records, same_numbers, same_weights, write_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 
@@ -90,7 +90,7 @@ def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
     for mode in ("release", "keep"):
         run = tmp_path / mode
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
-                           runtime={"torch_threads": 2, "host_memory": mode},
+                           runtime={"torch_threads": THREADS, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
         train = ("import sys, torch; from hacrl.agent import host_memory; from hacrl.tools.cli import main; "
                  "rc = main(sys.argv[1:]); print('released', host_memory.released()); x = torch.ones(16 * 2**20); "
@@ -169,7 +169,7 @@ def test_hacrl_train_restarts_itself_on_mimalloc_with_the_same_numbers(tiny_agen
     for mode in ("mimalloc", "keep"):
         runs[mode] = tmp_path / mode
         cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode],
-                           runtime={"torch_threads": 2, "host_memory": mode},
+                           runtime={"torch_threads": THREADS, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
         train = ("import sys; from hacrl.agent import host_memory; from hacrl.tools.cli import main; rc = main(); "
                  "print('on mimalloc', host_memory.loaded()); raise SystemExit(rc)")  # fmt: skip

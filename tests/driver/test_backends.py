@@ -13,7 +13,7 @@ import pytest
 
 from hacrl.checkpoint import checkpoint_problems, latest_checkpoint
 from hacrl.tools.cli import main
-from tests.conftest import records, same_numbers, same_weights, write_config
+from tests.conftest import THREADS, records, same_numbers, same_weights, write_config
 
 ray = pytest.importorskip("ray")
 
@@ -64,7 +64,7 @@ def test_local_and_ray_give_identical_metrics_and_weights(case, tiny_agents, tmp
             algorithm=algorithm,
             trainer={"steps": 3, "lag": 1 if "lag-1" in case else 0},
             checkpoint={"every": 0},
-            runtime={"backend": backend, "torch_threads": 2},
+            runtime={"backend": backend, "torch_threads": THREADS},
             scoring={"function": "tests.reward_fixtures:digits"},  # graded rewards: every step learns
         )
         assert main(["train", str(cfg), *OVERRIDES.get(case, [])]) == 0

@@ -5,8 +5,6 @@ end-to-end identity of the two backends is `test_backends.py`'s."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from hacrl.core.sharing import foreign_of
 from hacrl.messages import LearnCall, Trajectory
 
@@ -34,10 +32,13 @@ class _Transport:
 
 
 def _schedule(transport, n, frozen=()):
+    from hacrl.config import AgentConfig, AlgorithmConfig, RolloutConfig, TrainerConfig
     from hacrl.driver.trainer import Schedule
+    from hacrl.messages import WorkerSpec
 
     specs = [
-        SimpleNamespace(placement=SimpleNamespace(sampler_device=None), agent=SimpleNamespace(frozen=i in frozen))
+        WorkerSpec(i, AgentConfig(name=f"a{i}", model="m", frozen=i in frozen), RolloutConfig(), TrainerConfig(),
+                   AlgorithmConfig(name="hacpo"), num_agents=n)  # fmt: skip
         for i in range(n)
     ]
     return Schedule(transport, specs)

@@ -37,18 +37,17 @@ from hacrl.agent.exchange import LearnerRow, learner_rows
 from hacrl.agent.logprobs import TokenBatch, rows_logprobs, token_logprobs
 from hacrl.agent.model import Agent, first_nonfinite
 from hacrl.agent.precision import MasterStep
-from hacrl.agent.samplers.base import Sample
 from hacrl.agent.sampling import OwnSamples
 from hacrl.agent.share import Share
 from hacrl.agent.sharing import relevance, select_pool
 from hacrl.agent.weightsync import WeightLink, WeightsPublisher
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng, writing_part
-from hacrl.config.settings import old_logprobs_of
 from hacrl.core import get_algorithm
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
 from hacrl.learner import loss_inputs, update
-from hacrl.messages import LearnCall, Learned, Trajectory, WorkerSpec
+from hacrl.messages import Deferred, LearnCall, Learned, Trajectory, WorkerSpec
+from hacrl.provenance import LogprobPlan, ProximalLogprobs
 
 
 class LearningRole(WeightsPublisher):
@@ -59,20 +58,18 @@ class LearningRole(WeightsPublisher):
         self.index, self.name = spec.index, spec.agent.name
         self.algorithm, self.params = get_algorithm(spec.algorithm.name), spec.algorithm.params()
         self.optimizer_steps = 0
-        corrected = old_logprobs_of(spec.trainer.old_logprobs, agent.settings.sampler, self.algorithm.takes_stale_rows)
-        self.weighs_behaviour = bool(spec.trainer.lag) or corrected == "corrected"
-        """Whether its own rows carry behaviour log-probs other than their proximal ones, and are weighted by the
-        truncated ratio of the two: sampled by older weights (`trainer.lag`) or reported by the sampler
-        (`trainer.old_logprobs: corrected`)."""
+        self.plan = LogprobPlan.of(spec)
+        """Which log-probs its own rows carry, from whom and when (`hacrl.provenance`)."""
         self.link: WeightLink | None = None
         """Where it sends its weights after each update for a sampler of its own (`open_weight_link`)."""
 
     def learn(self, call: LearnCall, rollout: OwnSamples | None,
-              proximal_pass: Callable[[list[Sample]], list[torch.Tensor]]) -> Learned:  # fmt: skip
+              proximal_pass: Callable[[int, OwnSamples], ProximalLogprobs]) -> Learned:  # fmt: skip
         """One training step's update on its pool: its own rows (`rollout`: the one its sampling role kept, or
         under `trainer.lag` the one the driver handed back in `call`), then `call.foreign`. Under lag the own rows
-        after the first mini-batch take their proximal log-probs from `call.proximal` (a sampler of its own
-        computes them meanwhile) or from `proximal_pass` (the process's own sampling role, now)."""
+        after the first mini-batch take their proximal log-probs (`LogprobPlan.proximal_rows`) after the first
+        optimizer step, from one reply: `call.proximal` (a sampler of its own computes them meanwhile), or the pass
+        of the process's own sampling role (`proximal_pass`), made now, before the update."""
         step, began = call.step, time.time()
         stale = call.rollout is not None  # trainer.lag > 0: sampled by older weights, handed back by the driver
         if rollout is None or rollout.step != step:
@@ -86,25 +83,23 @@ class LearningRole(WeightsPublisher):
             return Learned({}, 0.0, (began, time.time()))
         start = time.perf_counter()
         own = [replace(t, reward=float(r)) for t, r in zip(rollout.trajectories, call.rewards, strict=True)]
-        old_logp, deferred = rollout.behaviour_logp, None
+        old_logp, proximal = rollout.behaviour_logp, None
         if rollout.proximal_logp is not None:  # `corrected` at lag 0: the behaviour log-probs are the sampler's
             old_logp = rollout.proximal_logp
         elif stale:  # the proximal policy: these weights before the update; the first mini-batch's are its forward's
-            first = min(self.spec.trainer.mini_batch_size, len(rollout.samples))
-            if call.proximal is not None:  # its sampler computes the rest meanwhile (it holds these weights)
-                old_logp, deferred = [None] * len(rollout.samples), (first, call.proximal)
-            else:
+            old_logp, proximal = [None] * len(rollout.samples), call.proximal
+            if self.plan.proximal_by == "learner" and self.plan.proximal_rows(len(rollout.samples)):
                 with self._guarded("proximal log-probs", step):
-                    old_logp = [None] * first + proximal_pass(rollout.samples[first:])
+                    proximal = proximal_pass(step, rollout)
         own_rows = learner_rows(
             self.agent, own, [], rollout.prompt_ids, [s.response_ids for s in rollout.samples], old_logp
         )
-        if self.weighs_behaviour:
+        if self.plan.weighs_behaviour:
             for row, behaviour in zip(own_rows, rollout.behaviour_logp, strict=True):
                 row.behaviour_logp = behaviour
         caps = torch.tensor(call.capabilities, dtype=torch.float64)
         with self._guarded("the update", step):
-            metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps, deferred=deferred)
+            metrics = self._update(own_rows, call.foreign, rollout.prompt_ids, caps, proximal=proximal)
         metrics.update(self.publish_weights(step))
         update_s = time.perf_counter() - start
         if saved := metrics.get("shared_tokens_saved"):  # what the dropped rows would have cost, at this update's speed
@@ -257,11 +252,11 @@ class LearningRole(WeightsPublisher):
         (self._training_logprobs(batch).sum() * 0.0).backward()
 
     def _update(self, own_rows: list[LearnerRow], foreign: list[Trajectory], prompt_ids: list[list[int]],
-                capabilities: torch.Tensor, *, deferred=None) -> dict[str, Any]:  # fmt: skip
+                capabilities: torch.Tensor, *, proximal: Deferred | None = None) -> dict[str, Any]:  # fmt: skip
         """Advantages over the learner's pool (its own rows, then `foreign`), the sharing policy's selection, then
-        one optimizer step per mini-batch in pool order. `deferred` = (first, handle): the own rows from `first` on
-        take their old log-probs from `handle.value()` once the first optimizer step is done (before it, nothing reads
-        them)."""
+        one optimizer step per mini-batch in pool order. `proximal`: a lagged update's proximal pass, whose
+        `value()` (`ProximalLogprobs`) the own rows it names take once the first optimizer step is done (before it,
+        nothing reads them)."""
         agent, cfg = self.agent, self.spec.trainer
         pool = [*own_rows, *foreign]  # what the advantages and the selection read: reward, group, source
         adv = self.algorithm.advantages(
@@ -283,8 +278,8 @@ class LearningRole(WeightsPublisher):
 
         def mini_batches():
             for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
-                if m == 1 and deferred is not None:
-                    _take_deferred(self.name, own_rows, rows, *deferred)
+                if m == 1 and proximal is not None:
+                    _take_proximal(self.name, self.index, len(own_rows), rows, proximal.value())
                 # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
                 mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
                 if mini:
@@ -356,7 +351,7 @@ class LearningRole(WeightsPublisher):
             torch.where(fresh[:, None] & tb.response_mask, logp.detach(), 0.0),
         )
         behaviour = None
-        if self.weighs_behaviour:
+        if self.plan.weighs_behaviour:
             behaviour = _per_row(tb.response_mask, [r.behaviour_logp for r in rows], torch.zeros_like(logp))
         ref = None
         if agent.ref_model is not None:
@@ -392,17 +387,19 @@ def micro_batches(rows, mini: list[int], size: int, order: str) -> list[list[int
     return [mini[start : start + size] for start in range(0, len(mini), size)]
 
 
-def _take_deferred(name: str, own_rows: list[LearnerRow], rows: list[LearnerRow], first: int, handle) -> None:
-    """The own rows' old log-probs from `first` on, from `handle.value()` (the sampler's proximal pass: float lists),
-    checked as `_check_rows` checks the others."""
-    own = {id(r) for r in own_rows}
-    if [id(r) for r in rows if id(r) in own] != [id(r) for r in own_rows]:  # every own row kept, as it is
-        raise RuntimeError(f"agent {name!r}: the pool's own rows are not the ones whose log-probs were deferred")
-    values = [torch.tensor(v, dtype=torch.float32) for v in handle.value()]
+def _take_proximal(name: str, index: int, own: int, rows: list[LearnerRow], reply: ProximalLogprobs) -> None:
+    """The proximal log-probs of a lagged update's own rows, by row index: the pool's first `own` rows are the
+    agent's own, in the order it sampled them (the keep rule keeps them all, `hacrl.core.sharing.kept_rows`); the
+    values are checked as `_check_rows` checks the others."""
+    if sum(r.source == index for r in rows) != own or any(r.source != index for r in rows[:own]):
+        raise RuntimeError(f"agent {name!r}: the pool's own rows are not the ones whose proximal pass was made")
+    if any(not 0 <= i < own for i in reply.rows) or len(reply.rows) != len(reply.values):
+        raise RuntimeError(f"agent {name!r}: its proximal pass names rows {reply.rows[:3]}..., it has {own} own rows")
+    values = [torch.tensor(v, dtype=torch.float32) for v in reply.values]
     if not all(bool(torch.isfinite(v).all()) for v in values):
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
-    for row, logp in zip(own_rows[first:], values, strict=True):
-        row.old_logp = logp
+    for i, logp in zip(reply.rows, values, strict=True):
+        rows[i].old_logp = logp
 
 
 def _per_row(mask: torch.Tensor, values: list[torch.Tensor | None], base: torch.Tensor) -> torch.Tensor:

@@ -36,9 +36,8 @@ from hacrl.agent.samplers.base import Sample
 from hacrl.agent.share import Share
 from hacrl.agent.weightsync import WeightLink, refuse
 from hacrl.checkpoint import agent_part, read_rng
-from hacrl.config.settings import old_logprobs_of
-from hacrl.core import get_algorithm
 from hacrl.messages import Completion, GenerateCall, OwnRollout, SampleCall, Trajectory, WorkerSpec
+from hacrl.provenance import LogprobPlan, ProximalLogprobs
 
 
 @dataclass
@@ -107,11 +106,8 @@ class SamplingRole:
     def __init__(self, agent: Agent, spec: WorkerSpec, share: Share) -> None:
         self.agent, self.spec, self.share = agent, spec, share
         self.index, self.name = spec.index, spec.agent.name
-        self.algorithm, self.params = get_algorithm(spec.algorithm.name), spec.algorithm.params()
-        self.old_logprobs_mode = old_logprobs_of(
-            spec.trainer.old_logprobs, agent.settings.sampler, self.algorithm.takes_stale_rows
-        )
-        """Where its rows' pre-update log-probs come from (`trainer.old_logprobs`, resolved for this agent)."""
+        self.plan = LogprobPlan.of(spec)
+        """Which log-probs its rows carry, from whom and when (`hacrl.provenance`)."""
         self.cuda = [agent.device.index or 0] if agent.device.type == "cuda" else []
         base = seeds.training(spec.trainer.seed, spec.index)
         self.streams = [self._seeded(share.seed(base, rank)) for rank in share.ranks]
@@ -144,17 +140,21 @@ class SamplingRole:
             generate_s, logprobs_s = generate_s + g, logprobs_s + lp
         return OwnSamples.joined(call.step, self.share.joined(parts)), generate_s, logprobs_s, sync_s
 
-    def proximal(self, step: int, rollout: OwnRollout, first: int) -> list[list[float]]:
-        """The proximal log-probs of its learner's update `step` for the own rows of `rollout` from `first` on: under
-        the weights after update step - 1 (the update's starting weights, which it then samples batch step + lag
-        with), by the learner's own pass, so the values are the learner's. As lists of floats (the float32 values
-        exactly): a tensor would travel as shared memory this process hands over, lost if it dies before the
-        learner reads the reply."""
+    def proximal(self, step: int, rollout: OwnRollout) -> ProximalLogprobs:
+        """A sampler of its own: the proximal pass of its learner's update `step` (`LogprobPlan.proximal_rows` of
+        `rollout`) under the weights after update step - 1 (the update's starting weights, which it then samples
+        batch step + lag with), by the learner's own pass, so the values are the learner's."""
         self.take(max(0, step - 1))
         with self._guarded("proximal log-probs", step):
-            values = [x.tolist() for x in self.old_logprobs(OwnSamples.from_portable(rollout).samples[first:])]
+            reply = self.proximal_pass(step, OwnSamples.from_portable(rollout))
         faults.hit("proximal")
-        return values
+        return reply
+
+    def proximal_pass(self, step: int, rollout: OwnSamples) -> ProximalLogprobs:
+        """The proximal pass over `rollout` with the weights held now (its learner's process: before its update)."""
+        rows = list(self.plan.proximal_rows(len(rollout.samples)))
+        values = self.old_logprobs([rollout.samples[i] for i in rows])
+        return ProximalLogprobs(step, rows, [x.tolist() for x in values])
 
     def generate(self, call: GenerateCall) -> list[Completion]:
         """Completions for evaluation (this process's share of the prompts, every rank's joined): greedy, or sampled
@@ -240,14 +240,14 @@ class SamplingRole:
             return OwnSamples(step, [], [], [], []), 0.0, 0.0
         start = time.perf_counter()
         prompt_ids = [agent.render_prompt(call.prompts[g])[0] for g in groups]
-        mode = self.old_logprobs_mode
+        mode = self.plan.mode
         reported = mode != "recompute" or agent.settings.sampler == "vllm"  # vLLM's cost nothing: the gap is logged
         with self._stream(j), self._guarded("sampling", step):
             samples = generate(agent, prompt_ids, group_size, logprobs=reported)
         faults.hit("sampling")
         generated = time.perf_counter()
         first = groups.start * group_size  # the share's first row in the whole step's order
-        needed = [i - first for i in self._rows_needing_old_logprobs(len(call.prompts) * group_size)
+        needed = [i - first for i in self.plan.at_sampling(len(call.prompts) * group_size)
                   if first <= i < first + len(samples)]  # fmt: skip
         recomputed: dict[int, torch.Tensor] = {}
         if mode != "sampler":  # the learner's own pass
@@ -281,20 +281,6 @@ class SamplingRole:
         gap = (float(diffs.sum()), diffs.numel(), float(diffs.max()) if diffs.numel() else 0.0)
         own = OwnSamples(step, prompt_ids, samples, old_logp, trajectories, proximal, gap)
         return own, generated - start, done - generated
-
-    def _rows_needing_old_logprobs(self, count: int) -> list[int]:
-        """Which sampled rows need a pre-update log-prob pass. When other learners read this agent's log-prob sums
-        (a sharing algorithm with several agents): all. Otherwise only the rows trained after the first optimizer
-        step of the update: the first mini-batch's rows are trained before any update, so their old log-probs are
-        the training forward's own (detached), and their ratio is exactly 1. `corrected`: the sampler's log-probs
-        are the behaviour ones and the sums others read, so only the rows after the first mini-batch at lag 0 (the
-        proximal ones of a lagged update are computed when it starts)."""
-        rest = list(range(min(count, self.spec.trainer.mini_batch_size), count))
-        if self.old_logprobs_mode == "corrected":
-            return [] if self.spec.trainer.lag else rest
-        if self.spec.trainer.lag or (self.algorithm.pool_is_shared(self.params) and self.spec.num_agents > 1):
-            return list(range(count))  # lag: every row's behaviour log-probs (its update starts from other weights)
-        return rest
 
     def _seeded(self, seed: int) -> dict[str, torch.Tensor]:
         with torch.random.fork_rng(devices=self.cuda):

@@ -55,6 +55,7 @@ from hacrl.messages import (
     WorkerInfo,
     WorkerSpec,
 )
+from hacrl.provenance import ProximalLogprobs
 
 
 class AgentWorker:
@@ -118,7 +119,7 @@ class AgentWorker:
             call = replace(call, foreign=foreign_of(pool, self.index))
         rollout = OwnSamples.from_portable(call.rollout) if call.rollout is not None else self._rollout
         try:
-            learned = self.learning.learn(call, rollout, self.sampling.old_logprobs)
+            learned = self.learning.learn(call, rollout, self.sampling.proximal_pass)
         finally:
             self._rollout = None
         if self.share.collective:
@@ -128,8 +129,8 @@ class AgentWorker:
     def generate(self, call: GenerateCall) -> list[Completion]:
         return self.sampling.generate(call)
 
-    def proximal(self, step: int, rollout: OwnRollout, first: int) -> list[list[float]]:
-        return self.sampling.proximal(step, rollout, first)
+    def proximal(self, step: int, rollout: OwnRollout) -> ProximalLogprobs:
+        return self.sampling.proximal(step, rollout)
 
     def save(self, directory: str) -> None:
         """Its agent's part of a checkpoint (a sampler of its own writes nothing: its stream is saved by its learner,

@@ -67,6 +67,7 @@ from hacrl.errors import restoring
 from hacrl.inflight import Pending, read_pending, write_pending
 from hacrl.messages import Completion, GenerateCall, LearnCall, Learned, SampleCall, Sampled, Trajectory, WorkerSpec
 from hacrl.model_dirs import require_model_dir
+from hacrl.provenance import LogprobPlan
 from hacrl.tasks.data import Example, PromptStream, load_benchmark, load_task
 
 T = TypeVar("T")
@@ -429,6 +430,8 @@ class Schedule:
         self.concurrent = transport.concurrent
         self.apart = [s.placement.sampler_device is not None for s in specs]
         """Each agent: whether it has a sampler of its own."""
+        self.plans = [LogprobPlan.of(s) for s in specs]
+        """Each agent: which log-probs its rows carry, from whom and when (`hacrl.provenance`)."""
         self.meets = [False] * len(specs)
         """Each agent: whether its weight link's two ends meet at the step's end (the schedule runs them)."""
         what = "opening the weight link to its sampler"
@@ -505,18 +508,15 @@ class Schedule:
         ]
 
     def _with_proximal(self, learns: Sequence[LearnCall]) -> list[LearnCall]:
-        """The proximal pass: each learner's call, with the reply of its sampler's proximal pass where it has a
-        sampler of its own and rows after its first mini-batch (the learner takes it after its first optimizer step,
-        `SamplingRole.proximal`); as it was for a worker group (its ranks compute theirs) and a frozen agent."""
+        """The proximal pass: each learner's call, with the reply of its sampler's proximal pass where its plan says
+        its sampler makes it and it has rows after its first mini-batch (the learner takes it after its first
+        optimizer step, `SamplingRole.proximal`); the other learners make their own (`hacrl.provenance`)."""
         out = list(learns)
         for i, call in enumerate(learns):
-            spec = self.specs[i]
-            first = spec.trainer.mini_batch_size
-            if not self.apart[i] or spec.placement.group or spec.agent.frozen or call.rollout is None:
-                continue
-            if len(call.rollout.response_ids) > first:
+            plan = self.plans[i]
+            if plan.proximal_by == "sampler" and plan.proximal_rows(len(call.rollout.response_ids)):
                 what = f"computing proximal log-probs for step {call.step}"
-                handle = self.transport.submit(i, "sampler", "proximal", (call.step, call.rollout, first), what)
+                handle = self.transport.submit(i, "sampler", "proximal", (call.step, call.rollout), what)
                 out[i] = replace(call, proximal=handle)
         return out
 
