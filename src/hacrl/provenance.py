@@ -55,6 +55,9 @@ class LogprobPlan:
     """Other learners read this agent's log-prob sums (a sharing algorithm with several agents)."""
     proximal_by: ProximalBy
     """Who computes a lagged update's proximal pass: its learner, its sampler of its own, none (lag 0, frozen)."""
+    layout: str = "blocks"
+    """`trainer.mini_batch_layout`: with `mixed` and foreign rows in the pool, the first step holds a share of the
+    own rows that depends on how many foreign rows the learner keeps, known only when it learns."""
 
     @classmethod
     def of(cls, spec: WorkerSpec) -> LogprobPlan:
@@ -71,12 +74,17 @@ class LogprobPlan:
             mode=old_logprobs_of(spec.trainer.old_logprobs, sampler, algorithm.takes_stale_rows),
             lag=spec.trainer.lag,
             mini_batch=spec.trainer.mini_batch_size,
+            layout=spec.trainer.mini_batch_layout,
             sums_read=algorithm.pool_is_shared(spec.algorithm.params()) and spec.num_agents > 1,
             proximal_by=proximal_by,
         )
 
     def first(self, count: int) -> int:
-        """The rows of the first mini-batch of an update of `count` own rows: they need no proximal pass."""
+        """The rows of the first mini-batch of an update of `count` own rows: they need no proximal pass. With the
+        `mixed` layout beside foreign rows, none is sure to be in the first step: every row gets the pass (at lag 0
+        every row's log-probs are computed at sampling anyway, for the others' sums)."""
+        if self.layout == "mixed" and self.sums_read:
+            return 0
         return min(count, self.mini_batch)
 
     @property

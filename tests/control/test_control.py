@@ -228,6 +228,29 @@ def test_a_control_run_resumes_exactly_and_writes_the_llm_trainers_formats(tmp_p
         assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+@pytest.mark.slow
+def test_skip_leaves_the_all_clipped_foreign_mini_batches_unstepped_and_resumes_exactly(tmp_path):
+    """`trainer.zero_grad_step: skip` in `hacrl control`: with a window of one point (delta 0) every foreign episode
+    is clipped, so each policy's two foreign mini-batches have a zero gradient and are not stepped; exact across a
+    resume, and `take` steps them."""
+    full_run, cut_run, taken = tmp_path / "full", tmp_path / "cut", tmp_path / "take"
+    args = [*SMALL, "trainer.steps=2", "eval.every=0", "checkpoint.every=1", "algorithm.delta=0",
+            "algorithm.delta_step=0"]  # fmt: skip
+    assert main(["control", CONFIG, *args, "trainer.zero_grad_step=skip", f"trainer.output_dir={full_run}"]) == 0
+    assert main(["control", CONFIG, *args, "trainer.zero_grad_step=skip", "trainer.steps=1",
+                 f"trainer.output_dir={cut_run}"]) == 0  # fmt: skip
+    assert main(["control", CONFIG, *args, "trainer.zero_grad_step=skip", f"trainer.output_dir={cut_run}",
+                 "--resume"]) == 0  # fmt: skip
+    assert without_timings(records(cut_run)[-1]) == without_timings(records(full_run)[-1])
+    steps = [r for r in records(full_run) if "mlp-full/loss" in r]  # not the evaluation at the start
+    assert len(steps) == 2
+    for record in steps:
+        assert record["mlp-full/foreign_clip_frac"] == 1.0
+        assert record["mlp-full/zero_grad_skipped"] == 2 and record["mlp-full/optimizer_steps"] == 2
+    assert main(["control", CONFIG, *args, f"trainer.output_dir={taken}"]) == 0
+    assert records(taken)[-1]["mlp-full/optimizer_steps"] == 4
+
+
 def test_sigterm_finishes_the_step_checkpoints_and_the_resumed_run_ends_where_an_uninterrupted_one_does(
     tmp_path, capsys, monkeypatch
 ):

@@ -37,8 +37,14 @@ def _schedule(transport, n, frozen=()):
     from hacrl.messages import WorkerSpec
 
     specs = [
-        WorkerSpec(i, AgentConfig(name=f"a{i}", model="m", frozen=i in frozen), RolloutConfig(), TrainerConfig(),
-                   AlgorithmConfig(name="hacpo"), num_agents=n)  # fmt: skip
+        WorkerSpec(
+            i,
+            AgentConfig(name=f"a{i}", model="m", frozen=i in frozen),
+            RolloutConfig(),
+            TrainerConfig(),
+            AlgorithmConfig(name="hacpo"),
+            num_agents=n,
+        )  # fmt: skip
         for i in range(n)
     ]
     return Schedule(transport, specs)

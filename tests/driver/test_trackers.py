@@ -77,3 +77,23 @@ def test_a_tracker_without_its_extra_is_a_clear_error(tracker, monkeypatch):
         ConfigError, match=rf'logging.{tracker} needs {tracker}, an optional extra: pip install "hacrl\[{tracker}\]"'
     ):
         load_config("configs/demo.yaml", [f"logging.{tracker}={{project: p}}"])
+
+
+def test_the_all_clipped_note_comes_once_a_streak_and_names_the_settings_that_act_on_it(tmp_path, capsys):
+    """Issue 85.5: after `ALL_CLIPPED_STEPS` steps in a row with every foreign row of an agent clipped, the console
+    says so once, naming the settings of the window and of the step on a zero gradient; a step with a row inside
+    ends the streak."""
+    from hacrl.config import LoggingConfig
+    from hacrl.driver.logger import ALL_CLIPPED_STEPS, MetricsLogger
+
+    logger = MetricsLogger(LoggingConfig(console=False, tensorboard=False, jsonl=False), tmp_path, 20, ["a", "b"])
+    fracs = [1.0] * (ALL_CLIPPED_STEPS + 2) + [0.5] + [1.0] * ALL_CLIPPED_STEPS
+    for step, frac in enumerate(fracs, 1):
+        logger.step_done(step, {"a/reward_mean": 0.5, "a/foreign_clip_frac": frac, "b/reward_mean": 0.5,
+                                "b/foreign_clip_frac": 0.0})  # fmt: skip
+    logger.close()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2 and all("'a'" in n for n in notes)
+    for setting in ("trainer.zero_grad_step=skip", "algorithm.foreign_center=median", "algorithm.delta",
+                    "trainer.mini_batch_layout=mixed"):  # fmt: skip
+        assert setting in notes[0]

@@ -37,6 +37,8 @@ class LearnerRow:
     behaviour_logp: Tensor | None = None
     """(len(response_ids),) an own row's log-probs under the weights that sampled it, when older than `old_logp`'s
     (`trainer.lag` > 0); None otherwise."""
+    foreign_shift: float = 0.0
+    """A foreign row's shift of its log-ratio (`algorithm.foreign_center: median`: its source's median); 0 else."""
 
 
 def learner_rows(

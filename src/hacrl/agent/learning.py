@@ -43,9 +43,10 @@ from hacrl.agent.sharing import relevance, select_pool
 from hacrl.agent.weightsync import WeightLink, WeightsPublisher
 from hacrl.checkpoint import agent_part, read_optimizer, read_rng, write_optimizer, write_rng, writing_part
 from hacrl.core import get_algorithm
+from hacrl.core.losses import median_by_source, sequence_log_ratios
 from hacrl.core.metrics import MetricReducer
 from hacrl.errors import CheckpointError, NonFiniteError, first_line
-from hacrl.learner import loss_inputs, update
+from hacrl.learner import loss_inputs, mini_batches, update
 from hacrl.messages import Deferred, LearnCall, Learned, Trajectory, WorkerSpec
 from hacrl.provenance import LogprobPlan, ProximalLogprobs
 
@@ -275,13 +276,15 @@ class LearningRole(WeightsPublisher):
         )  # fmt: skip
         # the value checks once per update, on the host, so that the micro-batch loop never waits for the device
         _check_rows(self.name, self.index, rows, adv, len(capabilities))
+        centres = self._foreign_centres(rows, capabilities) if self.params.foreign_center == "median" else None
 
-        def mini_batches():
-            for m, start in enumerate(range(0, len(rows), cfg.mini_batch_size)):
+        def steps():
+            layout = mini_batches([r.source for r in rows], cfg.mini_batch_size, cfg.mini_batch_layout)
+            for m, step_rows in enumerate(layout):
                 if m == 1 and proximal is not None:
                     _take_proximal(self.name, self.index, len(own_rows), rows, proximal.value())
                 # rows that are empty in the learner's tokens (an unfinished empty response) cannot enter the loss
-                mini = [i for i in range(start, min(start + cfg.mini_batch_size, len(rows))) if rows[i].response_ids]
+                mini = [i for i in step_rows if rows[i].response_ids]
                 if mini:
                     yield m, mini
 
@@ -292,23 +295,39 @@ class LearningRole(WeightsPublisher):
 
         metrics = update(
             agent.optimizer,
-            mini_batches(),
+            steps(),
             lambda m, mini, reducer: self._accumulate(rows, adv, mini, capabilities, m, reducer),
             lambda: agent.optimizer.clip_grad_norm(agent.cfg.grad_clip),  # float32 with masters
             stepped,
+            skip_zero=cfg.zero_grad_step == "skip",
         )  # optimizer_steps: the steps taken (not the skipped ones, not empty mini-batches)
         if agent.optimizer.offload:
             metrics["time/offload"] = agent.optimizer.take_offload_seconds()
-        metrics["trained_sequences"] = sum(bool(r.response_ids) for r in rows)
-        metrics["trained_tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows if r.response_ids)
         metrics.update(shared)
-        foreign = [r for r in rows if r.source != self.index]
-        if foreign:
-            metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
-            metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
-            metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
+        metrics.update(_pool_metrics(rows, self.index, centres))
         metrics["advantage_abs_mean"] = advantage_abs_mean
         return metrics
+
+    def _foreign_centres(self, rows: list[LearnerRow], capabilities: torch.Tensor) -> list[float]:
+        """`algorithm.foreign_center: median`: each foreign row's shift (`LearnerRow.foreign_shift`), its source's
+        median log-ratio under the pre-update weights (one no-grad pass over the foreign rows, as `top_k`'s); the
+        foreign rows' shifts, for the metric."""
+        foreign = [i for i, r in enumerate(rows) if r.source != self.index and r.response_ids]
+        if not foreign:
+            return []
+        trainer, values = self.spec.trainer, []
+        for start in range(0, len(foreign), trainer.logprob_batch_size):
+            chunk = [rows[i] for i in foreign[start : start + trainer.logprob_batch_size]]
+            with torch.no_grad():
+                logp, tb = rows_logprobs(self.agent, chunk, chunk_size=trainer.logprob_chunk_size)
+            inputs = loss_inputs(chunk, logp, tb.response_mask, torch.zeros_like(logp), [0.0] * len(chunk),
+                                 self.index, capabilities, check_values=False)  # fmt: skip
+            values.append(sequence_log_ratios(inputs, self.params.foreign_ratio).cpu())
+        sources = torch.tensor([rows[i].source for i in foreign])
+        shifts = median_by_source(torch.cat(values), sources, torch.ones(len(foreign), dtype=torch.bool)).tolist()
+        for i, shift in zip(foreign, shifts, strict=True):
+            rows[i].foreign_shift = shift
+        return shifts
 
     def _rho(self, capabilities: torch.Tensor) -> torch.Tensor | None:
         """Each source's coefficient in this learner's loss (spec 3.3): HACPO's rho, None (all 1) otherwise."""
@@ -369,6 +388,7 @@ class LearningRole(WeightsPublisher):
             num_seqs=num_seqs,
             num_own=num_own,
             behaviour_logp=behaviour,
+            foreign_shift=_shifts(rows, device),
             check_values=False,  # `_check_rows` checked them for the whole update
         )
         return self.algorithm.loss(inputs, params=self.params, step_index=step_index)
@@ -400,6 +420,29 @@ def _take_proximal(name: str, index: int, own: int, rows: list[LearnerRow], repl
         raise ValueError(f"agent {name!r}: its old log-probs hold non-finite values (a diverged model?)")
     for i, logp in zip(reply.rows, values, strict=True):
         rows[i].old_logp = logp
+
+
+def _pool_metrics(rows: list[LearnerRow], index: int, centres: list[float] | None) -> dict[str, float]:
+    """What an update trained on: its rows and tokens, and of the foreign rows their length, the share cut to the
+    learner's limit, the empty ones, and their mean centre (`algorithm.foreign_center`)."""
+    metrics = {
+        "trained_sequences": sum(bool(r.response_ids) for r in rows),
+        "trained_tokens": sum(len(r.prompt_ids) + len(r.response_ids) for r in rows if r.response_ids),
+    }
+    foreign = [r for r in rows if r.source != index]
+    if foreign:
+        metrics["foreign_length_mean"] = sum(len(r.response_ids) for r in foreign) / len(foreign)
+        metrics["foreign_cut_frac"] = sum(r.cut for r in foreign) / len(foreign)
+        metrics["foreign_empty"] = sum(not r.response_ids for r in foreign)
+    if centres:
+        metrics["foreign_center"] = sum(centres) / len(centres)
+    return metrics
+
+
+def _shifts(rows: list[LearnerRow], device: torch.device) -> torch.Tensor | None:
+    """The rows' `foreign_shift`s (`algorithm.foreign_center`), None where every one is 0 (the paper's window)."""
+    shifts = [r.foreign_shift for r in rows]
+    return torch.tensor(shifts, dtype=torch.float64, device=device) if any(shifts) else None
 
 
 def _per_row(mask: torch.Tensor, values: list[torch.Tensor | None], base: torch.Tensor) -> torch.Tensor:

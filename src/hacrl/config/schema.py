@@ -175,6 +175,20 @@ class TrainerConfig:
     stop at EOS vary in length; one that runs to the limit pads its whole micro-batch). The gradient is the same sum
     in another order (float rounding differs); the first micro-batch is the largest, so memory runs out at once if it
     does. Measured on SmolLM2 (`benchmarks/real_trl.py`): see docs/benchmarks.md."""
+    mini_batch_layout: Literal["blocks", "mixed"] = "blocks"
+    """Which rows of a learner's pool share an optimizer step. `blocks`: consecutive mini-batches in pool order, so
+    its own rows train first and each other agent's rows in steps of their own (an agent's rows are a whole number
+    of mini-batches), and foreign rows meet only the later stepwise bounds; what the paper's code does on one GPU.
+    `mixed`: as many steps, each holding the same share of every source's rows (own, then each other agent's, in
+    pool order inside the step), as the authors' 8-GPU runs compose them (verl splits the pool over its ranks before
+    mini-batching, and each step gathers every rank's); foreign rows then meet every bound, and no step is foreign
+    only. Equal to `blocks` with one agent or without sharing. docs/design.md, "Mini-batch layout"."""
+    zero_grad_step: Literal["take", "skip"] = "take"
+    """What a mini-batch whose gradient is exactly zero does (every row clipped out of HACPO's window, or every
+    advantage zero: a foreign-only mini-batch when the window holds back every foreign row). `take`: the optimizer
+    steps anyway, as the paper's code does, and AdamW moves the weights along its momentum alone (on the real bed that
+    cost the partner as much as sharing gained, analysis.md); `skip`: no step, the optimizer's state and the weights
+    untouched, counted in `<agent>/zero_grad_skipped`."""
     logprob_batch_size: int = field(default=64, metadata=NOT_EXACT)
     """Responses per no-grad forward of the old log-probs (and per generate call unless `rollout.batch_size`)."""
     logprob_chunk_size: int | str | None = field(default="auto", metadata=NOT_EXACT)

@@ -109,6 +109,12 @@ class ControlTrainerConfig:
     """G."""
     mini_batch_size: int = 64
     """Episodes per optimizer step (must divide B x G)."""
+    mini_batch_layout: Literal["blocks", "mixed"] = "blocks"
+    """`blocks`: consecutive mini-batches in pool order (own first); `mixed`: each step holds the same share of every
+    policy's episodes (`hacrl train --help-config`: trainer.mini_batch_layout)."""
+    zero_grad_step: Literal["take", "skip"] = "take"
+    """A mini-batch whose gradient is exactly zero: `take` the optimizer step anyway (the paper's), or `skip` it
+    (the policy's weights and optimizer state untouched; `hacrl train --help-config`: trainer.zero_grad_step)."""
     temperature: float = 1.0
     seed: int = 0
     output_dir: str = field(default="runs/control", metadata=SAFE)

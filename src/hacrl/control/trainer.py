@@ -45,13 +45,14 @@ from hacrl.control.config import control_config_to_yaml, mapping_of
 from hacrl.control.env import Episode, environments
 from hacrl.control.policies import ARCHITECTURES, draw, token_logprobs
 from hacrl.core import CapabilityTracker, get_algorithm, step_mean_rewards
+from hacrl.core.losses import median_by_source, sequence_log_ratios
 from hacrl.core.metrics import MetricReducer
 from hacrl.core.sharing import foreign_of, in_pool_order, kept_rows
 from hacrl.driver.metrics import agent_key, eval_key
 from hacrl.driver.resume import plan_resume
 from hacrl.driver.runloop import RunLoop
 from hacrl.errors import CheckpointError, NonFiniteError, restoring
-from hacrl.learner import loss_inputs, update
+from hacrl.learner import loss_inputs, mini_batches, update
 
 EVAL_SEED_BASE = 2**30
 """Held-out initial states are seeds EVAL_SEED_BASE + i; training draws seeds below it."""
@@ -352,8 +353,8 @@ class ControlTrainer(RunLoop):
         actions = torch.from_numpy(np.stack([e.actions for e in pool]))
         width = actions[0].numel()  # its tokens: steps (discrete) or action coordinates (continuous)
         old = torch.stack([e.old_logp if e.source == k else torch.zeros(width) for e in pool])
-        size = cfg.trainer.mini_batch_size
         ages = self._replay_ratios(k, pool, obs, actions, past_from) if past_from is not None else {}
+        shift = self._foreign_centres(k, pool, obs, actions, old, caps)
 
         def backward(m: int, rows: list[int], reducer: MetricReducer) -> None:
             # every step of an episode is in the loss (an episode has no padding)
@@ -361,32 +362,48 @@ class ControlTrainer(RunLoop):
             # check_values=False: a non-finite log-prob shows as a non-finite gradient norm, and `update` skips the
             # step and counts it (`skipped_steps`), as in the LLM trainer
             inputs = loss_inputs([pool[i] for i in rows], logp, torch.ones_like(logp, dtype=torch.bool), old[rows],
-                                 adv[rows], k, caps, check_values=False)  # fmt: skip
+                                 adv[rows], k, caps, check_values=False,
+                                 foreign_shift=shift[rows] if shift is not None else None)  # fmt: skip
             out = self.algorithm.loss(inputs, params=self.params, step_index=m)
             out.loss.backward()
             reducer.add(out.metrics)
 
-        def stepped() -> None:
-            self.optimizer_steps[k] += 1
-
-        starts = enumerate(range(0, len(pool), size))
+        layout = mini_batches([e.source for e in pool], cfg.trainer.mini_batch_size, cfg.trainer.mini_batch_layout)
         metrics = update(
             optimizer,
-            ((m, list(range(start, min(start + size, len(pool))))) for m, start in starts),
+            enumerate(layout),
             backward,
             lambda: torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.policies[k].grad_clip),
-            stepped,
+            lambda: self._stepped(k),
+            skip_zero=cfg.trainer.zero_grad_step == "skip",
         )
         if first_nonfinite(policy) is not None:  # a finite gradient at a huge learning rate
             self._diverged(k, "was updated to non-finite weights")
         metrics["trained_sequences"] = len(pool)
         metrics["advantage_abs_mean"] = float(adv.abs().mean())
+        if shift is not None and (kept_foreign := [i for i, e in enumerate(pool) if e.source != k]):
+            metrics["foreign_center"] = float(shift[kept_foreign].mean())
         if offered:
             metrics["shared_offered"], metrics["shared_kept"] = offered, kept
         if replayed is not None:
             metrics["replay/kept"] = replayed
             metrics.update(ages)
         return metrics
+
+    def _stepped(self, k: int) -> None:
+        self.optimizer_steps[k] += 1
+
+    def _foreign_centres(self, k, pool, obs, actions, old, caps) -> torch.Tensor | None:
+        """`algorithm.foreign_center: median`: each foreign episode's shift, its source's median log-ratio under
+        policy k's weights before this update (`hacrl.core.losses.median_by_source`); 0 on its own episodes. None:
+        the paper's window."""
+        if self.params.foreign_center != "median":
+            return None
+        with torch.no_grad():
+            logp = token_logprobs(self.policies[k], obs, actions, self.config.trainer.temperature)
+        inputs = loss_inputs(pool, logp, torch.ones_like(logp, dtype=torch.bool), old, [0.0] * len(pool), k, caps,
+                             check_values=False)  # fmt: skip
+        return median_by_source(sequence_log_ratios(inputs, self.params.foreign_ratio), inputs.source, ~inputs.is_own)
 
     def _kept(self, k: int, rewards: torch.Tensor, groups: torch.Tensor, sources: torch.Tensor,
               adv: torch.Tensor) -> torch.Tensor:  # fmt: skip

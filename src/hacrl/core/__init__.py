@@ -19,6 +19,8 @@ _EXPORTS = {
         "gspo_loss",
         "gspo_objective",
         "hacpo_loss",
+        "median_by_source",
+        "sequence_log_ratios",
     ],
     "hacrl.core.params": ["AlgorithmParams"],
     "hacrl.core.sharing": ["kept_rows", "select_foreign", "within_budget"],

@@ -85,6 +85,9 @@ class LossInputs:
     """(B, T) per-token log-probs of the weights that sampled each own row, when they are older than `old_logp`'s (the
     proximal policy: the learner's weights when its update starts; `trainer.lag` > 0); read on own rows only. None:
     `old_logp` is the behaviour policy (today's loop)."""
+    foreign_shift: Tensor | None = None
+    """(B,) float64: added to each foreign row's behaviour term, so its log-ratio is log s - shift (`foreign_center:
+    median`: its source's median log-ratio, `foreign_centers`); read on foreign rows only. None: 0."""
     check_values: bool = True
     """Check values (finite, known ids, no empty row): each check reads the device once. A trainer that checked its
     inputs once per update passes False, so the micro-batch loop never waits for the device (shapes are always
@@ -102,7 +105,7 @@ class LossInputs:
             check_1d(name, getattr(self, name), batch)
         if (self.source_logp_sum is None) != (self.source_num_tokens is None):
             raise ValueError("source_logp_sum and source_num_tokens go together: pass both (foreign rows) or neither")
-        for name in ("source_logp_sum", "source_num_tokens", "num_bytes"):
+        for name in ("source_logp_sum", "source_num_tokens", "num_bytes", "foreign_shift"):
             if getattr(self, name) is not None:
                 check_1d(name, getattr(self, name), batch)
         check_integer("source", self.source)
@@ -187,6 +190,8 @@ class LossInputs:
             foreign_only(self.num_bytes) if self.num_bytes is not None else torch.ones_like(own_mean, dtype=f64),
             mode,
         )
+        if self.foreign_shift is not None:
+            term = term + foreign_only(self.foreign_shift)
         old = torch.where(self.is_own, own_mean, term.to(own_mean.dtype))
         if divisor is None:
             return old, None
@@ -204,6 +209,33 @@ class LossOutput:
     """() scalar, with gradient."""
     metrics: dict[str, Tensor] = field(default_factory=dict)
     """Detached 0-dim tensors, keyed by name; the logger calls .item()."""
+
+
+def sequence_log_ratios(inputs: LossInputs, mode: str) -> Tensor:
+    """(B,) each row's sequence log-ratio log s (before the [-10, 10] guard) under the foreign-ratio normalisation
+    `mode`, detached: with `inputs.logp` the learner's pre-update log-probs, what `foreign_center: median` centres."""
+    old, divisor = inputs.behaviour_terms(mode)
+    logp = inputs.logp.detach()
+    if divisor is None:
+        learner = masked_mean(logp, inputs.mask)
+    else:
+        learner = torch.where(inputs.mask.bool(), logp, torch.zeros_like(logp)).sum(-1) / divisor
+    return learner - old.detach()
+
+
+def median_by_source(values: Tensor, source: Tensor, rows: Tensor) -> Tensor:
+    """(B,) float64: for each row in `rows` the median of `values` over the rows of its source in `rows` (the lower
+    of the two middle values for an even count, torch's), 0 elsewhere (`foreign_center: median`'s shift).
+
+    >>> median_by_source(torch.tensor([1.0, -3.0, -1.0, -2.0, 5.0]), torch.tensor([0, 1, 1, 1, 2]),
+    ...                  torch.tensor([False, True, True, True, True])).tolist()
+    [0.0, -2.0, -2.0, -2.0, 5.0]
+    """
+    out = torch.zeros(values.shape, dtype=torch.float64, device=values.device)
+    for s in torch.unique(source[rows]).tolist():
+        sel = rows & (source == s)
+        out[sel] = values[sel].double().median()
+    return out
 
 
 def gspo_objective(seq_ratio: Tensor, adv: Tensor, *, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:

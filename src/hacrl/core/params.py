@@ -36,6 +36,12 @@ class AlgorithmParams:
     """How a foreign row's sequence ratio is normalised across tokenizers (spec 3.4b): `source_mean` (the paper:
     log s = S_k/n_k - S_src/n_src), `learner_length` ((S_k - S_src)/n_k), `bytes` ((S_k - S_src)/b, b the response's
     UTF-8 byte count). S = summed log-probs, n = token counts in each agent's own tokens."""
+    foreign_center: Literal["none", "median"] = "none"
+    """A hacrl extension of spec 3.5 for agents far apart (docs/design.md, "A window that fits the pair"). `none`:
+    the paper's window on s. `median`: each source's log-ratios are first centred by their median over the learner's
+    update (its pre-update weights, one no-grad pass over the foreign rows it keeps), s' = s / exp(median), so the
+    window [lo_m, 1] holds back the answers that are unlikely for the learner relative to how that partner's answers
+    usually are for it, rather than every answer of a partner whose style is far from its own."""
     share_rollouts: bool = True
     """For algorithms that share (naive, hacpo): False trains each agent on its own rollouts only (equals gspo)."""
     kl_coef: float = 0.0
@@ -69,6 +75,8 @@ class AlgorithmParams:
             )
         if not self.adv_eps > 0:
             raise ValueError(f"algorithm.adv_eps must be positive, got {self.adv_eps}")
+        if self.foreign_center not in ("none", "median"):
+            raise ValueError(f"algorithm.foreign_center must be none or median, got {self.foreign_center!r}")
         if self.foreign_ratio not in ("source_mean", "learner_length", "bytes"):
             raise ValueError(
                 f"algorithm.foreign_ratio must be source_mean, learner_length or bytes, got {self.foreign_ratio!r}"

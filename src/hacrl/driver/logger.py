@@ -126,8 +126,10 @@ class MetricsLogger:
                 self.print(
                     f"note: every foreign row of {name!r} has been outside its clipping window for "
                     f"{ALL_CLIPPED_STEPS} steps: sharing gives it no gradient, but each mini-batch of foreign rows "
-                    "still takes an optimizer step (AdamW's momentum moves the weights again); see docs/design.md, "
-                    '"When every foreign row is clipped"'
+                    "still takes an optimizer step (AdamW's momentum moves the weights again) unless "
+                    "trainer.zero_grad_step=skip. A window that fits the pair: algorithm.foreign_center=median (or a "
+                    "larger algorithm.delta, algorithm.foreign_ratio); foreign rows in every step: "
+                    'trainer.mini_batch_layout=mixed. See docs/design.md, "When every foreign row is clipped"'
                 )
 
     def close(self) -> None:
