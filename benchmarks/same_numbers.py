@@ -6,7 +6,9 @@ logged value (but times) and every checkpoint file compared.
 
 The base is checked out into a temporary git worktree and run with the same interpreter, its `src` first on
 PYTHONPATH (so its scoring processes, rank processes and Ray actors import it too). Each case is a 3-step run of the
-tests' two tiny agents (Llama on characters, Qwen2 on a BPE; built once, seeded), checkpointed every step:
+tests' two tiny agents (Llama on characters, Qwen2 on a BPE; built once, seeded; bare questions, `data.system_prompt:
+null`, as the tests ask them, so a base before the prompt's default changed in 495bd38 asks the same), checkpointed
+every step:
 
     hacpo, gspo                 lag 0, local backend
     hacpo-lag1-samplers         lag 1, each agent with a sampler process of its own
@@ -90,7 +92,7 @@ def config(case: str, agents: Path, run: Path) -> dict:
         "agents": [llama, qwen],
         "algorithm": {"name": "hacpo", **spec.get("algorithm", {})},
         "rollout": {"group_size": 4, "max_new_tokens": 6, "max_prompt_tokens": 96},
-        "data": {**TASK, "train_size": 64, "eval_size": 8, "heldout_size": 8},
+        "data": {**TASK, "train_size": 64, "eval_size": 8, "heldout_size": 8, "system_prompt": None},
         "scoring": {"function": "tests.reward_fixtures:digits"},
         "trainer": {"steps": 3, "prompts_per_step": 2, "mini_batch_size": 4, "micro_batch_size": 2,
                     "output_dir": str(run), **spec.get("trainer", {})},
