@@ -3,6 +3,8 @@ their new names), and what a resume may change is read from each field's metadat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hacrl.config import ConfigError, ScoringConfig, TrainConfig, load_config
@@ -131,3 +133,18 @@ def test_each_agents_settings_are_its_own_where_set_else_the_rollout_groups():
     assert a.max_tokens == 48 and a.kv_cache_margin == b.kv_cache_margin == 0.2
     given = RolloutConfig(batch_size=8)
     assert AgentSettings.resolve(own, given).rows_per_call == AgentSettings.resolve(plain, given).rows_per_call == 8
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    """Every config under configs/ (the beds, the paper's pairs, the control and reach beds) passes its loader's
+    checks as committed: a renamed key or a changed default that one of them contradicts fails here, not in a
+    user's first run."""
+    from hacrl.control.config import load_control_config
+
+    text = path.read_text()
+    config = (load_control_config if "policies:" in text else load_config)(str(path))
+    assert config.trainer.steps >= 1
