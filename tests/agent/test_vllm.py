@@ -159,8 +159,9 @@ def test_a_lora_agent_hands_vllm_the_base_with_its_adapters_merged(engine, smoll
         engine.agent.weights_changed()
 
 
-def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
-    """64 answers to the same 8 prompts from each sampler at T = 1 (fresh weights, other seeds): their mean reward
+def test_vllm_and_hf_sample_the_same_distribution(engine, smollm2, tmp_path):
+    """64 answers to the same 8 prompts from each sampler at T = 1 (the model's own weights; the module's engine,
+    whose stream other tests have moved on, and a fresh `hf` worker: other seeds): their mean reward
     (the math verifier on the prose: the right sum in the last box), length and finished fraction agree within 4
     standard errors of the difference (a two-sample z-test that a sampler ignoring the temperature, the stops or the
     chat template fails by tens of standard errors)."""
@@ -170,7 +171,7 @@ def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
     verifier, gold = math_reward(), [str(a + b) for a, b in PAIRS for _ in range(8)]
     out, rewards = {}, {}
     for backend in ("vllm", "hf"):
-        worker = _worker(smollm2, tmp_path, backend)
+        worker = engine if backend == "vllm" else _worker(smollm2, tmp_path, backend)
         worker.sample(SampleCall(1, PROMPTS, 8))
         out[backend] = worker._rollout.samples
         rewards[backend] = verifier(PROMPTS, [s.text for s in out[backend]], answer=gold)
@@ -187,9 +188,10 @@ def test_vllm_and_hf_sample_the_same_distribution(smollm2, tmp_path):
 
 
 def _train_pair(smollm2, tiny_agents, tmp_path, run, *, faults: str = "", resume: bool = False, smol=None,
-                trainer=None):  # fmt: skip
+                **sections):  # fmt: skip
     """`hacrl train` in a process of its own on SmolLM2 (on vLLM; `smol`: more of its settings) and the tiny Qwen2
-    (on hf), two HACPO steps of `tests.conftest.write_config`'s small config (`trainer`: more of its settings)."""
+    (on hf), two HACPO steps of `tests.conftest.write_config`'s small config (`sections`: more of its settings, group
+    by group)."""
     import os
     import subprocess
     import sys
@@ -203,7 +205,8 @@ def _train_pair(smollm2, tiny_agents, tmp_path, run, *, faults: str = "", resume
                        ["smol", "qwen"], run)  # fmt: skip
     written = yaml.safe_load(cfg.read_text())
     written["agents"][0].update(lr=1e-5, rollout_backend="vllm", **(smol or {}))
-    written["trainer"].update(trainer or {})
+    for group, values in sections.items():
+        written[group].update(values)
     cfg.write_text(yaml.safe_dump(written))
     env = {**os.environ, "HACRL_FAULTS": faults, "OMP_NUM_THREADS": "2"}
     command = [sys.executable, "-m", "hacrl", "train", str(cfg), *(["--resume"] if resume else [])]
@@ -228,14 +231,15 @@ def test_a_hacpo_run_with_a_vllm_sampler_process_is_the_learners_own_and_resumes
 
     def train(run, smol=None, faults: str = "", resume: bool = False):
         return _train_pair(smollm2, tiny_agents, tmp_path, run, smol=smol, trainer={"lag": 1}, faults=faults,
-                           resume=resume)  # fmt: skip
+                           resume=resume, rollout={"group_size": 2})  # fmt: skip
 
     reference, run, apart = tmp_path / "reference", tmp_path / "run", {"sampler_devices": ["cpu"]}
     done = train(reference)
     assert done.returncode == 0, done.stderr[-3000:]
-    # 8 micro-batches an update (8 own + 8 foreign rows, 2 a micro-batch): step 1 takes hits 1-16, hit 19 is the
-    # third micro-batch of SmolLM2's second update
-    killed = train(run, apart, "update.micro_batch:19")
+    # 4 micro-batches an update (2 prompts x 2 answers: 4 own + 4 foreign rows, 2 a micro-batch; half the rows of
+    # the default group of 4, for time): step 1 takes hits 1-8, hit 11 is the third micro-batch of SmolLM2's second
+    # update
+    killed = train(run, apart, "update.micro_batch:11")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert [r["step"] for r in records(run)] == [1]
     resumed = train(run, apart, resume=True)
