@@ -3,7 +3,7 @@
     pip install "hacrl[bench]"                       # TRL (optional; never needed by the library or the tests)
     python benchmarks/throughput.py                  # 4 rounds of hacrl / TRL alternated, in each of the 4
                                                      # conditions; 2 rounds of the HACPO rows
-    python benchmarks/throughput.py --smoke          # hacrl only, 2 steps (what make test runs)
+    python benchmarks/throughput.py --smoke          # hacrl only, 1 step (what make test runs)
 
 The same 1.06M-parameter Llama on a character tokenizer (built here, offline, random weights: every completion
 runs to the length limit, so the work is fixed), the same 512 prompts (`Q:<a>+<b>=\\nA:`), the same reward (1 when
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpointing-microbatch: the same on both sides")  # fmt: skip
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="hacrl only, 2 steps, results in --out")
+    parser.add_argument("--smoke", action="store_true", help="hacrl only, 1 step, results in --out")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--condition", default=DEFAULT, help=argparse.SUPPRESS)
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     build(SCRATCH)
     if args.smoke:
-        args.steps, args.warmup = 2, 0
+        args.steps, args.warmup = 1, 0
     elif not args.systems:
         try:
             import trl  # noqa: F401

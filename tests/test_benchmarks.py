@@ -143,7 +143,7 @@ def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_benchmark_smoke(tmp_path):
-    """`benchmarks/throughput.py --smoke`: hacrl's GSPO and 2-agent HACPO processes, 2 steps each, through the same
+    """`benchmarks/throughput.py --smoke`: hacrl's GSPO and 2-agent HACPO processes, 1 step each, through the same
     code that measures them against TRL (TRL itself is an optional extra and not needed here)."""
     spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
     bench = importlib.util.module_from_spec(spec)
