@@ -46,8 +46,8 @@ $(DEV): $(STAMP)
 	$(INSTALL) -e ".[dev]" 2>/dev/null || $(FALLBACK) -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
 	@touch $(DEV)
 
-# The two virtualenvs are set up at once (each install keeps about one core busy: 1 min 25 s and 1 min 43 s one
-# after the other on one machine), then the whole suite on two pytest-xdist workers (each test's torch on one thread
+# The two virtualenvs are set up at once (each install keeps about one core busy: 2 min 49 s one after the other,
+# 1 min 37 s at once, on one machine with warm caches), then the whole suite on two pytest-xdist workers (each test's torch on one thread
 # there: `tests.conftest.THREADS`; one at a time it kept ~1.1 of the 2 cores busy; three workers, with or without
 # the Ray tests kept to one of them, took as long: the cores are full), then the vLLM suite in its own virtualenv
 # (run beside the others it took 12 min instead of 5 and slowed them as much; on two workers of its own, as long).
