@@ -46,12 +46,13 @@ $(DEV): $(STAMP)
 	$(INSTALL) -e ".[dev]" 2>/dev/null || $(FALLBACK) -e ".[dev]" | { grep -E "^(Collecting|Successfully)" || true; }
 	@touch $(DEV)
 
-# The two virtualenvs are set up at once (each install keeps about one core busy: 2 min 49 s one after the other,
-# 1 min 37 s at once, on one machine with warm caches), then the whole suite on two pytest-xdist workers (each test's torch on one thread
-# there: `tests.conftest.THREADS`; one at a time it kept ~1.1 of the 2 cores busy; three workers, with or without
-# the Ray tests kept to one of them, took as long: the cores are full), then the vLLM suite in its own virtualenv
-# (run beside the others it took 12 min instead of 5 and slowed them as much; on two workers of its own, as long).
-# Times: docs/testing.md.
+# The two virtualenvs are set up at once (each install keeps about one core busy: 2 min 49 s one after the
+# other, 1 min 37 s at once, on one machine with warm caches), then the whole suite on two pytest-xdist workers
+# (each test's torch on one thread there: `tests.conftest.THREADS`; one at a time it kept ~1.1 of the 2 cores
+# busy; three workers, with or without the Ray tests kept to one of them, took as long: the suite waits on
+# deadlines, Ray and process starts, and more workers slow the Ray tests 2-5x), then the vLLM suite in its own
+# virtualenv (beside the others it took 12 min instead of 5 and slowed them as much; on two workers of its own,
+# as long). Times: docs/testing.md.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(DEV) $(VLLM_STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
