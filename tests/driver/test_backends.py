@@ -28,9 +28,10 @@ def ray_session():
     ray.shutdown()
 
 
-# The backend carries calls and knows no algorithm: HACPO with three agents makes every call that two agents or GSPO
-# make (a 2-agent case and a GSPO case were dropped as the same calls again).
+# HACPO with three agents makes every call that two make (the 2-agent case was dropped as the same calls again); GSPO
+# shares no pool, so its learners take the call alone (`Trainer._submit_learns`), a path of its own.
 CASES = {
+    "gspo": (["llama", "qwen"], {"name": "gspo"}),
     "hacpo-3-agents": (["llama", "qwen", "tiny"], {"name": "hacpo"}),
     "hacpo-lag-1": (["llama", "qwen"], {"name": "hacpo"}),  # sample and learn calls at once on each actor
     # each agent's sampler an actor / a process: llama's takes the weights through the object store (shared memory
