@@ -41,7 +41,15 @@ def _forkserver():
 
 
 def _child(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
-    """The run, in the forked process: `main(args)` as `python -m hacrl ARGS` runs it, its output in two files."""
+    """The run, in the forked process: `main(args)` as `python -m hacrl ARGS` runs it, its output in two files, in
+    the caller's environment (`env`: the whole of it, not the server's) with an interpreter's signal dispositions
+    (the server is shared with hacrl's own rank processes, `hacrl.driver.backends.ranks`: one they started ignores
+    SIGINT and SIGTERM)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -49,6 +57,7 @@ def _child(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: 
         os.close(target)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (block-buffered, as a pipe is)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 (line-buffered, as Python's stderr is)
+    os.environ.clear()
     os.environ.update(env)
     import torch
 
@@ -74,8 +83,9 @@ def hacrl(
     context = _forkserver()
     out = Path(tempfile.mkdtemp(prefix="hacrl-forked-"))
     stdout, stderr = out / "stdout", out / "stderr"
+    environment = {**os.environ, **(env or {})}
     process = context.Process(
-        target=_child, args=(list(args), dict(env or {}), str(cwd or Path.cwd()), str(stdout), str(stderr))
+        target=_child, args=(list(args), environment, str(cwd or Path.cwd()), str(stdout), str(stderr))
     )
     process.start()
     process.join(timeout)

@@ -34,16 +34,26 @@ def _hacrl(args: list[str], faults_plan: str = "") -> subprocess.CompletedProces
 def _orphaned_scorers() -> list[int]:
     """Scoring processes of this test's trainers (they carry MARK) that outlived them (they must die with their
     trainer, even on SIGKILL)."""
+    return _marked(lambda cmdline, comm: b"_worker_main" in cmdline)
+
+
+def orphaned_workers() -> list[int]:
+    """Rank and sampler processes of this test's trainers (named `hacrl:<agent>:<rank>` / `hacrl:<agent>:s`), and
+    the fork servers they came from, that outlived their trainer."""
+    return _marked(lambda cmdline, comm: comm.startswith(b"hacrl:") or b"multiprocessing.forkserver" in cmdline)
+
+
+def _marked(which) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            cmdline, comm = (entry / "cmdline").read_bytes(), (entry / "comm").read_bytes()
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"_worker_main" in cmdline and "=".join(MARK).encode() in environ:
+        if which(cmdline, comm) and "=".join(MARK).encode() in environ:
             found.append(int(entry.name))
     return found
 

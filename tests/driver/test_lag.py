@@ -5,6 +5,7 @@ ends with the uninterrupted run's numbers and weights; bad settings are refused 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from hacrl.tools.cli import main
 from tests.conftest import fails_cleanly, records, same_numbers, same_weights, write_config
-from tests.driver.test_faults import _hacrl
+from tests.driver.test_faults import _hacrl, orphaned_workers
 
 LAG = {"steps": 3, "lag": 1}
 GRADED = {"function": "tests.reward_fixtures:digits"}  # graded rewards: every step learns
@@ -231,6 +232,10 @@ def test_a_learner_killed_mid_weight_sync_resumes_exactly(tiny_agents, tmp_path,
     _with_samplers(cfg, [0, 1])
     done = _hacrl(["train", str(cfg)], "weight_sync:3")  # step 2, the first learner's write of its new weights
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    deadline = time.monotonic() + 10  # the samplers and their fork server die with the killed learner
+    while orphaned_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert orphaned_workers() == []
     final = _hacrl(["train", str(cfg), "--resume"])
     assert final.returncode == 0, final.stderr[-2000:]
     same_numbers(records(run), records(lag_reference))
@@ -328,18 +333,25 @@ QUICK_DEADLINES = ["runtime.deadline.minimum=3", "runtime.deadline.factor=5"]
 
 
 def _stopped_children(parent: int) -> list[int]:
-    """The processes below `parent` that are stopped (state T)."""
+    """The processes below `parent`, at any depth, that are stopped (state T): a sampler is a child of the fork
+    server, the driver's child."""
     from pathlib import Path
 
-    found = []
+    states, below = {}, {}
     for entry in Path("/proc").iterdir():
         try:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        if entry.name.isdigit() and fields[0] == "T" and int(fields[1]) == parent:
-            found.append(int(entry.name))
+        if entry.name.isdigit():
+            states[int(entry.name)] = fields[0]
+            below.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], list(below.get(parent, []))
+    while todo:
+        pid = todo.pop()
+        found += [pid] if states[pid] == "T" else []
+        todo += below.get(pid, [])
     return found
 
 
@@ -407,6 +419,48 @@ def test_a_second_sigterm_stops_at_once_while_a_sampler_is_stopped(tiny_agents, 
     err = capsys.readouterr().err
     assert "stopped at once by a second SIGTERM" in err and "Traceback" not in err, err
     assert _stopped_children(os.getpid()) == []
+
+
+@pytest.mark.slow
+def test_a_driver_killed_while_its_sampler_is_stopped_takes_the_sampler_with_it(tiny_agents, tmp_path):
+    """kill -9 of the driver while qwen's sampler is stopped (SIGSTOP: it reads nothing, so only the kernel can
+    end it): the sampler and the fork server it came from are gone within seconds (the driver's death ends the
+    server, whose death ends what it forked: PR_SET_PDEATHSIG), not left behind holding their memory."""
+    import os
+    import threading
+
+    from tests import forked
+    from tests.driver.test_faults import MARK, ROOT
+
+    def stat(pid: int) -> tuple[str, int]:
+        text = open(f"/proc/{pid}/stat").read()  # noqa: SIM115, PTH123
+        state, ppid = text[text.rfind(")") + 2 :].split()[:2]
+        return state, int(ppid)
+
+    def kill_the_driver_once_the_sampler_stops() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for pid in orphaned_workers():
+                try:
+                    state, server = stat(pid)
+                    if state == "T":
+                        os.kill(stat(server)[1], signal.SIGKILL)  # the server's parent: the driver
+                        return
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.1)
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer=LAG, scoring=GRADED)
+    _with_samplers(cfg, [1])
+    threading.Thread(target=kill_the_driver_once_the_sampler_stops, daemon=True).start()
+    env = {"HACRL_FAULTS": "sampling:3:STOP", "HACRL_FAULTS_RANK": "sampler", "OMP_NUM_THREADS": "2", MARK[0]: MARK[1]}
+    done = forked.hacrl(["train", str(cfg)], env, cwd=ROOT, timeout=180)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while orphaned_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert orphaned_workers() == [], "the stopped sampler or its fork server outlived the killed driver"
 
 
 # -- pending.pt's values are checked, not only its digest (issue 71, 2) ----------------------------------------------

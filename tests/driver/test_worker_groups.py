@@ -293,8 +293,9 @@ def test_a_rank_killed_between_calls_is_named_at_the_next_call(tiny_agents, tmp_
 @pytest.mark.slow
 def test_ctrl_c_while_a_worker_group_starts_is_one_line(tiny_agents, tmp_path):
     """Issue 61, 16: Ctrl-C to the terminal's process group while the ranks were importing printed each rank's
-    KeyboardInterrupt traceback before hacrl's message; the ranks now start with SIGINT blocked (the driver's is
-    only held back), and the driver stops them at once."""
+    KeyboardInterrupt traceback before hacrl's message; the ranks now start with SIGINT ignored (the driver's is
+    only held back), and the driver stops them at once. The ranks are forked by the driver's fork server: the
+    Ctrl-C comes while they build their model."""
     import os
     import signal
     import time
@@ -303,25 +304,29 @@ def test_ctrl_c_while_a_worker_group_starts_is_one_line(tiny_agents, tmp_path):
     cfg = _config(tiny_agents, tmp_path, "cut")
     proc = _from_a_terminal(cfg)
 
-    def ranks() -> list[int]:
+    def children(pid: int) -> list[tuple[int, bytes]]:
         found = []
         for entry in Path("/proc").iterdir():
             try:
                 stat = (entry / "stat").read_text()
-                if entry.name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[1]) == proc.pid:
-                    # ranks only: the resource tracker and a forkserver are multiprocessing children too, and
-                    # counting them sent the Ctrl-C while the second rank was still being started (under load)
-                    if b"multiprocessing.spawn" in (entry / "cmdline").read_bytes():
-                        found.append(int(entry.name))
+                if entry.name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                    found.append((int(entry.name), (entry / "cmdline").read_bytes()))
             except (OSError, ValueError, IndexError):
                 pass
         return found
 
+    def ranks() -> list[int]:
+        # the ranks only: the fork server's children (the resource tracker is the driver's child too, and
+        # counting it sent the Ctrl-C while the second rank was still being started, under load)
+        servers = [pid for pid, cmdline in children(proc.pid) if b"multiprocessing.forkserver" in cmdline]
+        return [pid for server in servers for pid, _ in children(server)]
+
     deadline = time.time() + 120
     while proc.poll() is None and len(ranks()) < 2 and time.time() < deadline:
         time.sleep(0.02)
-    time.sleep(0.3)  # they are importing torch now (it takes seconds)
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does, while the ranks import torch and build their model
+    assert len(ranks()) == 2, "the two ranks never started"
+    time.sleep(0.1)  # they are building their model now
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
