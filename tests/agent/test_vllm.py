@@ -188,17 +188,22 @@ def test_vllm_and_hf_sample_the_same_distribution(engine, smollm2, tmp_path):
 
 
 def _train_pair(smollm2, tiny_agents, tmp_path, run, *, faults: str = "", resume: bool = False, smol=None,
-                **sections):  # fmt: skip
-    """`hacrl train` in a process of its own on SmolLM2 (on vLLM; `smol`: more of its settings) and the tiny Qwen2
-    (on hf), two HACPO steps of `tests.conftest.write_config`'s small config (`sections`: more of its settings, group
-    by group)."""
+                own_process: bool = True, **sections):  # fmt: skip
+    """`hacrl train` on SmolLM2 (on vLLM; `smol`: more of its settings) and the tiny Qwen2 (on hf), two HACPO steps
+    of `tests.conftest.write_config`'s small config (`sections`: more of its settings, group by group): in a process
+    of its own (`own_process`; one that `faults` can kill), else in this one (which has imported torch, transformers and
+    vLLM already: ~15 s less a run)."""
+    import contextlib
+    import io
     import os
     import subprocess
     import sys
     from pathlib import Path
+    from types import SimpleNamespace
 
     import yaml
 
+    from hacrl.tools.cli import main
     from tests.conftest import write_config
 
     cfg = write_config(tmp_path / f"{run.name}.yaml", {"smol": smollm2["dir"], "qwen": tiny_agents["qwen"]},
@@ -208,10 +213,17 @@ def _train_pair(smollm2, tiny_agents, tmp_path, run, *, faults: str = "", resume
     for group, values in sections.items():
         written[group].update(values)
     cfg.write_text(yaml.safe_dump(written))
+    args = ["train", str(cfg), *(["--resume"] if resume else [])]
+    if not own_process:
+        assert not faults, "a run with failpoints runs in a process of its own"
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+        return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
     env = {**os.environ, "HACRL_FAULTS": faults, "OMP_NUM_THREADS": "2"}
-    command = [sys.executable, "-m", "hacrl", "train", str(cfg), *(["--resume"] if resume else [])]
     root = Path(__file__).resolve().parents[2]
-    return subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "hacrl", *args], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
 
 
 def test_a_hacpo_run_with_a_vllm_sampler_process_is_the_learners_own_and_resumes_exactly_after_a_kill(
@@ -229,12 +241,12 @@ def test_a_hacpo_run_with_a_vllm_sampler_process_is_the_learners_own_and_resumes
 
     from tests.conftest import records, same_numbers, same_weights
 
-    def train(run, smol=None, faults: str = "", resume: bool = False):
+    def train(run, smol=None, faults: str = "", resume: bool = False, own_process: bool = True):
         return _train_pair(smollm2, tiny_agents, tmp_path, run, smol=smol, trainer={"lag": 1}, faults=faults,
-                           resume=resume, rollout={"group_size": 2})  # fmt: skip
+                           resume=resume, own_process=own_process, rollout={"group_size": 2})  # fmt: skip
 
     reference, run, apart = tmp_path / "reference", tmp_path / "run", {"sampler_devices": ["cpu"]}
-    done = train(reference)
+    done = train(reference, own_process=False)  # in this process: only the killed run needs one of its own
     assert done.returncode == 0, done.stderr[-3000:]
     # 4 micro-batches an update (2 prompts x 2 answers: 4 own + 4 foreign rows, 2 a micro-batch; half the rows of
     # the default group of 4, for time): step 1 takes hits 1-8, hit 11 is the third micro-batch of SmolLM2's second
@@ -242,7 +254,7 @@ def test_a_hacpo_run_with_a_vllm_sampler_process_is_the_learners_own_and_resumes
     killed = train(run, apart, "update.micro_batch:11")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert [r["step"] for r in records(run)] == [1]
-    resumed = train(run, apart, resume=True)
+    resumed = train(run, apart, resume=True, own_process=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     same_numbers(records(run), records(reference))
