@@ -331,3 +331,32 @@ def test_ctrl_c_while_a_worker_group_starts_is_one_line(tiny_agents, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "hacrl: interrupted (Ctrl-C)" in err
+
+
+@pytest.mark.slow
+def test_the_fork_server_imports_nothing_that_touches_cuda():
+    """Ranks and samplers are forked from a server that imported `ranks.PRELOAD`: a CUDA driver initialised there
+    would be unusable in every process it forks, so importing them must call nothing of `torch.cuda` (checked in a
+    fresh interpreter, where those imports run first)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, traceback\n"
+        "calls = []\n"
+        "for name in ('is_available', 'device_count', 'init', '_lazy_init', 'current_device', 'get_device_properties',"
+        " 'get_device_capability', 'is_bf16_supported', 'mem_get_info', 'set_device'):\n"
+        "    real = getattr(torch.cuda, name)\n"
+        "    def record(*a, _real=real, _name=name, **k):\n"
+        "        calls.append(_name + ': ' + ''.join(traceback.format_stack(limit=4)[:-1]))\n"
+        "        return _real(*a, **k)\n"
+        "    setattr(torch.cuda, name, record)\n"
+        "from hacrl.driver.backends.ranks import PRELOAD\n"
+        "import importlib\n"
+        "for module in PRELOAD:\n"
+        "    importlib.import_module(module)\n"
+        "print(len(calls)); print(''.join(calls)[:3000])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == "0", done.stdout
