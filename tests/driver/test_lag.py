@@ -425,7 +425,8 @@ def test_a_second_sigterm_stops_at_once_while_a_sampler_is_stopped(tiny_agents, 
 def test_a_driver_killed_while_its_sampler_is_stopped_takes_the_sampler_with_it(tiny_agents, tmp_path):
     """kill -9 of the driver while qwen's sampler is stopped (SIGSTOP: it reads nothing, so only the kernel can
     end it): the sampler and the fork server it came from are gone within seconds (the driver's death ends the
-    server, whose death ends what it forked: PR_SET_PDEATHSIG), not left behind holding their memory."""
+    server, whose death ends what it forked: PR_SET_PDEATHSIG), not left behind holding their memory. Both ignore
+    SIGINT and SIGTERM."""
     import os
     import threading
 
@@ -437,6 +438,12 @@ def test_a_driver_killed_while_its_sampler_is_stopped_takes_the_sampler_with_it(
         state, ppid = text[text.rfind(")") + 2 :].split()[:2]
         return state, int(ppid)
 
+    def ignored(pid: int) -> set[int]:
+        mask = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigIgn:"))  # noqa: SIM115, PTH123
+        return {sig for sig in (signal.SIGINT, signal.SIGTERM) if int(mask.split()[1], 16) >> (sig - 1) & 1}
+
+    dispositions: dict[str, set[int]] = {}
+
     def kill_the_driver_once_the_sampler_stops() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -444,9 +451,10 @@ def test_a_driver_killed_while_its_sampler_is_stopped_takes_the_sampler_with_it(
                 try:
                     state, server = stat(pid)
                     if state == "T":
+                        dispositions.update(sampler=ignored(pid), server=ignored(server))
                         os.kill(stat(server)[1], signal.SIGKILL)  # the server's parent: the driver
                         return
-                except (OSError, ValueError):
+                except (OSError, ValueError, StopIteration):
                     pass
             time.sleep(0.1)
 
@@ -461,6 +469,10 @@ def test_a_driver_killed_while_its_sampler_is_stopped_takes_the_sampler_with_it(
     while orphaned_workers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert orphaned_workers() == [], "the stopped sampler or its fork server outlived the killed driver"
+    # a SIGTERM or Ctrl-C to the whole process group reaches neither (the driver stops them after its step): the
+    # server too, whose death would end every process it forked
+    both = {signal.SIGINT, signal.SIGTERM}
+    assert dispositions == {"sampler": both, "server": both}
 
 
 # -- pending.pt's values are checked, not only its digest (issue 71, 2) ----------------------------------------------
