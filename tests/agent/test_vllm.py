@@ -192,7 +192,7 @@ def _train_pair(smollm2, tiny_agents, tmp_path, run, *, faults: str = "", resume
     """`hacrl train` on SmolLM2 (on vLLM; `smol`: more of its settings) and the tiny Qwen2 (on hf), two HACPO steps
     of `tests.conftest.write_config`'s small config (`sections`: more of its settings, group by group): in a process
     of its own (`own_process`; one that `faults` can kill), else in this one (which has imported torch, transformers and
-    vLLM already: ~15 s less a run)."""
+    vLLM already: ~12 s less a run)."""
     import contextlib
     import io
     import os

@@ -4,9 +4,10 @@ or its sampler of its own.
 `LocalProcesses` answers the calls of one `hacrl.agent.worker.AgentWorker` (`submit(method, args, what)` -> a
 `Reply`): it sends the call to every rank (`AgentWorker(spec, rank=info)`, in a process of its own) and its reply is
 rank 0's answer. The processes are forked from one server per driver (multiprocessing's `forkserver`) that imported
-torch, transformers and the worker once (`PRELOAD`), so a rank starts in a fraction of a second instead of paying
-those imports (~4.5 s of CPU each on a 2-core CPU machine); the server never runs a step, so no thread pool or device
-state is forked, and each rank takes the driver's environment of the moment it starts, as a spawned one would. The
+torch, transformers and the worker once (`PRELOAD`), so a rank starts without paying those imports (~4.5 s of CPU
+each on a 2-core CPU machine); the server never runs a step, so no thread pool or device state is forked. Each rank
+takes the driver's environment of the moment it starts, as a spawned one would, except what the libraries read when
+they load (OMP_*, MKL_*, LD_PRELOAD): that is the driver's environment when its first rank started. The
 ranks meet in a torch.distributed group whose rendezvous is a free TCP port of this machine. An agent's sampler of
 its own is one more such process (`LocalProcesses(spec, sampler=True)`, an `AgentWorker(spec, role="sampler")`).
 
