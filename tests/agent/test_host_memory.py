@@ -1,6 +1,7 @@
 """`runtime.host_memory`: with `release` a worker's process gives freed activations back to the system, so its
-resident memory follows what is in use; `keep` (the default) leaves glibc alone; the training numbers are the same
-with either setting. glibc's setting holds for a whole process, so each case runs in a process of its own."""
+resident memory follows what is in use; `keep` (the default) leaves glibc alone; `mimalloc` runs the process on that
+allocator; the training numbers are the same with every setting. glibc's setting holds for a whole process, so
+each case runs in a process of its own."""
 
 from __future__ import annotations
 
@@ -85,27 +86,42 @@ def test_release_backs_large_tensors_by_huge_pages_where_the_kernel_allows_it():
 
 
 @pytest.mark.slow
-def test_the_numbers_are_the_same_with_either_setting(tiny_agents, tmp_path):
+def test_the_numbers_are_the_same_with_every_setting(tiny_agents, tmp_path, capsys):
+    """`keep`, `release` and `mimalloc` train the same numbers and weights, each run in a process of its own, and
+    each setting reaches the worker (trainer -> WorkerSpec -> AgentWorker) and takes effect there. With `mimalloc`
+    `hacrl train` runs its own command again with the allocator preloaded (the process is the same: its output and
+    exit status are the command's), and so does `hacrl plan --measure`, which runs steps in its own process. Called
+    from Python in a process that does not run on mimalloc, the run stops before it starts, naming the fix."""
+    from hacrl.tools.cli import main
+
+    train = ("import sys, torch; from hacrl.agent import host_memory; from hacrl.tools.cli import main; "
+             "rc = main(); x = torch.ones(16 * 2**20); huge = sum(int(l.split()[1]) for l in "
+             "open('/proc/self/smaps') if l.startswith('AnonHugePages:')) >= 32 * 1024; "
+             "print('released', host_memory.released(), 'huge', huge, 'mimalloc', host_memory.loaded()); "
+             "raise SystemExit(rc)")  # fmt: skip
     runs = {}
-    for mode in ("release", "keep"):
-        run = tmp_path / mode
-        cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], run,
+    for mode in ("keep", "release", "mimalloc"):
+        runs[mode] = tmp_path / mode
+        cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode],
                            runtime={"torch_threads": THREADS, "host_memory": mode},
                            scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = ("import sys, torch; from hacrl.agent import host_memory; from hacrl.tools.cli import main; "
-                 "rc = main(sys.argv[1:]); print('released', host_memory.released()); x = torch.ones(16 * 2**20); "
-                 "print('huge', sum(int(l.split()[1]) for l in open('/proc/self/smaps') "
-                 "if l.startswith('AnonHugePages:')) >= 32 * 1024); raise SystemExit(rc)")  # fmt: skip
-        done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], check=True, capture_output=True,
-                              text=True, env=CLEAN_ENV)  # fmt: skip
-        # the config's setting reached the worker (trainer -> WorkerSpec -> AgentWorker) and took effect there
-        assert done.stdout.splitlines()[-2] == f"released {mode == 'release'}", done.stdout[-500:]
-        if THP_BY_MADVISE:  # and huge pages with it: set before the trainer's process allocated its first tensor
-            assert done.stdout.splitlines()[-1] == f"huge {mode == 'release'}", done.stdout[-500:]
-        runs[mode] = run
+        done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], capture_output=True, text=True,
+                              env=CLEAN_ENV)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        _, released, _, huge, _, on_mimalloc = done.stdout.splitlines()[-1].split()
+        assert (released, on_mimalloc) == (str(mode != "keep"), str(mode == "mimalloc")), done.stdout[-500:]
+        if THP_BY_MADVISE and mode != "mimalloc":  # release's huge pages, set before the first tensor was allocated
+            assert huge == str(mode == "release"), done.stdout[-500:]
     assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
-    same_numbers(records(runs["release"]), records(runs["keep"]))
-    same_weights(runs["release"], runs["keep"], 2)
+    for mode in ("release", "mimalloc"):
+        same_numbers(records(runs[mode]), records(runs["keep"]))
+        same_weights(runs[mode], runs["keep"], 2)
+    measured = subprocess.run([sys.executable, "-m", "hacrl", "plan", str(tmp_path / "mimalloc.yaml"), "--measure"],
+                              capture_output=True, text=True, env=CLEAN_ENV)  # fmt: skip
+    assert measured.returncode == 0 and "llama" in measured.stdout, measured.stderr[-2000:]  # steps on mimalloc too
+    assert main(["train", str(tmp_path / "mimalloc.yaml"), "trainer.output_dir=" + str(tmp_path / "in-process")]) == 2
+    assert "does not run on mimalloc" in capsys.readouterr().err
+    assert not (tmp_path / "in-process").exists()
 
 
 def test_a_host_out_of_memory_names_release_unless_the_process_already_releases(monkeypatch):
@@ -155,35 +171,3 @@ def test_mimalloc_reuses_and_gives_back_freed_activations_where_it_is_preloaded(
     done = subprocess.run([sys.executable, "-c", MIMALLOC_FREED], capture_output=True, text=True, env=CLEAN_ENV)
     assert done.returncode != 0
     assert "does not run on mimalloc" in done.stderr and f"LD_PRELOAD={allocator.library()}" in done.stderr
-
-
-@pytest.mark.slow
-def test_hacrl_train_restarts_itself_on_mimalloc_with_the_same_numbers(tiny_agents, tmp_path, capsys):
-    """`hacrl train` with `runtime.host_memory: mimalloc` runs its own command again with the allocator preloaded
-    (the process is the same: its output and exit status are the command's); the numbers are keep's; `hacrl plan
-    --measure`, which runs steps in its own process, restarts as well. Called from
-    Python in a process that does not run on it, the run stops before it starts, naming the fix."""
-    from hacrl.tools.cli import main
-
-    runs = {}
-    for mode in ("mimalloc", "keep"):
-        runs[mode] = tmp_path / mode
-        cfg = write_config(tmp_path / f"{mode}.yaml", tiny_agents, ["llama", "qwen"], runs[mode],
-                           runtime={"torch_threads": THREADS, "host_memory": mode},
-                           scoring={"function": "tests.reward_fixtures:digits"})  # fmt: skip
-        train = ("import sys; from hacrl.agent import host_memory; from hacrl.tools.cli import main; rc = main(); "
-                 "print('on mimalloc', host_memory.loaded()); raise SystemExit(rc)")  # fmt: skip
-        done = subprocess.run([sys.executable, "-c", train, "train", str(cfg)], capture_output=True, text=True,
-                              env=CLEAN_ENV)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.splitlines()[-1] == f"on mimalloc {mode == 'mimalloc'}", done.stdout[-500:]
-    assert records(runs["keep"])[-1]["llama/optimizer_steps"] > 0
-    measured = subprocess.run([sys.executable, "-m", "hacrl", "plan", str(tmp_path / "mimalloc.yaml"), "--measure"],
-                              capture_output=True, text=True, env=CLEAN_ENV)  # fmt: skip
-    assert measured.returncode == 0 and "llama" in measured.stdout, measured.stderr[-2000:]  # steps on mimalloc too
-    same_numbers(records(runs["mimalloc"]), records(runs["keep"]))
-    same_weights(runs["mimalloc"], runs["keep"], 2)
-    cfg = tmp_path / "mimalloc.yaml"
-    assert main(["train", str(cfg), "trainer.output_dir=" + str(tmp_path / "in-process")]) == 2
-    assert "does not run on mimalloc" in capsys.readouterr().err
-    assert not (tmp_path / "in-process").exists()
