@@ -3,7 +3,7 @@
     pip install "hacrl[bench]"                       # TRL (optional; never needed by the library or the tests)
     python benchmarks/throughput.py                  # 4 rounds of hacrl / TRL alternated, in each of the 4
                                                      # conditions; 2 rounds of the HACPO rows
-    python benchmarks/throughput.py --smoke          # hacrl only, 1 step (what make test runs)
+    python benchmarks/throughput.py --smoke          # hacrl only, 1 step of 8 prompts (what make test runs)
 
 The same 1.06M-parameter Llama on a character tokenizer (built here, offline, random weights: every completion
 runs to the length limit, so the work is fixed), the same 512 prompts (`Q:<a>+<b>=\\nA:`), the same reward (1 when
@@ -51,6 +51,8 @@ ROOT = HERE.parent
 SCRATCH = HERE / "results" / ".runs" / "throughput"
 PROMPTS = 512
 PER_STEP, G, NEW = 32, 8, 32
+SMOKE_PROMPTS = 8
+"""--smoke: prompts per step (x 8 completions: one micro-batch of 64 rows), a quarter of the measured work."""
 LR = 1e-5
 CONDITIONS = {"off-64": (False, 64), "on-64": (True, 64), "off-256": (False, 256), "on-256": (True, 256)}
 """condition -> (gradient checkpointing, rows per micro-batch): the same on both sides."""
@@ -281,11 +283,12 @@ def measure(system: str, steps: int, warmup: int, condition: str) -> None:
     print("RESULT " + json.dumps(result, default=str))
 
 
-def spawn(system: str, steps: int, warmup: int, condition: str = DEFAULT) -> dict:
+def spawn(system: str, steps: int, warmup: int, condition: str = DEFAULT, prompts: int = PER_STEP) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--measure", system, "--steps", str(steps), "--warmup",
-         str(warmup), "--condition", condition], cwd=HERE, env=env, capture_output=True, text=True,
+         str(warmup), "--condition", condition, "--prompts", str(prompts)],
+        cwd=HERE, env=env, capture_output=True, text=True,
     )  # fmt: skip
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
@@ -321,6 +324,7 @@ def plan_rounds(args) -> list[list[tuple[str, str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PER_STEP  # a measuring process's work per step: --prompts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="alternated rounds of hacrl gspo / trl gspo")
     parser.add_argument("--hacpo-rounds", type=int, default=2, help="rounds of the HACPO and GSPOx2 rows")
@@ -332,10 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--condition", default=DEFAULT, help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", type=int, default=PER_STEP, help=argparse.SUPPRESS)  # per step
     parser.add_argument("--resummarize", action="store_true", help="rebuild the tables from --out/throughput.json")
     parser.add_argument("--systems", nargs="+", help="measure only these rows, every round (order alternated)")
     args = parser.parse_args(argv)
     if args.measure:
+        PER_STEP = args.prompts  # this process's work per step (the smoke's is smaller)
         measure(args.measure, args.steps, args.warmup, args.condition)
         return 0
     if args.resummarize:
@@ -350,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     build(SCRATCH)
     if args.smoke:
-        args.steps, args.warmup = 1, 0
+        args.steps, args.warmup, args.prompts = 1, 0, SMOKE_PROMPTS
     elif not args.systems:
         try:
             import trl  # noqa: F401
@@ -360,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for round_, processes in enumerate(plan_rounds(args)):
         for system, condition in processes:
-            result = spawn(system, args.steps, args.warmup, condition)
+            result = spawn(system, args.steps, args.warmup, condition, args.prompts)
             result.update(
                 system=system, condition=condition, round=round_, median_s=statistics.median(result["seconds"])
             )
