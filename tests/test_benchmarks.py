@@ -1198,3 +1198,29 @@ def test_the_momentum_probe_refuses_a_run_whose_learner_the_patch_missed(tmp_pat
     monkeypatch.setattr(round_, "run", lambda config, command=None: fake_run(config, command, taken=1))
     with pytest.raises(SystemExit, match="expected 2"):
         round_.probe_momentum()
+
+
+@pytest.mark.slow
+def test_the_real_pair_ratio_probe_reads_the_losss_own_ratios(tiny_agents, tmp_path):
+    """`benchmarks/real_pair_ratios.py` (issue 84, part 3) on the tiny pair: one HACPO step in this process; each
+    learner's every kept foreign row is read once, under all three modes; under the run's own mode the share outside
+    [lo_m, 1] is the run's `foreign_clip_frac` (the loss computed with the very ratios recorded); the registry's
+    hacpo loss is the library's again afterwards."""
+    import hacrl.core.algorithms as algorithms
+    from hacrl.core.losses import hacpo_loss
+    from tests.conftest import write_config
+
+    bench = _script("real_pair_ratios", "real_pair_ratios")
+    cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], tmp_path / "unused")
+    assert bench.main(["--config", str(cfg), "--out", str(tmp_path), "--set", "algorithm.foreign_ratio=bytes"]) == 0
+    assert algorithms.ALGORITHMS["hacpo"].loss is hacpo_loss
+    result = json.loads((tmp_path / "real-pair-ratios-seed0-blocks.json").read_text())
+    metrics = result["metrics"]
+    for s in result["summary"]:
+        assert s["rows"] == metrics[f"{s['learner']}/shared_kept"] > 0
+        assert s["inside"] + s["below"] + s["above"] == pytest.approx(1.0)
+        if s["mode"] == "bytes":  # the update's own mode
+            assert 1 - s["inside"] == pytest.approx(metrics[f"{s['learner']}/foreign_clip_frac"], abs=1e-9)
+    by_row = result["rows"][0]
+    assert {"source_mean", "learner_length", "bytes", "lower", "m"} <= set(by_row)
+    assert "| llama | qwen | bytes |" in (tmp_path / "real-pair-ratios-seed0-blocks.md").read_text()
