@@ -56,15 +56,6 @@ def recording(loss, rows: list[dict]):
     return wrapped
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile by linear interpolation between order statistics (numpy's default)."""
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
 def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     """Per direction (learner reading source) and mode: p10 / p50 / p90 of the ratio and the share of rows inside
     [lo_m, 1] (below: under lo_m; above: over 1)."""
@@ -76,10 +67,11 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
             chosen = [r for r in rows if r["learner"] == learner and r["source"] == source]
             for mode in FOREIGN_RATIO_MODES:
                 values = [r[mode] for r in chosen]
+                deciles = statistics.quantiles(values * (2 if len(values) == 1 else 1), n=10, method="inclusive")
                 inside = sum(r["lower"] <= r[mode] <= 1.0 for r in chosen)
                 below = sum(r[mode] < r["lower"] for r in chosen)
                 out.append({"learner": names[learner], "source": names[source], "mode": mode, "rows": len(chosen),
-                            "p10": quantile(values, 0.1), "p50": quantile(values, 0.5), "p90": quantile(values, 0.9),
+                            "p10": deciles[0], "p50": deciles[4], "p90": deciles[8],
                             "inside": inside / len(chosen), "below": below / len(chosen),
                             "above": (len(chosen) - inside - below) / len(chosen),
                             "lower": sorted({r["lower"] for r in chosen})})  # fmt: skip
@@ -121,21 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     from hacrl.driver.trainer import Trainer
 
     rows: list[dict] = []
-    hacpo = algorithms.ALGORITHMS["hacpo"]
-    algorithms.ALGORITHMS["hacpo"] = dataclasses.replace(hacpo, loss=recording(hacpo.loss, rows))
     with tempfile.TemporaryDirectory() as tmp:
         overrides = ["trainer.steps=1", "eval.at_start=false", "eval.every=0", "checkpoint.every=0",
                      f"trainer.seed={args.seed}", f"trainer.output_dir={tmp}/run", "runtime.host_memory=release",
                      "runtime.backend=local", *args.set]  # fmt: skip
         cfg = load_config(args.config, overrides)
+        if cfg.algorithm.foreign_center != "none":  # its shift is computed for the run's mode only
+            print("algorithm.foreign_center shifts only the run's own mode: run the probe without it", file=sys.stderr)
+            return 2
         names = [a.name for a in cfg.agents]
-        trainer = Trainer(cfg)
-        try:
-            started = time.perf_counter()
-            metrics = trainer.train_step()
-            seconds = time.perf_counter() - started
+        hacpo = algorithms.ALGORITHMS["hacpo"]
+        algorithms.ALGORITHMS["hacpo"] = dataclasses.replace(hacpo, loss=recording(hacpo.loss, rows))
+        try:  # the learners take the loss from the registry as they are built
+            trainer = Trainer(cfg)
+            try:
+                started = time.perf_counter()
+                metrics = trainer.train_step()
+                seconds = time.perf_counter() - started
+            finally:
+                trainer.close()
         finally:
-            trainer.close()
             algorithms.ALGORITHMS["hacpo"] = hacpo
     if not rows:
         print("no foreign row reached a learner's loss (is algorithm.name hacpo?)", file=sys.stderr)
@@ -161,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
-    own = statistics.mean(r["source_mean"] for r in rows)
-    print(f"{len(rows)} foreign rows read; mean source_mean ratio {own:.3f}")
+    mean = statistics.mean(r["source_mean"] for r in rows)
+    print(f"{len(rows)} foreign rows read; mean source_mean ratio {mean:.3f}")
     return 0
 
 

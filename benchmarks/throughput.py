@@ -93,7 +93,9 @@ def build(work: Path) -> Path:
 # -- one measured process ------------------------------------------------------------------------------------------
 
 
-def run_hacrl(work: Path, system: str, steps: int, warmup: int, condition: str = DEFAULT) -> dict:
+def run_hacrl(
+    work: Path, system: str, steps: int, warmup: int, condition: str = DEFAULT, prompts: int = PER_STEP
+) -> dict:
     import torch
     import yaml
 
@@ -104,7 +106,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int, condition: str =
     model_dir = work / "llama-char"
     agents = ["a", "b"] if system.startswith("hacrl hacpo x2") else ["a"]
     group = 2 * G if system == "hacrl gspo G=16" else G
-    per_agent = PER_STEP * group
+    per_agent = prompts * group
     checkpointing, micro = CONDITIONS[condition]
     config = {
         "agents": [{"name": n, "model": str(model_dir), "lr": LR, "gradient_checkpointing": checkpointing}
@@ -113,7 +115,7 @@ def run_hacrl(work: Path, system: str, steps: int, warmup: int, condition: str =
         "rollout": {"group_size": group, "temperature": 1.0, "max_new_tokens": NEW, "max_prompt_tokens": 64},
         "data": {"source": "file", "train_file": str(work / "prompts.jsonl")},
         "scoring": {"function": "throughput:contains_answer"},
-        "trainer": {"steps": steps + warmup, "prompts_per_step": PER_STEP, "mini_batch_size": per_agent,
+        "trainer": {"steps": steps + warmup, "prompts_per_step": prompts, "mini_batch_size": per_agent,
                     "micro_batch_size": micro, "logprob_batch_size": per_agent,
                     "old_logprobs": "sampler" if system.endswith("sampler-logprobs") else "recompute",
                     "output_dir": str(work / f"run-{os.getpid()}")},
@@ -187,7 +189,7 @@ def time_sampling(trainer) -> list[float]:
     return sampling
 
 
-def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> dict:
+def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT, prompts: int = PER_STEP) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -219,8 +221,8 @@ def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> di
         top_k=0,
         top_p=1.0,
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=PER_STEP * G // micro,
-        steps_per_generation=PER_STEP * G // micro,
+        gradient_accumulation_steps=prompts * G // micro,
+        steps_per_generation=prompts * G // micro,
         max_steps=steps + warmup,
         use_cpu=True,
         bf16=False,
@@ -246,8 +248,8 @@ def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> di
             if logs and state.global_step > warmup and "completions/mean_length" in logs:
                 record["work"].append(
                     {
-                        "completions": PER_STEP * G,
-                        "tokens": round(logs["completions/mean_length"] * PER_STEP * G),
+                        "completions": prompts * G,
+                        "tokens": round(logs["completions/mean_length"] * prompts * G),
                         "optimizer_steps": 1,
                     }
                 )
@@ -267,7 +269,7 @@ def run_trl(work: Path, steps: int, warmup: int, condition: str = DEFAULT) -> di
     return record
 
 
-def measure(system: str, steps: int, warmup: int, condition: str) -> None:
+def measure(system: str, steps: int, warmup: int, condition: str, prompts: int = PER_STEP) -> None:
     """Run in a child process: one system in one condition, print its JSON result."""
     import resource
 
@@ -275,9 +277,9 @@ def measure(system: str, steps: int, warmup: int, condition: str) -> None:
     work = SCRATCH
     sys.path.insert(0, str(HERE))  # the reward function, for hacrl's scoring processes
     if system == "trl gspo":
-        result = run_trl(work, steps, warmup, condition)
+        result = run_trl(work, steps, warmup, condition, prompts)
     else:
-        result = run_hacrl(work, system, steps, warmup, condition)
+        result = run_hacrl(work, system, steps, warmup, condition, prompts)
     result["startup_s"] = result.pop("first_step_at") - started
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result, default=str))
@@ -324,7 +326,6 @@ def plan_rounds(args) -> list[list[tuple[str, str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global PER_STEP  # a measuring process's work per step: --prompts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="alternated rounds of hacrl gspo / trl gspo")
     parser.add_argument("--hacpo-rounds", type=int, default=2, help="rounds of the HACPO and GSPOx2 rows")
@@ -341,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", help="measure only these rows, every round (order alternated)")
     args = parser.parse_args(argv)
     if args.measure:
-        PER_STEP = args.prompts  # this process's work per step (the smoke's is smaller)
-        measure(args.measure, args.steps, args.warmup, args.condition)
+        measure(args.measure, args.steps, args.warmup, args.condition, args.prompts)
         return 0
     if args.resummarize:
         out = Path(args.out)

@@ -1224,3 +1224,9 @@ def test_the_real_pair_ratio_probe_reads_the_losss_own_ratios(tiny_agents, tmp_p
     by_row = result["rows"][0]
     assert {"source_mean", "learner_length", "bytes", "lower", "m"} <= set(by_row)
     assert "| llama | qwen | bytes |" in (tmp_path / "real-pair-ratios-seed0-blocks.md").read_text()
+    # a median-centred window shifts only the run's own mode: refused before anything is built or patched
+    assert (
+        bench.main(["--config", str(cfg), "--out", str(tmp_path / "c"), "--set", "algorithm.foreign_center=median"])
+        == 2
+    )
+    assert algorithms.ALGORITHMS["hacpo"].loss is hacpo_loss and not (tmp_path / "c").exists()
