@@ -30,9 +30,12 @@ def _specs(tiny_agents, tmp_path, sharing=None, **trainer):
 def _learn_on_rank(rank, world, spec, rollout, call, init, out):
     """One rank of a `world`-rank group: adopt the one-device rollout (what `sample`'s exchange would give every rank),
     learn, and (rank 0) save the gathered float32 weights, the compute copy and the metrics."""
+    import faulthandler
+
     from hacrl.agent.distributed import RankInfo, full_state_dict
     from hacrl.agent.worker import AgentWorker
 
+    faulthandler.enable(all_threads=True)  # a native abort prints every thread's Python stack into the test's stderr
     worker = AgentWorker(spec, rank=RankInfo(rank, world, init, "cpu"))
     worker._rollout = rollout
     learned = worker.learn(call)
@@ -40,11 +43,27 @@ def _learn_on_rank(rank, world, spec, rollout, call, init, out):
     if rank == 0:
         copy = {n: p.detach().clone() for n, p in worker.agent.sampling_model.named_parameters()}
         torch.save({"state": state, "copy": copy, "metrics": learned.metrics}, out)
+    _leave_as_a_rank_does()
+
+
+def _leave_as_a_rank_does() -> None:
+    """No rank leaves while another is still in a collective; the group is torn down and the process ends with
+    `os._exit`, as a run's rank does (`ranks._serve`, then multiprocessing's forked child exits with `os._exit`). A
+    spawned process would otherwise finalize the interpreter and run C++ static destructors while gloo's and torch's
+    threads still run. CI saw rank 1 abort twice ("terminate called without an active exception", SIGABRT; the second
+    time with the barrier and destroy already in place), not reproduced in 44 two-rank runs on a loaded machine; taken
+    to be the exit (a rank's work before it is deterministic): if it recurs, faulthandler's stacks say where."""
+    import os
+    import sys
+
     import torch.distributed as dist
 
-    if dist.is_initialized():  # no rank leaves while another is still in a collective, and the group is torn down
-        dist.barrier()  # before exit, as a rank's process does (`ranks._serve`): left to the interpreter's exit,
-        dist.destroy_process_group()  # gloo once aborted a rank in CI ("terminate called without an active exception")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.slow
