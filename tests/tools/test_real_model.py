@@ -88,7 +88,9 @@ def test_a_gguf_that_lacks_tensors_is_refused_not_filled_with_random_weights(tmp
     """Issue 87.1: a llama GGUF holding only its embedding (tokenizer and template whole) was converted with the
     layer's nine tensors and the final norm initialised at random, under SOURCE.md's word that the weights are the
     file's. Refused, naming what is missing, with nothing cached; the whole file converts, and every converted value
-    is the file's."""
+    is the file's, from one parse of the file (transformers' tokenizer, config and model loads each parsed it
+    again: ~2/3 of Qwen2.5's conversion)."""
+    import gguf
     import torch
     from safetensors.torch import load_file
 
@@ -103,10 +105,19 @@ def test_a_gguf_that_lacks_tensors_is_refused_not_filled_with_random_weights(tmp
     assert "would be initialised at random" in message
     assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []
 
-    whole = plain_directory(_write_gguf(tmp_path / "whole" / "m.gguf", tokenizer=True, tensors=_LAYER), "key")
-    weights = load_file(whole / "model.safetensors")
-    import gguf
+    parsed, parse = [], gguf.GGUFReader
 
+    def counted(path, *args, **kwargs):
+        parsed.append(path)
+        return parse(path, *args, **kwargs)
+
+    gguf.GGUFReader = counted
+    try:
+        whole = plain_directory(_write_gguf(tmp_path / "whole" / "m.gguf", tokenizer=True, tensors=_LAYER), "key")
+    finally:
+        gguf.GGUFReader = parse
+    assert [Path(p).name for p in parsed] == ["m.gguf"]
+    weights = load_file(whole / "model.safetensors")
     reader = gguf.GGUFReader(str(tmp_path / "whole" / "m.gguf"))
     values = {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
     assert torch.equal(weights["model.layers.0.mlp.down_proj.weight"], values["blk.0.ffn_down.weight"])
@@ -197,17 +208,21 @@ def test_a_wheel_without_the_gguf_or_with_other_bytes_is_refused(tmp_path, cache
 def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_directory(smollm2):
     """transformers alone loads the converted directory; its logits equal those of transformers' own GGUF load, bit
     for bit; its tokenizer (loaded as hacrl loads tokenizers) encodes as the GGUF's does; the chat template is
-    ChatML with EOS <|im_end|>; SOURCE.md says the weights are the 4-bit file's, dequantized."""
+    ChatML with EOS <|im_end|>; SOURCE.md says the weights are the 4-bit file's, dequantized. (transformers' loads
+    of the file share one parse of it, as the conversion's do: the values are transformers' own.)"""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hacrl.agent.model import load_tokenizer
+    from hacrl.gguf import _quiet_dequantization
 
     directory, file = smollm2["dir"], smollm2["gguf"]
     plain = AutoModelForCausalLM.from_pretrained(directory)
-    quantized = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+    with _quiet_dequantization():
+        quantized = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+        reference = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     assert sum(p.numel() for p in plain.parameters()) == 134_515_008 and plain.config.tie_word_embeddings
-    tokenizer, reference = load_tokenizer(directory), AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    tokenizer = load_tokenizer(directory)
     text = "What is 23 + 48? Put the final answer in \\boxed{}.\n  ünïcødé 日本語"
     assert (
         tokenizer(text).input_ids == reference(text).input_ids and tokenizer.decode(tokenizer(text).input_ids) == text
