@@ -13,6 +13,21 @@ THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 both of the machine's 2 cores, or one each for `make test`'s two pytest-xdist workers, which two threads each
 would make fight over the cores."""
 
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests (`@pytest.mark.longest(seconds)`) are collected first, longest first. pytest-xdist hands the
+    first quarter of the collected tests to its workers in turn, so each starts with its share of the long ones and
+    the short ones fill in after; in file order the real pair (~4 min in a clean clone) and the benchmark smokes
+    came last, and one worker ran them alone while the other had nothing left. (Tests of a module-scoped Ray
+    session stay in place: moved, each would start a Ray of its own.)"""
+
+    def seconds(item) -> float:
+        marker = item.get_closest_marker("longest")
+        return -marker.args[0] if marker else 0.0
+
+    items.sort(key=seconds)  # stable: the rest keep their order
+
+
 ALPHABET = "0123456789+-=?.:, \nQASabcdefghijklmnopqrstuvwxyzT"
 TASK = {"task": "chain_sum", "task_options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
 

@@ -26,6 +26,7 @@ def _load():
 
 
 @pytest.mark.slow
+@pytest.mark.longest(31)
 def test_learning_benchmark_smoke(tmp_path, capsys):
     bench = _load()
     methods = ["hacpo", "gspo", "gspo_x2", "hacpo_3_agents", "gspo_3_agents"]
@@ -87,6 +88,7 @@ def test_gpu_throughput_rebuilds_a_cached_model_built_at_another_vocabulary(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.longest(43)
 def test_gpu_throughput_script_runs_end_to_end_on_the_cpu(tmp_path):
     """`benchmarks/gpu_throughput.py --tiny`: the GPU check's code path (the model shapes with tiny layers and
     4,096-id vocabularies, the kernel sweep, every sampler, parity, log-prob memory, a HACPO step per sampler, long
@@ -165,6 +167,7 @@ def _load_evidence():
 
 
 @pytest.mark.slow
+@pytest.mark.longest(41)
 def test_evidence_benchmark_smoke(tmp_path):
     """Round 2 end to end at tiny size: deltas from the ratio distributions, seed-shifted warm-starts, per-sub-skill
     curves, paired differences with t intervals over seeds."""

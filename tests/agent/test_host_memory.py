@@ -86,6 +86,7 @@ def test_release_backs_large_tensors_by_huge_pages_where_the_kernel_allows_it():
 
 
 @pytest.mark.slow
+@pytest.mark.longest(32)
 def test_the_numbers_are_the_same_with_every_setting(tiny_agents, tmp_path, capsys):
     """`keep`, `release` and `mimalloc` train the same numbers and weights, each run in a process of its own, and
     each setting reaches the worker (trainer -> WorkerSpec -> AgentWorker) and takes effect there. With `mimalloc`

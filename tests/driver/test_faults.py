@@ -70,6 +70,7 @@ KILL_CHAIN = [
 
 
 @pytest.mark.slow
+@pytest.mark.longest(34)
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tiny_agents, tmp_path, reference):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", tiny_agents, ["llama", "qwen"], run, trainer={"steps": 3})

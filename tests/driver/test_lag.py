@@ -296,6 +296,7 @@ def test_a_machine_without_shared_memory_for_the_weights_is_told_what_to_do(monk
 
 
 @pytest.mark.slow
+@pytest.mark.longest(31)
 def test_samplers_of_a_worker_group_and_a_frozen_agent_give_the_run_without_them_and_resume_exactly(
     tiny_agents, tmp_path
 ):

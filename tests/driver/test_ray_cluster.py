@@ -17,6 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ray_cluster.py"
 
 
 @pytest.mark.slow
+@pytest.mark.longest(35)
 def test_a_run_joins_a_two_node_ray_cluster_and_the_nodes_are_stopped(tiny_agents, tmp_path):
     spec = importlib.util.spec_from_file_location("ray_cluster", SCRIPT)
     rehearsal = importlib.util.module_from_spec(spec)

@@ -240,6 +240,7 @@ def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_di
 
 
 @pytest.mark.slow
+@pytest.mark.longest(230)
 def test_the_real_pair_trains_resumes_exactly_and_exports(smollm2, qwen25, tmp_path):
     """configs/real_pair.yaml (issue 84) at tiny settings: SmolLM2 named by its GGUF file (converted once into the
     cache) beside Qwen2.5 from its recipe (six wheels, embedding tied), both learning by HACPO on each other's
