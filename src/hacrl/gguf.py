@@ -120,7 +120,7 @@ def _convert(file: Path, digest: str, target: Path, key: str, tie_embeddings: bo
     hf_logging.disable_progress_bar()
     try:
         try:
-            with _quiet_dequantization():
+            with _read_once_quietly():
                 tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
                 loaded, report = AutoModelForCausalLM.from_pretrained(
                     str(file.parent), gguf_file=file.name, dtype=torch.float32, output_loading_info=True
@@ -214,7 +214,7 @@ def _unreadable(file: Path, key: str, error: Exception) -> str:
 
 
 @contextmanager
-def _quiet_dequantization():
+def _read_once_quietly():
     """transformers' GGUF reader draws a tqdm bar of its own per file (not behind its progress-bar switch), and its
     loader prints a table of the tensors a file lacks: both silenced, our lines say what happens. And the file is
     parsed once: the tokenizer's, the config's and the model's loads each parse the whole file again (`GGUFReader`

@@ -215,11 +215,11 @@ def test_the_conversion_gives_the_gguf_models_values_and_tokenizer_in_a_plain_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hacrl.agent.model import load_tokenizer
-    from hacrl.gguf import _quiet_dequantization
+    from hacrl.gguf import _read_once_quietly
 
     directory, file = smollm2["dir"], smollm2["gguf"]
     plain = AutoModelForCausalLM.from_pretrained(directory)
-    with _quiet_dequantization():
+    with _read_once_quietly():
         quantized = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
         reference = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     assert sum(p.numel() for p in plain.parameters()) == 134_515_008 and plain.config.tie_word_embeddings
